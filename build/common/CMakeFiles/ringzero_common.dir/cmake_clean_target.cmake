@@ -1,0 +1,3 @@
+file(REMOVE_RECURSE
+  "libringzero_common.a"
+)

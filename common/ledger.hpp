@@ -1,0 +1,73 @@
+// ledger: where every byte of tensor memory goes, per rank.
+//
+// Provides: MemTag (the categories of the ZeRO paper's accounting plus ours), the process-wide
+// Ledger of current and peak bytes per tag, and Buffer, the one owning allocation type: every
+// float buffer in RingZero is a Buffer, so the ledger is complete by construction.
+// Leaves out: allocator caching and fragmentation (PyTorch's caching allocator would report
+// reserved bytes above these figures).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace ringzero {
+
+/// What an allocation holds. "Model states" (ZeRO paper, Rajbhandari et al. 2020, §3) are
+/// parameters + gradients + optimizer_state.
+enum class MemTag : int { parameters, gradients, optimizer_state, activations, comm_buffers, padding, dataset };
+inline constexpr int kNumMemTags = 7;
+const char* mem_tag_name(MemTag tag);
+
+/// Current and peak bytes per tag for this process. Not thread-safe for concurrent
+/// allocation; RingZero allocates from one thread at a time (the comm thread of chapter 05
+/// only uses buffers the main thread allocated).
+class Ledger {
+ public:
+  static Ledger& get();
+  void add(MemTag tag, int64_t bytes);  ///< bytes may be negative (a free)
+  int64_t current(MemTag tag) const { return current_[static_cast<int>(tag)]; }
+  int64_t peak(MemTag tag) const { return peak_[static_cast<int>(tag)]; }
+  /// Parameters + gradients + optimizer_state + padding, the quantity the ZeRO formulas give.
+  int64_t model_states_current() const;
+  int64_t model_states_peak() const { return model_states_peak_; }
+  int64_t total_peak() const { return total_peak_; }
+  /// Resets every peak to the current value (call after set-up to measure the steady state).
+  void reset_peaks();
+
+ private:
+  std::array<int64_t, kNumMemTags> current_{}, peak_{};
+  int64_t total_ = 0, total_peak_ = 0, model_states_peak_ = 0;
+};
+
+/// An owning, zero-initialised, 64-byte-aligned float32 array, tagged in the Ledger.
+/// Move-only. size() is in elements; bytes() = 4 * size().
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(int64_t size, MemTag tag);
+  ~Buffer();
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  float* data() { return data_; }
+  const float* data() const { return data_; }
+  int64_t size() const { return size_; }
+  int64_t bytes() const { return size_ * static_cast<int64_t>(sizeof(float)); }
+  MemTag tag() const { return tag_; }
+  std::span<float> span() { return {data_, static_cast<size_t>(size_)}; }
+  std::span<const float> span() const { return {data_, static_cast<size_t>(size_)}; }
+  /// Frees the memory now (the ledger drops it); size() becomes 0.
+  void release();
+
+ private:
+  float* data_ = nullptr;
+  int64_t size_ = 0;
+  MemTag tag_ = MemTag::dataset;
+};
+
+}  // namespace ringzero

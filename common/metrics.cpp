@@ -1,0 +1,109 @@
+#include "metrics.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "check.hpp"
+#include "ledger.hpp"
+
+namespace ringzero {
+
+StepLogger::StepLogger(const std::string& metrics_path, int rank, int64_t log_every)
+    : rank_(rank), log_every_(log_every) {
+  if (rank == 0 && !metrics_path.empty()) {
+    file_.open(metrics_path);
+    CHECK(file_, "cannot write --metrics " << metrics_path << "; check the directory exists");
+  }
+}
+
+void StepLogger::write(const nlohmann::json& record) {
+  if (file_.is_open()) file_ << record.dump() << "\n" << std::flush;
+}
+
+void StepLogger::step(int64_t step, int64_t total_steps, int64_t epoch, double loss, double samples_per_s,
+                      double ms_per_step) {
+  if (rank_ != 0) return;
+  write({{"type", "step"}, {"step", step}, {"epoch", epoch}, {"loss", loss}, {"samples_per_s", samples_per_s},
+         {"ms_per_step", ms_per_step}});
+  if (step % log_every_ == 0 || step == total_steps || step == 1) {
+    char line[160];
+    std::snprintf(line, sizeof line, "step %lld/%lld | epoch %lld | loss %.4f | %.0f samples/s | %.1f ms/step",
+                  static_cast<long long>(step), static_cast<long long>(total_steps), static_cast<long long>(epoch),
+                  loss, samples_per_s, ms_per_step);
+    print0(line);
+  }
+}
+
+void StepLogger::eval(int64_t epoch, double test_loss, double test_accuracy) {
+  if (rank_ != 0) return;
+  nlohmann::json rec = {{"type", "eval"}, {"epoch", epoch}, {"test_loss", test_loss}};
+  char line[160];
+  if (test_accuracy >= 0) {
+    rec["test_accuracy"] = test_accuracy;
+    std::snprintf(line, sizeof line, "epoch %lld | test loss %.4f | test accuracy %.2f%%",
+                  static_cast<long long>(epoch), test_loss, 100.0 * test_accuracy);
+  } else {
+    rec["test_accuracy"] = nullptr;  // regression: no accuracy
+    std::snprintf(line, sizeof line, "epoch %lld | test loss %.4f", static_cast<long long>(epoch), test_loss);
+  }
+  write(rec);
+  print0(line);
+}
+
+void StepLogger::summary(nlohmann::json fields) {
+  if (rank_ != 0) return;
+  fields["type"] = "summary";
+  write(fields);
+}
+
+nlohmann::json ledger_json() {
+  const Ledger& l = Ledger::get();
+  nlohmann::json j;
+  for (int t = 0; t < kNumMemTags; ++t) {
+    auto tag = static_cast<MemTag>(t);
+    j[mem_tag_name(tag)] = {{"current", l.current(tag)}, {"peak", l.peak(tag)}};
+  }
+  j["model_states_current"] = l.model_states_current();
+  j["model_states_peak"] = l.model_states_peak();
+  return j;
+}
+
+double StepTimes::median_ms() const {
+  if (ms_.empty()) return 0.0;
+  std::vector<double> v(ms_.size() > 1 ? ms_.begin() + 1 : ms_.begin(), ms_.end());
+  std::nth_element(v.begin(), v.begin() + static_cast<int64_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "kB", "MB", "GB", "TB"};
+  int u = 0;
+  while (bytes >= 1000.0 && u < 4) { bytes /= 1000.0; ++u; }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
+  return buf;
+}
+
+std::string format_ledger(const std::vector<nlohmann::json>& per_rank, const std::string& formula_line) {
+  std::string out = "memory ledger per rank (current / peak):\n";
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "  %-5s", "rank");
+  out += buf;
+  const char* cols[] = {"parameters", "gradients", "optimizer_state", "padding", "activations", "comm_buffers"};
+  for (const char* c : cols) { std::snprintf(buf, sizeof buf, " | %-21s", c); out += buf; }
+  out += " | model states peak\n";
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    std::snprintf(buf, sizeof buf, "  %-5zu", r);
+    out += buf;
+    for (const char* c : cols) {
+      const auto& e = per_rank[r].at(c);
+      std::string cell = human_bytes(e.at("current").get<double>()) + " / " + human_bytes(e.at("peak").get<double>());
+      std::snprintf(buf, sizeof buf, " | %-21s", cell.c_str());
+      out += buf;
+    }
+    out += " | " + human_bytes(per_rank[r].at("model_states_peak").get<double>()) + "\n";
+  }
+  return out + "  " + formula_line;
+}
+
+}  // namespace ringzero

@@ -1,0 +1,68 @@
+// metrics: the per-step line, the JSONL metrics file, and the end-of-run report.
+//
+// Provides: StepLogger, which prints the line every chapter shares (so logs diff cleanly)
+//   step 120/937 | epoch 1 | loss 0.4321 | 15234 samples/s | 4.2 ms/step
+// and writes DESIGN.md §4's JSON lines ({"type":"step"|"eval"|"summary", ...}); and the
+// per-rank ledger table printed beside a formula. Only rank 0 prints and writes.
+// Leaves out: TensorBoard, wandb, anything networked.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace ringzero {
+
+class StepLogger {
+ public:
+  /// metrics_path "" writes no file. rank != 0 loggers are silent.
+  StepLogger(const std::string& metrics_path, int rank, int64_t log_every);
+  /// Records one optimizer step. step is 1-based within the run, loss the global-batch mean.
+  void step(int64_t step, int64_t total_steps, int64_t epoch, double loss, double samples_per_s, double ms_per_step);
+  void eval(int64_t epoch, double test_loss, double test_accuracy);
+  /// Writes {"type":"summary", ...fields} and prints nothing.
+  void summary(nlohmann::json fields);
+  void write(const nlohmann::json& record);
+
+ private:
+  int rank_;
+  int64_t log_every_;
+  std::ofstream file_;
+};
+
+/// This rank's ledger: {"<tag>": {"current": bytes, "peak": bytes}, "model_states_peak": ...}.
+nlohmann::json ledger_json();
+
+/// A table of the ledger of every rank (per_rank[r] = ledger_json() of rank r), with
+/// `formula_line` (e.g. "formula (DDP, fp32 + Adam): 16Ψ = 10.7 MB") printed under it.
+std::string format_ledger(const std::vector<nlohmann::json>& per_rank, const std::string& formula_line);
+
+/// "10.7 MB" style, decimal units as the ZeRO paper's tables.
+std::string human_bytes(double bytes);
+
+/// Wall-clock stopwatch in milliseconds.
+class Stopwatch {
+ public:
+  Stopwatch() : start_(std::chrono::steady_clock::now()) {}
+  double ms() const { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count(); }
+  void reset() { start_ = std::chrono::steady_clock::now(); }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
+
+/// Step times of a run. median_ms() skips the first step (allocation and cache warm-up).
+class StepTimes {
+ public:
+  void add(double ms) { ms_.push_back(ms); }
+  double median_ms() const;
+
+ private:
+  std::vector<double> ms_;
+};
+
+}  // namespace ringzero

@@ -1,0 +1,116 @@
+#include "ops.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "check.hpp"
+
+namespace ringzero {
+
+void linear_forward(Tensor out, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
+  CHECK(inp.cols() == weight.cols() && out.cols() == weight.rows() && out.rows() == inp.rows(),
+        "linear: inp " << shape_str(inp.shape()) << ", weight " << shape_str(weight.shape()) << ", out "
+                       << shape_str(out.shape()) << " do not fit (B, C) x (OC, C)ᵀ -> (B, OC)");
+  auto o = out.mat();
+  o.noalias() = inp.mat() * weight.mat().transpose();
+  o.rowwise() += bias.mat().row(0);
+}
+
+void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout, const Tensor& inp,
+                     const Tensor& weight) {
+  if (dinp.defined()) dinp.mat().noalias() += dout.mat() * weight.mat();  // (B, OC)(OC, C)
+  dweight.mat().noalias() += dout.mat().transpose() * inp.mat();          // (OC, B)(B, C)
+  dbias.mat().row(0) += dout.mat().colwise().sum();
+}
+
+void relu_forward(Tensor out, const Tensor& inp) { out.vec() = inp.vec().cwiseMax(0.0f); }
+
+void relu_backward(Tensor dinp, const Tensor& dout, const Tensor& out) {
+  dinp.vec().array() += (out.vec().array() > 0.0f).select(dout.vec().array(), 0.0f);
+}
+
+float mse_forward(const Tensor& pred, const Tensor& target) {
+  CHECK(pred.shape() == target.shape(),
+        "mse: pred " << shape_str(pred.shape()) << " vs target " << shape_str(target.shape()));
+  double sum = 0.0;
+  for (int64_t i = 0; i < pred.numel(); ++i) {
+    double d = static_cast<double>(pred[i]) - target[i];
+    sum += d * d;
+  }
+  return static_cast<float>(sum / static_cast<double>(pred.numel()));
+}
+
+void mse_backward(Tensor dpred, float dloss, const Tensor& pred, const Tensor& target) {
+  const float scale = 2.0f * dloss / static_cast<float>(pred.numel());
+  dpred.vec().array() += scale * (pred.vec().array() - target.vec().array());
+}
+
+float cross_entropy_forward(Tensor probs, const Tensor& logits, std::span<const int32_t> labels) {
+  const int64_t B = logits.rows(), C = logits.cols();
+  CHECK(static_cast<int64_t>(labels.size()) == B, "cross_entropy: " << labels.size() << " labels for " << B << " rows");
+  double nll = 0.0;
+  for (int64_t b = 0; b < B; ++b) {
+    CHECK(labels[b] >= 0 && labels[b] < C, "cross_entropy: label " << labels[b] << " outside [0, " << C << ")");
+    const float* z = logits.data() + b * C;
+    float* p = probs.data() + b * C;
+    // log-softmax with the max subtracted: exp never overflows, the largest term is exp(0) = 1.
+    const float zmax = *std::max_element(z, z + C);
+    double sum = 0.0;
+    for (int64_t c = 0; c < C; ++c) sum += std::exp(static_cast<double>(z[c] - zmax));
+    const double log_sum = std::log(sum);
+    for (int64_t c = 0; c < C; ++c) p[c] = static_cast<float>(std::exp(z[c] - zmax - log_sum));
+    nll += log_sum - (z[labels[b]] - zmax);
+  }
+  return static_cast<float>(nll / static_cast<double>(B));
+}
+
+void cross_entropy_backward(Tensor dlogits, float dloss, const Tensor& probs, std::span<const int32_t> labels) {
+  const int64_t B = probs.rows(), C = probs.cols();
+  const float scale = dloss / static_cast<float>(B);
+  for (int64_t b = 0; b < B; ++b) {
+    float* d = dlogits.data() + b * C;
+    const float* p = probs.data() + b * C;
+    for (int64_t c = 0; c < C; ++c) d[c] += scale * (p[c] - (c == labels[b] ? 1.0f : 0.0f));
+  }
+}
+
+Var linear(Tape& tape, const Var& inp, Parameter& weight, Parameter& bias) {
+  auto out = make_var(Tensor::zeros({inp->value.rows(), weight.shape()[0]}, MemTag::activations), true);
+  linear_forward(out->value, inp->value, weight.data, bias.data);
+  tape.record(
+      [out, inp, &weight, &bias] {
+        Tensor dinp = inp->requires_grad ? inp->grad_buffer() : Tensor();
+        linear_backward(dinp, weight.grad, bias.grad, out->grad_buffer(), inp->value, weight.data);
+      },
+      {&weight, &bias});
+  return out;
+}
+
+Var relu(Tape& tape, const Var& inp) {
+  auto out = make_var(Tensor::zeros(inp->value.shape(), MemTag::activations), inp->requires_grad);
+  relu_forward(out->value, inp->value);
+  if (inp->requires_grad) {
+    tape.record([out, inp] { relu_backward(inp->grad_buffer(), out->grad_buffer(), out->value); });
+  }
+  return out;
+}
+
+Var mse_loss(Tape& tape, const Var& pred, const Tensor& target) {
+  auto loss = make_var(Tensor::zeros({1}, MemTag::activations), pred->requires_grad);
+  loss->value[0] = mse_forward(pred->value, target);
+  tape.record([loss, pred, target] { mse_backward(pred->grad_buffer(), loss->grad_buffer()[0], pred->value, target); });
+  return loss;
+}
+
+Var cross_entropy(Tape& tape, const Var& logits, std::span<const int32_t> labels) {
+  auto loss = make_var(Tensor::zeros({1}, MemTag::activations), logits->requires_grad);
+  Tensor probs = Tensor::zeros(logits->value.shape(), MemTag::activations);
+  loss->value[0] = cross_entropy_forward(probs, logits->value, labels);
+  tape.record([loss, logits, probs, labels = std::vector<int32_t>(labels.begin(), labels.end())] {
+    cross_entropy_backward(logits->grad_buffer(), loss->grad_buffer()[0], probs, labels);
+  });
+  return loss;
+}
+
+}  // namespace ringzero

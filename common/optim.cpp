@@ -1,0 +1,94 @@
+#include "optim.hpp"
+
+#include <cmath>
+#include <numeric>
+
+#include "check.hpp"
+
+namespace ringzero {
+
+AdamW::AdamW(std::vector<int64_t> segment_sizes, AdamWOptions options)
+    : sizes_(std::move(segment_sizes)), steps_(sizes_.size(), 0), options_(options) {
+  CHECK(options.lr > 0, "AdamW lr = " << options.lr << "; use a positive --lr");
+  CHECK(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1,
+        "AdamW betas (" << options.beta1 << ", " << options.beta2 << ") must lie in [0, 1)");
+  CHECK(options.eps > 0, "AdamW eps = " << options.eps << " must be positive");
+  CHECK(options.weight_decay >= 0, "weight decay = " << options.weight_decay << "; use --weight-decay >= 0");
+  const int64_t total = std::accumulate(sizes_.begin(), sizes_.end(), int64_t{0});
+  exp_avg_ = Buffer(total, MemTag::optimizer_state);
+  exp_avg_sq_ = Buffer(total, MemTag::optimizer_state);
+}
+
+void AdamW::step(std::span<float> params, std::span<const float> grads) {
+  CHECK(params.size() == grads.size() && static_cast<int64_t>(params.size()) == exp_avg_.size(),
+        "AdamW::step: " << params.size() << " params, " << grads.size() << " grads, state for "
+                        << exp_avg_.size());
+  const AdamWOptions& o = options_;
+  float* m = exp_avg_.data();
+  float* v = exp_avg_sq_.data();
+  int64_t begin = 0;
+  for (size_t s = 0; s < sizes_.size(); ++s) {
+    const int64_t t = ++steps_[s];
+    const float bias_correction1 = 1.0f - std::pow(o.beta1, static_cast<float>(t));
+    const float bias_correction2 = 1.0f - std::pow(o.beta2, static_cast<float>(t));
+    const float step_size = o.lr / bias_correction1;
+    const float bias_correction2_sqrt = std::sqrt(bias_correction2);
+    const float decay = 1.0f - o.lr * o.weight_decay;
+    float* p = params.data();
+    const float* g = grads.data();
+    for (int64_t i = begin, end = begin + sizes_[s]; i < end; ++i) {
+      p[i] *= decay;
+      m[i] = m[i] * o.beta1 + (1.0f - o.beta1) * g[i];
+      v[i] = v[i] * o.beta2 + (1.0f - o.beta2) * g[i] * g[i];
+      const float denom = std::sqrt(v[i]) / bias_correction2_sqrt + o.eps;
+      p[i] -= step_size * (m[i] / denom);
+    }
+    begin += sizes_[s];
+  }
+}
+
+SGD::SGD(int64_t size, SGDOptions options) : options_(options) {
+  CHECK(options.lr > 0, "SGD lr = " << options.lr << "; use a positive --lr");
+  CHECK(options.momentum >= 0, "SGD momentum = " << options.momentum << " must be >= 0");
+  CHECK(options.weight_decay >= 0, "weight decay = " << options.weight_decay << "; use --weight-decay >= 0");
+  if (options.momentum > 0) momentum_buffer_ = Buffer(size, MemTag::optimizer_state);
+}
+
+void SGD::step(std::span<float> params, std::span<const float> grads) {
+  CHECK(params.size() == grads.size(), "SGD::step: " << params.size() << " params, " << grads.size() << " grads");
+  const SGDOptions& o = options_;
+  float* buf = momentum_buffer_.data();
+  for (size_t i = 0; i < params.size(); ++i) {
+    float d = grads[i] + o.weight_decay * params[i];
+    if (o.momentum > 0) {
+      buf[i] = first_step_ ? d : o.momentum * buf[i] + d;
+      d = buf[i];
+    }
+    params[i] -= o.lr * d;
+  }
+  first_step_ = false;
+}
+
+double sum_of_squares(std::span<const float> grads) {
+  double s = 0.0;
+  for (float g : grads) s += static_cast<double>(g) * g;
+  return s;
+}
+
+float clip_coefficient(double total_norm, float max_norm) {
+  return static_cast<float>(std::min(1.0, max_norm / (total_norm + 1e-6)));
+}
+
+void scale_in_place(std::span<float> grads, float coef) {
+  for (float& g : grads) g *= coef;
+}
+
+double clip_grad_norm(std::span<float> grads, float max_norm) {
+  CHECK(max_norm > 0, "max grad norm = " << max_norm << "; use --clip-grad-norm > 0");
+  const double norm = std::sqrt(sum_of_squares(grads));
+  const float coef = clip_coefficient(norm, max_norm);
+  if (coef < 1.0f) scale_in_place(grads, coef);
+  return norm;
+}
+
+}  // namespace ringzero

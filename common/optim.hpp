@@ -1,0 +1,80 @@
+// optim: SGD and AdamW with PyTorch's semantics, over flat spans, and gradient clipping.
+//
+// Provides: SGD (momentum, dampening 0, weight decay added to the gradient, as torch.optim.SGD),
+// AdamW (torch.optim.AdamW 1.13, single-tensor path: decoupled weight decay, bias correction
+// with a per-parameter step count), global-norm clipping (torch.nn.utils.clip_grad_norm_).
+// Both optimizers update a flat span of parameters from a flat span of gradients of the same
+// length; a ZeRO shard is simply a shorter span. The span is split into segments (normally
+// one per parameter, or the part of a parameter inside a shard), each with its own step count.
+// Leaves out: parameter groups, amsgrad, maximize, nesterov, learning-rate schedules.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "ledger.hpp"
+
+namespace ringzero {
+
+/// torch.optim.AdamW defaults.
+struct AdamWOptions {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 1e-2f;
+};
+
+class AdamW {
+ public:
+  /// segment_sizes: element counts of the segments, in span order; they must sum to the span
+  /// length passed to step(). exp_avg and exp_avg_sq (2 x 4 bytes per element) are tagged
+  /// optimizer_state. Errors: a non-positive lr, betas outside [0, 1), eps <= 0, wd < 0.
+  AdamW(std::vector<int64_t> segment_sizes, AdamWOptions options = {});
+
+  /// One update: for each element, with t the segment's step count after increment,
+  ///   p -= lr * wd * p;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g²;
+  ///   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+  void step(std::span<float> params, std::span<const float> grads);
+
+  const AdamWOptions& options() const { return options_; }
+  std::span<const float> exp_avg() const { return exp_avg_.span(); }
+  std::span<const float> exp_avg_sq() const { return exp_avg_sq_.span(); }
+  const std::vector<int64_t>& segment_steps() const { return steps_; }
+
+ private:
+  std::vector<int64_t> sizes_, steps_;
+  AdamWOptions options_;
+  Buffer exp_avg_, exp_avg_sq_;
+};
+
+struct SGDOptions {
+  float lr = 1e-2f;
+  float momentum = 0.0f;
+  float weight_decay = 0.0f;
+};
+
+class SGD {
+ public:
+  /// A momentum buffer (tag optimizer_state) of `size` elements exists only if momentum > 0.
+  SGD(int64_t size, SGDOptions options);
+  /// g' = g + wd p;  buf = g' on the first step, else momentum buf + g';  p -= lr buf.
+  void step(std::span<float> params, std::span<const float> grads);
+
+ private:
+  SGDOptions options_;
+  Buffer momentum_buffer_;
+  bool first_step_ = true;
+};
+
+/// Σ g², accumulated in float64.
+double sum_of_squares(std::span<const float> grads);
+/// The factor clip_grad_norm_ scales gradients by: min(1, max_norm / (total_norm + 1e-6)).
+float clip_coefficient(double total_norm, float max_norm);
+/// g *= coef.
+void scale_in_place(std::span<float> grads, float coef);
+/// Scales grads so their global L2 norm is at most max_norm; returns the norm before clipping.
+double clip_grad_norm(std::span<float> grads, float max_norm);
+
+}  // namespace ringzero

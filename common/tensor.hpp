@@ -1,0 +1,61 @@
+// tensor: float32, row-major, contiguous arrays and views into flat buffers.
+//
+// Provides: Tensor, a (pointer, shape) view that may also own its storage. A parameter, a
+// gradient, a bucket and a shard are all views: (offset, size) into one flat Buffer, as in
+// llm.c's params_memory. Eigen maps give the math without copies.
+// Leaves out: strides, broadcasting, dtypes other than float32, devices.
+#pragma once
+
+#include <Eigen/Dense>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ledger.hpp"
+
+namespace ringzero {
+
+using MatrixMap = Eigen::Map<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+using ConstMatrixMap = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+using VectorMap = Eigen::Map<Eigen::VectorXf>;
+
+using Shape = std::vector<int64_t>;
+int64_t numel(const Shape& shape);
+std::string shape_str(const Shape& shape);  ///< "(64, 784)"
+
+/// A row-major float32 array. Either a view (storage not owned; the owner outlives it) or
+/// owning (storage shared by copies of this Tensor and freed with the last one).
+class Tensor {
+ public:
+  Tensor() = default;
+  /// A view of `shape` over data[0, numel(shape)).
+  Tensor(float* data, Shape shape) : data_(data), shape_(std::move(shape)) {}
+  /// A fresh zero-filled tensor whose bytes are counted under `tag`.
+  static Tensor zeros(Shape shape, MemTag tag);
+
+  float* data() const { return data_; }
+  const Shape& shape() const { return shape_; }
+  int64_t numel() const { return ringzero::numel(shape_); }
+  int64_t dim(int i) const { return shape_.at(static_cast<size_t>(i)); }
+  int64_t rows() const { return shape_.size() == 1 ? 1 : shape_[0]; }
+  int64_t cols() const { return shape_.back(); }
+  bool defined() const { return data_ != nullptr || !shape_.empty(); }
+  float& operator[](int64_t i) const { return data_[i]; }
+  std::span<float> span() const { return {data_, static_cast<size_t>(numel())}; }
+
+  /// The tensor as a (rows, cols) matrix; a 1-D tensor of n is (1, n).
+  MatrixMap mat() const { return {data_, rows(), cols()}; }
+  VectorMap vec() const { return {data_, numel()}; }
+  /// Entries [begin, end) along the first dimension, as a view sharing this tensor's storage.
+  Tensor slice_rows(int64_t begin, int64_t end) const;
+
+ private:
+  float* data_ = nullptr;
+  Shape shape_;
+  std::shared_ptr<Buffer> storage_;  // set only for owning tensors
+};
+
+}  // namespace ringzero

@@ -1,0 +1,100 @@
+#include "train.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "check.hpp"
+#include "ops.hpp"
+#include "safetensors.hpp"
+
+namespace ringzero {
+
+TrainTestData load_data(const TrainConfig& c) {
+  if (c.dataset() == "fashion-mnist") return {load_fashion_mnist(c.data_dir, true), load_fashion_mnist(c.data_dir, false)};
+  const auto sizes = c.layer_sizes();
+  return {make_synthetic(1000, sizes.front(), sizes.back(), c.seed, 1),
+          make_synthetic(200, sizes.front(), sizes.back(), c.seed, 2)};
+}
+
+std::unique_ptr<Model> build_model(const TrainConfig& c) {
+  auto model = std::make_unique<Model>(c.layer_sizes(), c.seed);
+  if (!c.init_from.empty()) load_state_dict(*model, load_safetensors(c.init_from), c.init_from);
+  return model;
+}
+
+Batch make_batch(const Dataset& ds, std::span<const int64_t> indices) {
+  const auto n = static_cast<int64_t>(indices.size());
+  Batch b;
+  b.x = Tensor::zeros({n, ds.in_features}, MemTag::activations);
+  if (!ds.classification()) b.y = Tensor::zeros({n, ds.out_features}, MemTag::activations);
+  ds.gather(indices, b.x, b.y, b.labels);
+  return b;
+}
+
+Var forward_loss(Tape& tape, Model& model, const Batch& batch) {
+  Var out = model.forward(tape, make_var(batch.x));
+  return batch.labels.empty() ? mse_loss(tape, out, batch.y) : cross_entropy(tape, out, batch.labels);
+}
+
+EvalSums evaluate(Model& model, const Dataset& test, int64_t begin, int64_t end) {
+  EvalSums sums;
+  constexpr int64_t kEvalBatch = 500;
+  std::vector<int64_t> idx;
+  for (int64_t s = begin; s < end; s += kEvalBatch) {
+    const int64_t e = std::min(end, s + kEvalBatch);
+    idx.resize(static_cast<size_t>(e - s));
+    for (int64_t i = s; i < e; ++i) idx[i - s] = i;
+    Batch batch = make_batch(test, idx);
+    Tape tape;  // recorded and dropped: evaluation never calls backward
+    Var out = model.forward(tape, make_var(batch.x));
+    Var loss = batch.labels.empty() ? mse_loss(tape, out, batch.y) : cross_entropy(tape, out, batch.labels);
+    sums.loss_sum += static_cast<double>(loss->value[0]) * static_cast<double>(e - s);
+    sums.count += static_cast<double>(e - s);
+    if (!batch.labels.empty()) {
+      auto logits = out->value.mat();
+      for (int64_t r = 0; r < logits.rows(); ++r) {
+        Eigen::Index arg;
+        logits.row(r).maxCoeff(&arg);
+        sums.correct += (arg == batch.labels[r]) ? 1.0 : 0.0;
+      }
+    }
+  }
+  return sums;
+}
+
+static std::variant<AdamW, SGD> make_optimizer(const TrainConfig& c, std::vector<int64_t> sizes) {
+  if (c.optimizer == "sgd") {
+    int64_t total = 0;
+    for (int64_t s : sizes) total += s;
+    return std::variant<AdamW, SGD>(std::in_place_type<SGD>, total, SGDOptions{c.lr, c.momentum, c.weight_decay});
+  }
+  AdamWOptions o;
+  o.lr = c.lr;
+  o.weight_decay = c.weight_decay;
+  return std::variant<AdamW, SGD>(std::in_place_type<AdamW>, std::move(sizes), o);
+}
+
+Optimizer::Optimizer(const TrainConfig& c, std::vector<int64_t> segment_sizes)
+    : impl_(make_optimizer(c, std::move(segment_sizes))) {}
+
+void Optimizer::step(std::span<float> params, std::span<const float> grads) {
+  std::visit([&](auto& opt) { opt.step(params, grads); }, impl_);
+}
+
+std::vector<int64_t> parameter_sizes(const Model& model) {
+  std::vector<int64_t> sizes;
+  for (const Parameter* p : model.parameters()) sizes.push_back(p->numel());
+  return sizes;
+}
+
+void check_finite_loss(double loss, int64_t step) {
+  CHECK(std::isfinite(loss), "loss is " << loss << " at step " << step
+                                        << "; training diverged: lower --lr or set --clip-grad-norm (e.g. 1.0)");
+}
+
+int64_t total_steps(const TrainConfig& c, int64_t steps_per_epoch) {
+  const int64_t all = c.epochs * steps_per_epoch;
+  return c.max_steps > 0 ? std::min(all, c.max_steps) : all;
+}
+
+}  // namespace ringzero
