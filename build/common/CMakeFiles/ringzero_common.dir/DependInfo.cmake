@@ -10,6 +10,7 @@ set(CMAKE_DEPENDS_LANGUAGES
 set(CMAKE_DEPENDS_DEPENDENCY_FILES
   "/work/main/common/autograd.cpp" "common/CMakeFiles/ringzero_common.dir/autograd.cpp.o" "gcc" "common/CMakeFiles/ringzero_common.dir/autograd.cpp.o.d"
   "/work/main/common/check.cpp" "common/CMakeFiles/ringzero_common.dir/check.cpp.o" "gcc" "common/CMakeFiles/ringzero_common.dir/check.cpp.o.d"
+  "/work/main/common/comm.cpp" "common/CMakeFiles/ringzero_common.dir/comm.cpp.o" "gcc" "common/CMakeFiles/ringzero_common.dir/comm.cpp.o.d"
   "/work/main/common/config.cpp" "common/CMakeFiles/ringzero_common.dir/config.cpp.o" "gcc" "common/CMakeFiles/ringzero_common.dir/config.cpp.o.d"
   "/work/main/common/data.cpp" "common/CMakeFiles/ringzero_common.dir/data.cpp.o" "gcc" "common/CMakeFiles/ringzero_common.dir/data.cpp.o.d"
   "/work/main/common/ledger.cpp" "common/CMakeFiles/ringzero_common.dir/ledger.cpp.o" "gcc" "common/CMakeFiles/ringzero_common.dir/ledger.cpp.o.d"

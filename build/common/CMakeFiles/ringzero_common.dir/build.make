@@ -97,10 +97,24 @@ common/CMakeFiles/ringzero_common.dir/check.cpp.s: cmake_force
 	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Compiling CXX source to assembly CMakeFiles/ringzero_common.dir/check.cpp.s"
 	cd /work/main/build/common && /usr/bin/c++ $(CXX_DEFINES) $(CXX_INCLUDES) $(CXX_FLAGS) -S /work/main/common/check.cpp -o CMakeFiles/ringzero_common.dir/check.cpp.s
 
+common/CMakeFiles/ringzero_common.dir/comm.cpp.o: common/CMakeFiles/ringzero_common.dir/flags.make
+common/CMakeFiles/ringzero_common.dir/comm.cpp.o: /work/main/common/comm.cpp
+common/CMakeFiles/ringzero_common.dir/comm.cpp.o: common/CMakeFiles/ringzero_common.dir/compiler_depend.ts
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_3) "Building CXX object common/CMakeFiles/ringzero_common.dir/comm.cpp.o"
+	cd /work/main/build/common && /usr/bin/c++ $(CXX_DEFINES) $(CXX_INCLUDES) $(CXX_FLAGS) -MD -MT common/CMakeFiles/ringzero_common.dir/comm.cpp.o -MF CMakeFiles/ringzero_common.dir/comm.cpp.o.d -o CMakeFiles/ringzero_common.dir/comm.cpp.o -c /work/main/common/comm.cpp
+
+common/CMakeFiles/ringzero_common.dir/comm.cpp.i: cmake_force
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Preprocessing CXX source to CMakeFiles/ringzero_common.dir/comm.cpp.i"
+	cd /work/main/build/common && /usr/bin/c++ $(CXX_DEFINES) $(CXX_INCLUDES) $(CXX_FLAGS) -E /work/main/common/comm.cpp > CMakeFiles/ringzero_common.dir/comm.cpp.i
+
+common/CMakeFiles/ringzero_common.dir/comm.cpp.s: cmake_force
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Compiling CXX source to assembly CMakeFiles/ringzero_common.dir/comm.cpp.s"
+	cd /work/main/build/common && /usr/bin/c++ $(CXX_DEFINES) $(CXX_INCLUDES) $(CXX_FLAGS) -S /work/main/common/comm.cpp -o CMakeFiles/ringzero_common.dir/comm.cpp.s
+
 common/CMakeFiles/ringzero_common.dir/config.cpp.o: common/CMakeFiles/ringzero_common.dir/flags.make
 common/CMakeFiles/ringzero_common.dir/config.cpp.o: /work/main/common/config.cpp
 common/CMakeFiles/ringzero_common.dir/config.cpp.o: common/CMakeFiles/ringzero_common.dir/compiler_depend.ts
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_3) "Building CXX object common/CMakeFiles/ringzero_common.dir/config.cpp.o"
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_4) "Building CXX object common/CMakeFiles/ringzero_common.dir/config.cpp.o"
 	cd /work/main/build/common && /usr/bin/c++ $(CXX_DEFINES) $(CXX_INCLUDES) $(CXX_FLAGS) -MD -MT common/CMakeFiles/ringzero_common.dir/config.cpp.o -MF CMakeFiles/ringzero_common.dir/config.cpp.o.d -o CMakeFiles/ringzero_common.dir/config.cpp.o -c /work/main/common/config.cpp
 
 common/CMakeFiles/ringzero_common.dir/config.cpp.i: cmake_force
@@ -114,7 +128,7 @@ common/CMakeFiles/ringzero_common.dir/config.cpp.s: cmake_force
 common/CMakeFiles/ringzero_common.dir/data.cpp.o: common/CMakeFiles/ringzero_common.dir/flags.make
 common/CMakeFiles/ringzero_common.dir/data.cpp.o: /work/main/common/data.cpp
 common/CMakeFiles/ringzero_common.dir/data.cpp.o: common/CMakeFiles/ringzero_common.dir/compiler_depend.ts
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_4) "Building CXX object common/CMakeFiles/ringzero_common.dir/data.cpp.o"
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_5) "Building CXX object common/CMakeFiles/ringzero_common.dir/data.cpp.o"
 	cd /work/main/build/common && /usr/bin/c++ $(CXX_DEFINES) $(CXX_INCLUDES) $(CXX_FLAGS) -MD -MT common/CMakeFiles/ringzero_common.dir/data.cpp.o -MF CMakeFiles/ringzero_common.dir/data.cpp.o.d -o CMakeFiles/ringzero_common.dir/data.cpp.o -c /work/main/common/data.cpp
 
 common/CMakeFiles/ringzero_common.dir/data.cpp.i: cmake_force
@@ -128,7 +142,7 @@ common/CMakeFiles/ringzero_common.dir/data.cpp.s: cmake_force
 common/CMakeFiles/ringzero_common.dir/ledger.cpp.o: common/CMakeFiles/ringzero_common.dir/flags.make
 common/CMakeFiles/ringzero_common.dir/ledger.cpp.o: /work/main/common/ledger.cpp
 common/CMakeFiles/ringzero_common.dir/ledger.cpp.o: common/CMakeFiles/ringzero_common.dir/compiler_depend.ts
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_5) "Building CXX object common/CMakeFiles/ringzero_common.dir/ledger.cpp.o"
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_6) "Building CXX object common/CMakeFiles/ringzero_common.dir/ledger.cpp.o"
 	cd /work/main/build/common && /usr/bin/c++ $(CXX_DEFINES) $(CXX_INCLUDES) $(CXX_FLAGS) -MD -MT common/CMakeFiles/ringzero_common.dir/ledger.cpp.o -MF CMakeFiles/ringzero_common.dir/ledger.cpp.o.d -o CMakeFiles/ringzero_common.dir/ledger.cpp.o -c /work/main/common/ledger.cpp
 
 common/CMakeFiles/ringzero_common.dir/ledger.cpp.i: cmake_force
@@ -142,7 +156,7 @@ common/CMakeFiles/ringzero_common.dir/ledger.cpp.s: cmake_force
 common/CMakeFiles/ringzero_common.dir/metrics.cpp.o: common/CMakeFiles/ringzero_common.dir/flags.make
 common/CMakeFiles/ringzero_common.dir/metrics.cpp.o: /work/main/common/metrics.cpp
 common/CMakeFiles/ringzero_common.dir/metrics.cpp.o: common/CMakeFiles/ringzero_common.dir/compiler_depend.ts
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_6) "Building CXX object common/CMakeFiles/ringzero_common.dir/metrics.cpp.o"
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_7) "Building CXX object common/CMakeFiles/ringzero_common.dir/metrics.cpp.o"
 	cd /work/main/build/common && /usr/bin/c++ $(CXX_DEFINES) $(CXX_INCLUDES) $(CXX_FLAGS) -MD -MT common/CMakeFiles/ringzero_common.dir/metrics.cpp.o -MF CMakeFiles/ringzero_common.dir/metrics.cpp.o.d -o CMakeFiles/ringzero_common.dir/metrics.cpp.o -c /work/main/common/metrics.cpp
 
 common/CMakeFiles/ringzero_common.dir/metrics.cpp.i: cmake_force
@@ -156,7 +170,7 @@ common/CMakeFiles/ringzero_common.dir/metrics.cpp.s: cmake_force
 common/CMakeFiles/ringzero_common.dir/nn.cpp.o: common/CMakeFiles/ringzero_common.dir/flags.make
 common/CMakeFiles/ringzero_common.dir/nn.cpp.o: /work/main/common/nn.cpp
 common/CMakeFiles/ringzero_common.dir/nn.cpp.o: common/CMakeFiles/ringzero_common.dir/compiler_depend.ts
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_7) "Building CXX object common/CMakeFiles/ringzero_common.dir/nn.cpp.o"
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_8) "Building CXX object common/CMakeFiles/ringzero_common.dir/nn.cpp.o"
 	cd /work/main/build/common && /usr/bin/c++ $(CXX_DEFINES) $(CXX_INCLUDES) $(CXX_FLAGS) -MD -MT common/CMakeFiles/ringzero_common.dir/nn.cpp.o -MF CMakeFiles/ringzero_common.dir/nn.cpp.o.d -o CMakeFiles/ringzero_common.dir/nn.cpp.o -c /work/main/common/nn.cpp
 
 common/CMakeFiles/ringzero_common.dir/nn.cpp.i: cmake_force
@@ -170,7 +184,7 @@ common/CMakeFiles/ringzero_common.dir/nn.cpp.s: cmake_force
 common/CMakeFiles/ringzero_common.dir/ops.cpp.o: common/CMakeFiles/ringzero_common.dir/flags.make
 common/CMakeFiles/ringzero_common.dir/ops.cpp.o: /work/main/common/ops.cpp
 common/CMakeFiles/ringzero_common.dir/ops.cpp.o: common/CMakeFiles/ringzero_common.dir/compiler_depend.ts
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_8) "Building CXX object common/CMakeFiles/ringzero_common.dir/ops.cpp.o"
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_9) "Building CXX object common/CMakeFiles/ringzero_common.dir/ops.cpp.o"
 	cd /work/main/build/common && /usr/bin/c++ $(CXX_DEFINES) $(CXX_INCLUDES) $(CXX_FLAGS) -MD -MT common/CMakeFiles/ringzero_common.dir/ops.cpp.o -MF CMakeFiles/ringzero_common.dir/ops.cpp.o.d -o CMakeFiles/ringzero_common.dir/ops.cpp.o -c /work/main/common/ops.cpp
 
 common/CMakeFiles/ringzero_common.dir/ops.cpp.i: cmake_force
@@ -184,7 +198,7 @@ common/CMakeFiles/ringzero_common.dir/ops.cpp.s: cmake_force
 common/CMakeFiles/ringzero_common.dir/optim.cpp.o: common/CMakeFiles/ringzero_common.dir/flags.make
 common/CMakeFiles/ringzero_common.dir/optim.cpp.o: /work/main/common/optim.cpp
 common/CMakeFiles/ringzero_common.dir/optim.cpp.o: common/CMakeFiles/ringzero_common.dir/compiler_depend.ts
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_9) "Building CXX object common/CMakeFiles/ringzero_common.dir/optim.cpp.o"
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_10) "Building CXX object common/CMakeFiles/ringzero_common.dir/optim.cpp.o"
 	cd /work/main/build/common && /usr/bin/c++ $(CXX_DEFINES) $(CXX_INCLUDES) $(CXX_FLAGS) -MD -MT common/CMakeFiles/ringzero_common.dir/optim.cpp.o -MF CMakeFiles/ringzero_common.dir/optim.cpp.o.d -o CMakeFiles/ringzero_common.dir/optim.cpp.o -c /work/main/common/optim.cpp
 
 common/CMakeFiles/ringzero_common.dir/optim.cpp.i: cmake_force
@@ -198,7 +212,7 @@ common/CMakeFiles/ringzero_common.dir/optim.cpp.s: cmake_force
 common/CMakeFiles/ringzero_common.dir/safetensors.cpp.o: common/CMakeFiles/ringzero_common.dir/flags.make
 common/CMakeFiles/ringzero_common.dir/safetensors.cpp.o: /work/main/common/safetensors.cpp
 common/CMakeFiles/ringzero_common.dir/safetensors.cpp.o: common/CMakeFiles/ringzero_common.dir/compiler_depend.ts
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_10) "Building CXX object common/CMakeFiles/ringzero_common.dir/safetensors.cpp.o"
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_11) "Building CXX object common/CMakeFiles/ringzero_common.dir/safetensors.cpp.o"
 	cd /work/main/build/common && /usr/bin/c++ $(CXX_DEFINES) $(CXX_INCLUDES) $(CXX_FLAGS) -MD -MT common/CMakeFiles/ringzero_common.dir/safetensors.cpp.o -MF CMakeFiles/ringzero_common.dir/safetensors.cpp.o.d -o CMakeFiles/ringzero_common.dir/safetensors.cpp.o -c /work/main/common/safetensors.cpp
 
 common/CMakeFiles/ringzero_common.dir/safetensors.cpp.i: cmake_force
@@ -212,7 +226,7 @@ common/CMakeFiles/ringzero_common.dir/safetensors.cpp.s: cmake_force
 common/CMakeFiles/ringzero_common.dir/tensor.cpp.o: common/CMakeFiles/ringzero_common.dir/flags.make
 common/CMakeFiles/ringzero_common.dir/tensor.cpp.o: /work/main/common/tensor.cpp
 common/CMakeFiles/ringzero_common.dir/tensor.cpp.o: common/CMakeFiles/ringzero_common.dir/compiler_depend.ts
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_11) "Building CXX object common/CMakeFiles/ringzero_common.dir/tensor.cpp.o"
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_12) "Building CXX object common/CMakeFiles/ringzero_common.dir/tensor.cpp.o"
 	cd /work/main/build/common && /usr/bin/c++ $(CXX_DEFINES) $(CXX_INCLUDES) $(CXX_FLAGS) -MD -MT common/CMakeFiles/ringzero_common.dir/tensor.cpp.o -MF CMakeFiles/ringzero_common.dir/tensor.cpp.o.d -o CMakeFiles/ringzero_common.dir/tensor.cpp.o -c /work/main/common/tensor.cpp
 
 common/CMakeFiles/ringzero_common.dir/tensor.cpp.i: cmake_force
@@ -226,7 +240,7 @@ common/CMakeFiles/ringzero_common.dir/tensor.cpp.s: cmake_force
 common/CMakeFiles/ringzero_common.dir/train.cpp.o: common/CMakeFiles/ringzero_common.dir/flags.make
 common/CMakeFiles/ringzero_common.dir/train.cpp.o: /work/main/common/train.cpp
 common/CMakeFiles/ringzero_common.dir/train.cpp.o: common/CMakeFiles/ringzero_common.dir/compiler_depend.ts
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_12) "Building CXX object common/CMakeFiles/ringzero_common.dir/train.cpp.o"
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_13) "Building CXX object common/CMakeFiles/ringzero_common.dir/train.cpp.o"
 	cd /work/main/build/common && /usr/bin/c++ $(CXX_DEFINES) $(CXX_INCLUDES) $(CXX_FLAGS) -MD -MT common/CMakeFiles/ringzero_common.dir/train.cpp.o -MF CMakeFiles/ringzero_common.dir/train.cpp.o.d -o CMakeFiles/ringzero_common.dir/train.cpp.o -c /work/main/common/train.cpp
 
 common/CMakeFiles/ringzero_common.dir/train.cpp.i: cmake_force
@@ -241,6 +255,7 @@ common/CMakeFiles/ringzero_common.dir/train.cpp.s: cmake_force
 ringzero_common_OBJECTS = \
 "CMakeFiles/ringzero_common.dir/autograd.cpp.o" \
 "CMakeFiles/ringzero_common.dir/check.cpp.o" \
+"CMakeFiles/ringzero_common.dir/comm.cpp.o" \
 "CMakeFiles/ringzero_common.dir/config.cpp.o" \
 "CMakeFiles/ringzero_common.dir/data.cpp.o" \
 "CMakeFiles/ringzero_common.dir/ledger.cpp.o" \
@@ -257,6 +272,7 @@ ringzero_common_EXTERNAL_OBJECTS =
 
 common/libringzero_common.a: common/CMakeFiles/ringzero_common.dir/autograd.cpp.o
 common/libringzero_common.a: common/CMakeFiles/ringzero_common.dir/check.cpp.o
+common/libringzero_common.a: common/CMakeFiles/ringzero_common.dir/comm.cpp.o
 common/libringzero_common.a: common/CMakeFiles/ringzero_common.dir/config.cpp.o
 common/libringzero_common.a: common/CMakeFiles/ringzero_common.dir/data.cpp.o
 common/libringzero_common.a: common/CMakeFiles/ringzero_common.dir/ledger.cpp.o
@@ -269,7 +285,7 @@ common/libringzero_common.a: common/CMakeFiles/ringzero_common.dir/tensor.cpp.o
 common/libringzero_common.a: common/CMakeFiles/ringzero_common.dir/train.cpp.o
 common/libringzero_common.a: common/CMakeFiles/ringzero_common.dir/build.make
 common/libringzero_common.a: common/CMakeFiles/ringzero_common.dir/link.txt
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --bold --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_13) "Linking CXX static library libringzero_common.a"
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --bold --progress-dir=/work/main/build/CMakeFiles --progress-num=$(CMAKE_PROGRESS_14) "Linking CXX static library libringzero_common.a"
 	cd /work/main/build/common && $(CMAKE_COMMAND) -P CMakeFiles/ringzero_common.dir/cmake_clean_target.cmake
 	cd /work/main/build/common && $(CMAKE_COMMAND) -E cmake_link_script CMakeFiles/ringzero_common.dir/link.txt --verbose=$(VERBOSE)
 

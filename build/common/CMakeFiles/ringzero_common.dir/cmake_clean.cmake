@@ -3,6 +3,8 @@ file(REMOVE_RECURSE
   "CMakeFiles/ringzero_common.dir/autograd.cpp.o.d"
   "CMakeFiles/ringzero_common.dir/check.cpp.o"
   "CMakeFiles/ringzero_common.dir/check.cpp.o.d"
+  "CMakeFiles/ringzero_common.dir/comm.cpp.o"
+  "CMakeFiles/ringzero_common.dir/comm.cpp.o.d"
   "CMakeFiles/ringzero_common.dir/config.cpp.o"
   "CMakeFiles/ringzero_common.dir/config.cpp.o.d"
   "CMakeFiles/ringzero_common.dir/data.cpp.o"

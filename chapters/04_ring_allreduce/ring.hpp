@@ -1,0 +1,88 @@
+// Ring all-reduce from point-to-point messages: reduce-scatter, then all-gather.
+//
+// The buffer of n elements is cut into world_size chunks of s = ceil(n / N) elements; chunk i
+// is [i s, (i+1) s) clipped to [0, n), so trailing chunks may be short or empty (n < N, n = 0).
+// Rank r owns chunk r. Each phase takes N − 1 steps; in each step every rank sends one chunk
+// to rank r + 1 and receives one from rank r − 1 at the same time (sendrecv), so every link
+// of the ring is busy and no rank is a bottleneck.
+//
+//   reduce-scatter, step k: send chunk (r − k − 1), receive chunk (r − k − 2) and add it in.
+//     After N − 1 steps, rank r holds the sum over all ranks of chunk r.
+//   all-gather, step k:     send chunk (r − k), receive chunk (r − k − 1) and copy it in.
+//     After N − 1 steps, every rank holds every reduced chunk.
+//
+// Each rank sends (N − 1) s elements per phase: 2 (N − 1)/N · n elements in all, whatever N.
+// That is the bandwidth-optimal bound (Patarasuk & Yuan 2009; Baidu's ring all-reduce, 2017).
+// The sum for chunk c is accumulated in ring order starting at rank c + 1; every rank gets
+// bit-identical results because the reduced chunk is copied, not recomputed.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/comm.hpp"
+#include "common/ledger.hpp"
+
+namespace ringzero {
+
+/// Elements [offset, offset + size) of chunk i.
+struct Chunk {
+  int64_t offset;
+  int64_t size;
+};
+
+/// Chunk i of n elements split over world_size ranks: chunk size ceil(n / world_size), the
+/// last ones clipped (possibly empty). Pure arithmetic, valid for any n >= 0 (also > 2^31).
+inline Chunk ring_chunk(int64_t n, int world_size, int i) {
+  const int64_t s = (n + world_size - 1) / world_size;
+  const int64_t begin = std::min(n, static_cast<int64_t>(i) * s);
+  return {begin, std::min(n, begin + s) - begin};
+}
+
+inline int ring_mod(int a, int n) { return ((a % n) + n) % n; }
+
+/// Reduce-scatter phase in place: afterwards chunk rank() of buf holds the sum over ranks of
+/// that chunk; the other chunks hold partial sums (garbage to the caller). Every rank must call
+/// with the same n. Traffic per rank: (N − 1) chunks sent, (N − 1) received.
+inline void ring_reduce_scatter(Communicator& comm, std::span<float> buf) {
+  const int N = comm.world_size(), r = comm.rank();
+  const auto n = static_cast<int64_t>(buf.size());
+  comm.count_call("ring_reduce_scatter");
+  if (N == 1) return;
+  Communicator::Scope scope(comm, "ring_reduce_scatter");
+  Buffer scratch(ring_chunk(n, N, 0).size, MemTag::comm_buffers);  // (s) the incoming chunk
+  for (int k = 0; k < N - 1; ++k) {
+    const Chunk send = ring_chunk(n, N, ring_mod(r - k - 1, N));
+    const Chunk recv = ring_chunk(n, N, ring_mod(r - k - 2, N));
+    comm.sendrecv(buf.subspan(send.offset, send.size), ring_mod(r + 1, N),
+                  scratch.span().first(recv.size), ring_mod(r - 1, N));
+    float* dst = buf.data() + recv.offset;
+    for (int64_t i = 0; i < recv.size; ++i) dst[i] += scratch.data()[i];
+  }
+}
+
+/// All-gather phase in place: on entry chunk rank() of buf is this rank's; afterwards every
+/// chunk holds its owner's values. Traffic per rank: (N − 1) chunks sent, (N − 1) received.
+inline void ring_all_gather(Communicator& comm, std::span<float> buf) {
+  const int N = comm.world_size(), r = comm.rank();
+  const auto n = static_cast<int64_t>(buf.size());
+  comm.count_call("ring_all_gather");
+  if (N == 1) return;
+  Communicator::Scope scope(comm, "ring_all_gather");
+  for (int k = 0; k < N - 1; ++k) {
+    const Chunk send = ring_chunk(n, N, ring_mod(r - k, N));
+    const Chunk recv = ring_chunk(n, N, ring_mod(r - k - 1, N));
+    comm.sendrecv(buf.subspan(send.offset, send.size), ring_mod(r + 1, N), buf.subspan(recv.offset, recv.size),
+                  ring_mod(r - 1, N));
+  }
+}
+
+/// Sum over ranks, in place, on every rank: reduce-scatter then all-gather.
+inline void ring_all_reduce(Communicator& comm, std::span<float> buf) {
+  ring_reduce_scatter(comm, buf);
+  ring_all_gather(comm, buf);
+}
+
+}  // namespace ringzero

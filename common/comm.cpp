@@ -1,0 +1,199 @@
+#include "comm.hpp"
+
+#include <mpi.h>
+
+#include "check.hpp"
+
+namespace ringzero {
+
+namespace {
+void check_mpi(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  CHECK(false, call << " failed: " << std::string(msg, static_cast<size_t>(len))
+                    << "; check that every rank runs the same command line");
+}
+#define MPI_CALL(...) check_mpi((__VA_ARGS__), #__VA_ARGS__)
+}  // namespace
+
+std::vector<std::pair<int64_t, int64_t>> split_count(int64_t n, int64_t max_piece) {
+  CHECK(n >= 0 && max_piece > 0, "split_count(" << n << ", " << max_piece << ")");
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  for (int64_t off = 0; off < n; off += max_piece) pieces.emplace_back(off, std::min(max_piece, n - off));
+  return pieces;
+}
+
+Communicator::Communicator(int& argc, char**& argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
+  set_rank_context(rank_, world_size_);
+  MPI_Comm node;
+  MPI_CALL(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+  MPI_Comm_rank(node, &local_rank_);
+  MPI_Comm_free(&node);
+  CHECK(provided >= MPI_THREAD_SERIALIZED, "this MPI provides thread level " << provided
+                                           << ", RingZero needs MPI_THREAD_SERIALIZED or better");
+}
+
+Communicator::~Communicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+Communicator::Counters& Communicator::counter(const char* op) { return counters_[scope_.empty() ? op : scope_]; }
+
+Communicator::Counters Communicator::training_traffic() const {
+  Counters sum;
+  for (const auto& [op, c] : counters_) {
+    if (op == "metrics") continue;
+    sum.calls += c.calls;
+    sum.messages_sent += c.messages_sent;
+    sum.bytes_sent += c.bytes_sent;
+    sum.messages_received += c.messages_received;
+    sum.bytes_received += c.bytes_received;
+  }
+  return sum;
+}
+
+void Communicator::send(std::span<const float> buf, int dest) {
+  Counters& c = counter("send");
+  if (scope_.empty()) c.calls += 1;
+  for (auto [off, n] : split_count(static_cast<int64_t>(buf.size()))) {
+    MPI_CALL(MPI_Send(buf.data() + off, static_cast<int>(n), MPI_FLOAT, dest, 0, MPI_COMM_WORLD));
+    c.messages_sent += 1;
+    c.bytes_sent += n * 4;
+  }
+}
+
+void Communicator::recv(std::span<float> buf, int src) {
+  Counters& c = counter("recv");
+  if (scope_.empty()) c.calls += 1;
+  for (auto [off, n] : split_count(static_cast<int64_t>(buf.size()))) {
+    MPI_CALL(MPI_Recv(buf.data() + off, static_cast<int>(n), MPI_FLOAT, src, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+    c.messages_received += 1;
+    c.bytes_received += n * 4;
+  }
+}
+
+void Communicator::sendrecv(std::span<const float> send_buf, int dest, std::span<float> recv_buf, int src) {
+  Counters& c = counter("sendrecv");
+  if (scope_.empty()) c.calls += 1;
+  const auto s = static_cast<int64_t>(send_buf.size()), r = static_cast<int64_t>(recv_buf.size());
+  // Both sides must agree on the number of pieces: split by the larger of the two lengths.
+  for (auto [off, n] : split_count(std::max(s, r))) {
+    const int64_t ns = std::clamp<int64_t>(s - off, 0, n), nr = std::clamp<int64_t>(r - off, 0, n);
+    MPI_CALL(MPI_Sendrecv(send_buf.data() + std::min(off, s), static_cast<int>(ns), MPI_FLOAT, dest, 0,
+                          recv_buf.data() + std::min(off, r), static_cast<int>(nr), MPI_FLOAT, src, 0, MPI_COMM_WORLD,
+                          MPI_STATUS_IGNORE));
+    if (ns > 0) { c.messages_sent += 1; c.bytes_sent += ns * 4; }
+    if (nr > 0) { c.messages_received += 1; c.bytes_received += nr * 4; }
+  }
+}
+
+void Communicator::broadcast(std::span<float> buf, int root) {
+  Counters& c = counter("broadcast");
+  c.calls += 1;
+  for (auto [off, n] : split_count(static_cast<int64_t>(buf.size()))) {
+    MPI_CALL(MPI_Bcast(buf.data() + off, static_cast<int>(n), MPI_FLOAT, root, MPI_COMM_WORLD));
+    (rank_ == root ? c.bytes_sent : c.bytes_received) += n * 4;
+  }
+}
+
+void Communicator::reduce(std::span<float> buf, int root) {
+  Counters& c = counter("reduce");
+  c.calls += 1;
+  for (auto [off, n] : split_count(static_cast<int64_t>(buf.size()))) {
+    float* p = buf.data() + off;
+    MPI_CALL(MPI_Reduce(rank_ == root ? MPI_IN_PLACE : p, p, static_cast<int>(n), MPI_FLOAT, MPI_SUM, root,
+                        MPI_COMM_WORLD));
+    (rank_ == root ? c.bytes_received : c.bytes_sent) += n * 4;
+  }
+}
+
+void Communicator::all_reduce(std::span<float> buf) {
+  Counters& c = counter("all_reduce");
+  c.calls += 1;
+  for (auto [off, n] : split_count(static_cast<int64_t>(buf.size()))) {
+    MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, buf.data() + off, static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+    c.bytes_sent += n * 4;
+    c.bytes_received += n * 4;
+  }
+}
+
+void Communicator::reduce_scatter(std::span<const float> in, std::span<float> out) {
+  const auto s = static_cast<int64_t>(out.size());
+  CHECK(static_cast<int64_t>(in.size()) == s * world_size_,
+        "reduce_scatter: input " << in.size() << " != world_size " << world_size_ << " x output " << s);
+  Counters& c = counter("reduce_scatter");
+  c.calls += 1;
+  c.bytes_sent += (s * (world_size_ - 1)) * 4;
+  c.bytes_received += s * 4;
+  if (s * world_size_ <= INT_MAX) {
+    MPI_CALL(MPI_Reduce_scatter_block(in.data(), out.data(), static_cast<int>(s), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+    return;
+  }
+  // Too large for one call: block r is reduced to rank r, in pieces.
+  for (int r = 0; r < world_size_; ++r) {
+    for (auto [off, n] : split_count(s)) {
+      MPI_CALL(MPI_Reduce(in.data() + r * s + off, out.data() + off, static_cast<int>(n), MPI_FLOAT, MPI_SUM, r,
+                          MPI_COMM_WORLD));
+    }
+  }
+}
+
+void Communicator::all_gather(std::span<const float> in, std::span<float> out) {
+  const auto s = static_cast<int64_t>(in.size());
+  CHECK(static_cast<int64_t>(out.size()) == s * world_size_,
+        "all_gather: output " << out.size() << " != world_size " << world_size_ << " x input " << s);
+  Counters& c = counter("all_gather");
+  c.calls += 1;
+  c.bytes_sent += s * 4;
+  c.bytes_received += s * (world_size_ - 1) * 4;
+  if (s * world_size_ <= INT_MAX) {
+    MPI_CALL(MPI_Allgather(in.data(), static_cast<int>(s), MPI_FLOAT, out.data(), static_cast<int>(s), MPI_FLOAT,
+                           MPI_COMM_WORLD));
+    return;
+  }
+  std::copy(in.begin(), in.end(), out.begin() + rank_ * s);
+  for (int r = 0; r < world_size_; ++r)
+    for (auto [off, n] : split_count(s))
+      MPI_CALL(MPI_Bcast(out.data() + r * s + off, static_cast<int>(n), MPI_FLOAT, r, MPI_COMM_WORLD));
+}
+
+void Communicator::barrier() {
+  counter("barrier").calls += 1;
+  MPI_CALL(MPI_Barrier(MPI_COMM_WORLD));
+}
+
+void Communicator::all_reduce_metrics(std::span<double> values) {
+  Counters& c = counters_["metrics"];
+  c.calls += 1;
+  c.bytes_sent += static_cast<int64_t>(values.size()) * 8;
+  c.bytes_received += static_cast<int64_t>(values.size()) * 8;
+  MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, MPI_SUM,
+                         MPI_COMM_WORLD));
+}
+
+std::vector<std::string> Communicator::gather_strings(const std::string& s, int root) {
+  counters_["metrics"].calls += 1;
+  int len = static_cast<int>(s.size());
+  std::vector<int> lens(static_cast<size_t>(world_size_));
+  MPI_CALL(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, root, MPI_COMM_WORLD));
+  std::vector<int> displs(lens.size(), 0);
+  int total = 0;
+  for (size_t r = 0; r < lens.size(); ++r) { displs[r] = total; total += lens[r]; }
+  std::string all(rank_ == root ? static_cast<size_t>(total) : 0, '\0');
+  MPI_CALL(MPI_Gatherv(s.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, root, MPI_COMM_WORLD));
+  std::vector<std::string> out;
+  if (rank_ == root)
+    for (size_t r = 0; r < lens.size(); ++r) out.push_back(all.substr(static_cast<size_t>(displs[r]), static_cast<size_t>(lens[r])));
+  return out;
+}
+
+}  // namespace ringzero

@@ -1,0 +1,101 @@
+// comm: a thin communicator over MPI, with byte and message counters.
+//
+// Provides: Communicator — rank, world_size, local_rank; send, recv, sendrecv; broadcast,
+// reduce, all_reduce, reduce_scatter, all_gather (sums over float32), barrier; small helpers
+// for metrics (double sums, gathering strings). Element counts are 64-bit and split into
+// pieces of at most INT_MAX elements per MPI call (split_count). Every MPI error becomes a
+// CHECK failure, which run_main turns into MPI_Abort of every rank: never a hang.
+//
+// Counters: per operation name, this rank's calls, messages and bytes sent and received.
+// Point-to-point calls count exactly what they move. A Scope relabels the point-to-point
+// traffic inside it (chapter 04's ring counts as "ring_all_reduce", not "sendrecv"). For
+// collectives MPI implements internally, the wire traffic is invisible to us: the counters
+// record the payload handed to MPI (the send buffer as sent, the result as received).
+// Metrics traffic (loss and accuracy sums, reports) is counted under "metrics" so that
+// per-step gradient traffic can be compared with theory exactly.
+// Leaves out: communicators other than MPI_COMM_WORLD, dtypes other than float32/float64.
+#pragma once
+
+#include <climits>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ringzero {
+
+/// [offset, offset + count) pieces covering [0, n), each count <= max_piece (the last may be
+/// shorter). n = 0 gives no pieces. Errors: n < 0, max_piece <= 0.
+std::vector<std::pair<int64_t, int64_t>> split_count(int64_t n, int64_t max_piece = INT_MAX);
+
+class Communicator {
+ public:
+  struct Counters {
+    int64_t calls = 0, messages_sent = 0, bytes_sent = 0, messages_received = 0, bytes_received = 0;
+  };
+
+  /// Initialises MPI (requesting MPI_THREAD_MULTIPLE, requiring at least SERIALIZED, so one
+  /// communication thread may drive MPI while the main thread computes) and sets the
+  /// "[rank r/N]" prefix of error messages. One Communicator per process.
+  Communicator(int& argc, char**& argv);
+  ~Communicator();  ///< MPI_Finalize
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  int local_rank() const { return local_rank_; }  ///< rank among the processes of this node
+
+  void send(std::span<const float> buf, int dest);
+  void recv(std::span<float> buf, int src);
+  /// Sends to dest and receives from src at once (no deadlock in a ring).
+  void sendrecv(std::span<const float> send_buf, int dest, std::span<float> recv_buf, int src);
+
+  /// MPI_Bcast from root.
+  void broadcast(std::span<float> buf, int root);
+  /// MPI_Reduce (sum) into buf on root; buf is unchanged elsewhere.
+  void reduce(std::span<float> buf, int root);
+  /// MPI_Allreduce (sum), in place.
+  void all_reduce(std::span<float> buf);
+  /// MPI_Reduce_scatter_block (sum): in has world_size * out.size() elements; rank r gets the
+  /// sum of every rank's block r.
+  void reduce_scatter(std::span<const float> in, std::span<float> out);
+  /// MPI_Allgather: out has world_size * in.size() elements, block r from rank r.
+  void all_gather(std::span<const float> in, std::span<float> out);
+  void barrier();
+
+  /// Sum of values over ranks, in place (loss sums, accuracy counts); counted as "metrics".
+  void all_reduce_metrics(std::span<double> values);
+  /// Every rank's string, on root (others get {}); counted as "metrics".
+  std::vector<std::string> gather_strings(const std::string& s, int root);
+
+  /// Attributes the point-to-point traffic of its lifetime to `op`. Scopes do not nest.
+  class Scope {
+   public:
+    Scope(Communicator& comm, std::string op) : comm_(comm), previous_(std::exchange(comm.scope_, std::move(op))) {}
+    ~Scope() { comm_.scope_ = std::move(previous_); }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    Communicator& comm_;
+    std::string previous_;
+  };
+
+  const std::map<std::string, Counters>& counters() const { return counters_; }
+  /// Sum over every operation except "metrics": the training traffic.
+  Counters training_traffic() const;
+  void reset_counters() { counters_.clear(); }
+  /// Counts one call of `op` (used by the scope owner to count a whole collective as one call).
+  void count_call(const std::string& op) { counters_[op].calls += 1; }
+
+ private:
+  Counters& counter(const char* op);
+  int rank_ = 0, world_size_ = 1, local_rank_ = 0;
+  std::string scope_;
+  std::map<std::string, Counters> counters_;
+};
+
+}  // namespace ringzero
