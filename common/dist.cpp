@@ -1,0 +1,171 @@
+#include "dist.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "check.hpp"
+#include "metrics.hpp"
+#include "train.hpp"
+
+namespace ringzero {
+
+std::span<const int64_t> rank_micro_batch(const Sampler& sampler, int64_t t, int rank, int world_size,
+                                          int64_t grad_accum_steps, int64_t micro_step) {
+  return sampler.chunk(t, rank * grad_accum_steps + micro_step, world_size * grad_accum_steps);
+}
+
+void broadcast_and_verify_parameters(Communicator& comm, Model& model) {
+  const int N = comm.world_size(), r = comm.rank();
+  std::span<float> params = model.params_memory.span();
+  Buffer received(model.num_parameters(), MemTag::comm_buffers);  // (Ψ) rank 0's parameters
+  std::copy(params.begin(), params.end(), received.data());
+  comm.broadcast(received.span(), /*root=*/0);
+  // Bit for bit: the same seed and code give the same bits, and anything else is a launch bug.
+  int64_t first = -1;
+  for (int64_t i = 0; i < received.size() && first < 0; ++i)
+    if (std::memcmp(&received.data()[i], &params[i], sizeof(float)) != 0) first = i;
+  std::vector<double> mismatch(static_cast<size_t>(N), 0.0);  // (N) 1 where a rank differs
+  mismatch[r] = first >= 0 ? 1.0 : 0.0;
+  comm.all_reduce_metrics(mismatch);
+  std::string ranks;
+  for (int q = 0; q < N; ++q)
+    if (mismatch[q] != 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
+  if (ranks.empty()) return;
+  const int reporter = static_cast<int>(std::find(mismatch.begin(), mismatch.end(), 1.0) - mismatch.begin());
+  if (r != reporter) {
+    comm.barrier();  // never completes: the reporter aborts every rank (one message, not N)
+    return;
+  }
+  std::string where = "element " + std::to_string(first);
+  for (size_t p = 0; p < model.parameters().size(); ++p) {
+    const int64_t off = model.offsets()[p], n = model.parameters()[p]->numel();
+    if (first >= off && first < off + n)
+      where = model.parameters()[p]->name() + "[" + std::to_string(first - off) + "]";
+  }
+  CHECK(false, "rank(s) " << ranks << " started with initial parameters different from rank 0's (first difference "
+                          << "on rank " << r << " at " << where << ": " << params[first] << " here, "
+                          << received.data()[first] << " on rank 0); every rank must build the model from the "
+                          << "same --seed and --init-from: launch all ranks with the same command line");
+}
+
+std::pair<int64_t, int64_t> eval_range(int64_t test_size, int rank, int world_size) {
+  const int64_t batches = (test_size + kEvalBatchSize - 1) / kEvalBatchSize;
+  // Rank r takes batches [r B / N, (r+1) B / N): shares differ by at most one batch.
+  const int64_t b0 = batches * rank / world_size, b1 = batches * (rank + 1) / world_size;
+  return {std::min(test_size, b0 * kEvalBatchSize), std::min(test_size, b1 * kEvalBatchSize)};
+}
+
+EvalResult evaluate_distributed(Communicator& comm, Model& model, const Dataset& test) {
+  const auto [begin, end] = eval_range(test.size, comm.rank(), comm.world_size());
+  EvalSums e = evaluate(model, test, begin, end);
+  // The per-batch loss sums are float * batch size, exact in double; their sum over at most a
+  // few dozen batches stays exact too, so the reduction order does not change the result.
+  std::vector<double> sums = {e.loss_sum, e.correct, e.count};
+  comm.all_reduce_metrics(sums);
+  CHECK(sums[2] == static_cast<double>(test.size),
+        "evaluation counted " << sums[2] << " test samples, expected " << test.size << "; eval_range is wrong");
+  EvalResult out;
+  out.test_loss = sums[0] / sums[2];
+  if (test.classification()) out.test_accuracy = sums[1] / sums[2];
+  return out;
+}
+
+double global_mean(Communicator& comm, double local_value) {
+  std::vector<double> v = {local_value};
+  comm.all_reduce_metrics(v);
+  return v[0] / comm.world_size();
+}
+
+nlohmann::json counters_json(const Communicator& comm) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [op, c] : comm.counters())
+    j[op] = {{"calls", c.calls},
+             {"messages_sent", c.messages_sent},
+             {"bytes_sent", c.bytes_sent},
+             {"messages_received", c.messages_received},
+             {"bytes_received", c.bytes_received}};
+  return j;
+}
+
+nlohmann::json finish_setup(Communicator& comm) {
+  nlohmann::json startup = counters_json(comm);
+  comm.reset_counters();
+  return startup;
+}
+
+namespace {
+
+// "2676264 B (2.68 MB)": exact bytes for comparing with the formula, and a readable size.
+std::string bytes_cell(double bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.0f B (%s)", bytes, human_bytes(bytes).c_str());
+  return buf;
+}
+
+std::string format_traffic(const std::vector<nlohmann::json>& comm, int64_t steps, const TrafficTheory& theory) {
+  std::string out = "communication per rank per optimizer step (" + std::to_string(steps) +
+                    " steps; start-up broadcast and metrics not included):\n";
+  char line[512];
+  std::snprintf(line, sizeof line, "  %-4s | %-20s | %9s | %-28s | %-28s | %s\n", "rank", "operation", "msgs sent",
+                "sent", "received", "theory sent / received");
+  out += line;
+  const double s = static_cast<double>(std::max<int64_t>(steps, 1));
+  for (size_t r = 0; r < comm.size(); ++r) {
+    for (const auto& [op, c] : comm[r].at("ops").items()) {
+      if (op == "metrics") continue;
+      std::snprintf(line, sizeof line, "  %-4zu | %-20s | %9.1f | %-28s | %-28s |\n", r, op.c_str(),
+                    c.at("messages_sent").get<double>() / s, bytes_cell(c.at("bytes_sent").get<double>() / s).c_str(),
+                    bytes_cell(c.at("bytes_received").get<double>() / s).c_str());
+      out += line;
+    }
+    const auto& t = comm[r].at("training");
+    std::string th = "-";
+    if (r < theory.bytes_sent.size())
+      th = std::to_string(theory.bytes_sent[r]) + " / " + std::to_string(theory.bytes_received[r]) + " B";
+    std::snprintf(line, sizeof line, "  %-4zu | %-20s | %9.1f | %-28s | %-28s | %s\n", r, "total",
+                  t.at("messages_sent").get<double>() / s, bytes_cell(t.at("bytes_sent").get<double>() / s).c_str(),
+                  bytes_cell(t.at("bytes_received").get<double>() / s).c_str(), th.c_str());
+    out += line;
+  }
+  return out + "  " + theory.formula;
+}
+
+}  // namespace
+
+nlohmann::json end_of_run_report(Communicator& comm, int64_t steps, const nlohmann::json& startup,
+                                 const std::string& ledger_formula, const TrafficTheory& theory) {
+  const Communicator::Counters t = comm.training_traffic();
+  nlohmann::json mine = {{"rank", comm.rank()},
+                         {"ledger", ledger_json()},
+                         {"comm",
+                          {{"rank", comm.rank()},
+                           {"startup", startup},
+                           {"training",
+                            {{"calls", t.calls},
+                             {"messages_sent", t.messages_sent},
+                             {"bytes_sent", t.bytes_sent},
+                             {"messages_received", t.messages_received},
+                             {"bytes_received", t.bytes_received}}},
+                           {"ops", counters_json(comm)}}}};
+  const std::vector<std::string> all = comm.gather_strings(mine.dump(), /*root=*/0);
+  if (comm.rank() != 0) return {};
+  std::vector<nlohmann::json> ledgers, comms;
+  double model_states = 0, sent_per_step = 0;
+  for (const std::string& s : all) {
+    nlohmann::json j = nlohmann::json::parse(s);
+    ledgers.push_back(j.at("ledger"));
+    comms.push_back(j.at("comm"));
+    model_states = std::max(model_states, j.at("ledger").at("model_states_peak").get<double>());
+    if (steps > 0)
+      sent_per_step = std::max(sent_per_step, j.at("comm").at("training").at("bytes_sent").get<double>() / steps);
+  }
+  print0(format_ledger(ledgers, ledger_formula));
+  print0(format_traffic(comms, steps, theory));
+  return {{"model_states_bytes_per_rank", model_states},
+          {"bytes_sent_per_rank_per_step", sent_per_step},
+          {"ledger", ledgers},
+          {"comm", comms}};
+}
+
+}  // namespace ringzero
