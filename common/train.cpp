@@ -38,10 +38,9 @@ Var forward_loss(Tape& tape, Model& model, const Batch& batch) {
 
 EvalSums evaluate(Model& model, const Dataset& test, int64_t begin, int64_t end) {
   EvalSums sums;
-  constexpr int64_t kEvalBatch = 500;
   std::vector<int64_t> idx;
-  for (int64_t s = begin; s < end; s += kEvalBatch) {
-    const int64_t e = std::min(end, s + kEvalBatch);
+  for (int64_t s = begin; s < end; s += kEvalBatchSize) {
+    const int64_t e = std::min(end, s + kEvalBatchSize);
     idx.resize(static_cast<size_t>(e - s));
     for (int64_t i = s; i < e; ++i) idx[i - s] = i;
     Batch batch = make_batch(test, idx);

@@ -46,6 +46,9 @@ struct EvalSums {
   double correct = 0;
   double count = 0;
 };
+/// evaluate() runs batches of kEvalBatchSize samples starting at `begin` (the last may be
+/// shorter); distributed evaluation cuts the test set at multiples of it (common/dist.hpp).
+inline constexpr int64_t kEvalBatchSize = 500;
 EvalSums evaluate(Model& model, const Dataset& test, int64_t begin, int64_t end);
 
 /// --optimizer adamw|sgd over a flat span cut into segments (one per parameter, or per
