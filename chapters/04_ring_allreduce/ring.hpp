@@ -22,6 +22,7 @@
 #include <span>
 #include <vector>
 
+#include "common/check.hpp"
 #include "common/comm.hpp"
 #include "common/ledger.hpp"
 
@@ -43,23 +44,49 @@ inline Chunk ring_chunk(int64_t n, int world_size, int i) {
 
 inline int ring_mod(int a, int n) { return ((a % n) + n) % n; }
 
+/// Elements rank r sends (and receives) per phase, for the counters' theory: the reduce-scatter
+/// sends every chunk but r (and receives every chunk but r − 1), the all-gather sends every
+/// chunk but r + 1 (and receives every chunk but r). (N − 1) s when n divides by N.
+inline int64_t ring_reduce_scatter_sent(int64_t n, int world_size, int r) {
+  return world_size == 1 ? 0 : n - ring_chunk(n, world_size, r).size;
+}
+inline int64_t ring_reduce_scatter_received(int64_t n, int world_size, int r) {
+  return world_size == 1 ? 0 : n - ring_chunk(n, world_size, ring_mod(r - 1, world_size)).size;
+}
+inline int64_t ring_all_gather_sent(int64_t n, int world_size, int r) {
+  return world_size == 1 ? 0 : n - ring_chunk(n, world_size, ring_mod(r + 1, world_size)).size;
+}
+inline int64_t ring_all_gather_received(int64_t n, int world_size, int r) {
+  return world_size == 1 ? 0 : n - ring_chunk(n, world_size, r).size;
+}
+
 /// Reduce-scatter phase in place: afterwards chunk rank() of buf holds the sum over ranks of
 /// that chunk; the other chunks hold partial sums (garbage to the caller). Every rank must call
-/// with the same n. Traffic per rank: (N − 1) chunks sent, (N − 1) received.
-inline void ring_reduce_scatter(Communicator& comm, std::span<float> buf) {
+/// with the same n. `scratch` receives the incoming chunk: at least ring_chunk(n, N, 0).size
+/// elements (pass a buffer kept across calls to avoid allocating and zeroing one every call;
+/// empty: allocate one here). Traffic per rank: (N − 1) chunks sent, (N − 1) received.
+inline void ring_reduce_scatter(Communicator& comm, std::span<float> buf, std::span<float> scratch = {}) {
   const int N = comm.world_size(), r = comm.rank();
   const auto n = static_cast<int64_t>(buf.size());
   comm.count_call("ring_reduce_scatter");
   if (N == 1) return;
   Communicator::Scope scope(comm, "ring_reduce_scatter");
-  Buffer scratch(ring_chunk(n, N, 0).size, MemTag::comm_buffers);  // (s) the incoming chunk
+  const int64_t s = ring_chunk(n, N, 0).size;
+  Buffer owned;
+  if (scratch.empty()) {
+    owned = Buffer(s, MemTag::comm_buffers);
+    scratch = owned.span();
+  }
+  CHECK(static_cast<int64_t>(scratch.size()) >= s,
+        "ring_reduce_scatter: scratch has " << scratch.size() << " elements, the chunk needs " << s);
   for (int k = 0; k < N - 1; ++k) {
     const Chunk send = ring_chunk(n, N, ring_mod(r - k - 1, N));
     const Chunk recv = ring_chunk(n, N, ring_mod(r - k - 2, N));
-    comm.sendrecv(buf.subspan(send.offset, send.size), ring_mod(r + 1, N),
-                  scratch.span().first(recv.size), ring_mod(r - 1, N));
-    float* dst = buf.data() + recv.offset;
-    for (int64_t i = 0; i < recv.size; ++i) dst[i] += scratch.data()[i];
+    comm.sendrecv(buf.subspan(send.offset, send.size), ring_mod(r + 1, N), scratch.first(recv.size),
+                  ring_mod(r - 1, N));
+    float* __restrict dst = buf.data() + recv.offset;
+    const float* __restrict src = scratch.data();
+    for (int64_t i = 0; i < recv.size; ++i) dst[i] += src[i];
   }
 }
 
@@ -79,9 +106,10 @@ inline void ring_all_gather(Communicator& comm, std::span<float> buf) {
   }
 }
 
-/// Sum over ranks, in place, on every rank: reduce-scatter then all-gather.
-inline void ring_all_reduce(Communicator& comm, std::span<float> buf) {
-  ring_reduce_scatter(comm, buf);
+/// Sum over ranks, in place, on every rank: reduce-scatter then all-gather. `scratch` as for
+/// ring_reduce_scatter.
+inline void ring_all_reduce(Communicator& comm, std::span<float> buf, std::span<float> scratch = {}) {
+  ring_reduce_scatter(comm, buf, scratch);
   ring_all_gather(comm, buf);
 }
 

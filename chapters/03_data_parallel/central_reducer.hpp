@@ -1,0 +1,60 @@
+// Central reducer: the first data-parallel step, and the bottleneck the ring removes.
+//
+// Every rank computes gradients on its own share of the global batch. Then:
+//   1. reduce_to_rank0:      ranks 1..N−1 send their gradients (Ψ floats each) to rank 0,
+//                            which adds them to its own in rank order: ((g0 + g1) + g2) + ...
+//   2. rank 0 alone averages (÷ N) and steps the optimizer: only rank 0 holds optimizer state;
+//   3. broadcast_from_rank0: rank 0 sends the new parameters (Ψ floats) to ranks 1..N−1.
+//
+//        rank 1 ──g1──▶ ┌────────┐ ──θ──▶ rank 1
+//        rank 2 ──g2──▶ │ rank 0 │ ──θ──▶ rank 2        rank 0: (N−1)·Ψ·4 bytes in, (N−1)·Ψ·4 out
+//        rank 3 ──g3──▶ └────────┘ ──θ──▶ rank 3        others: Ψ·4 in, Ψ·4 out
+//
+// Both halves are written from point-to-point messages, one rank after another, so that the
+// counters show exactly what rank 0 moves: its traffic grows with N while every other rank's
+// stays Ψ·4 — and so does its time, since one rank's links and memory serve everyone.
+// (MPI_Reduce / MPI_Bcast would move the same payload through a tree, hiding the cost in the
+// library; the lesson is the star, not the tree.)
+// Leaves out: overlapping communication with backward, and tree or ring schedules (chapter 04).
+#pragma once
+
+#include <span>
+
+#include "common/check.hpp"
+#include "common/comm.hpp"
+
+namespace ringzero {
+
+/// Sum of every rank's `grads` into rank 0's `grads`, in rank order (((g0 + g1) + g2) + ...:
+/// the order chapter 02 accumulates its micro-batches in). Rank 0 receives each rank's Ψ
+/// floats into `scratch` (at least grads.size() elements) and adds them; ranks 1..N−1 send and
+/// keep their `grads` unchanged. Counted as "central_reduce".
+inline void reduce_to_rank0(Communicator& comm, std::span<float> grads, std::span<float> scratch) {
+  comm.count_call("central_reduce");
+  Communicator::Scope scope(comm, "central_reduce");
+  if (comm.rank() != 0) {
+    comm.send(grads, /*dest=*/0);
+    return;
+  }
+  CHECK(scratch.size() >= grads.size(), "reduce_to_rank0: scratch " << scratch.size() << " < " << grads.size());
+  for (int src = 1; src < comm.world_size(); ++src) {
+    comm.recv(scratch.first(grads.size()), src);  // blocks until rank `src` has finished backward
+    float* __restrict g = grads.data();
+    const float* __restrict in = scratch.data();
+    for (size_t i = 0; i < grads.size(); ++i) g[i] += in[i];
+  }
+}
+
+/// Rank 0's `params` copied to every other rank: rank 0 sends Ψ floats to ranks 1..N−1 in
+/// turn, each of them receives into its `params`. Counted as "central_broadcast".
+inline void broadcast_from_rank0(Communicator& comm, std::span<float> params) {
+  comm.count_call("central_broadcast");
+  Communicator::Scope scope(comm, "central_broadcast");
+  if (comm.rank() != 0) {
+    comm.recv(params, /*src=*/0);
+    return;
+  }
+  for (int dest = 1; dest < comm.world_size(); ++dest) comm.send(params, dest);
+}
+
+}  // namespace ringzero

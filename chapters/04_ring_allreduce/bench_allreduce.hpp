@@ -1,0 +1,68 @@
+// Bus-bandwidth benchmark of ring_all_reduce against MPI_Allreduce (ch04 --bench-allreduce).
+//
+// Definitions as nccl-tests (doc/PERFORMANCE.md): for an all-reduce of S bytes taking t
+// seconds, algbw = S / t and busbw = algbw · 2(N − 1)/N. The factor is the fraction of the
+// buffer each rank must send (and receive) in a bandwidth-optimal all-reduce, so busbw is
+// comparable across N and with the link's bandwidth: a perfect ring runs at busbw = link speed.
+//
+// Method: sizes 4 KiB, 16 KiB, ..., 64 MiB of float32 (zeros: repeated sums never overflow
+// and never go denormal, and the adds cost the same whatever the values). For each
+// size, a warm-up call of each, then `rounds` rounds that alternate ours and MPI's, each round
+// timing `iters` back-to-back calls on rank 0 after a barrier; the best round counts (the least
+// disturbed by other processes on a shared machine). The scratch buffer is allocated once, as
+// a training loop would keep it.
+// Leaves out: out-of-place variants, other dtypes, a correctness check (tests/mpi do that).
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "chapters/04_ring_allreduce/ring.hpp"
+#include "common/check.hpp"
+#include "common/comm.hpp"
+#include "common/ledger.hpp"
+
+namespace ringzero {
+
+inline void bench_allreduce(Communicator& comm) {
+  const int N = comm.world_size();
+  constexpr int64_t kMaxBytes = int64_t{64} << 20;
+  Buffer buf(kMaxBytes / 4, MemTag::comm_buffers);                             // (S / 4) the data, zeros
+  Buffer scratch(ring_chunk(kMaxBytes / 4, N, 0).size, MemTag::comm_buffers);  // (S / 4N) one chunk
+  char line[256];
+  std::snprintf(line, sizeof line, "all-reduce bus bandwidth, float32 sum, %d ranks (busbw = S/t * 2(N-1)/N)", N);
+  print0(line);
+  std::snprintf(line, sizeof line, "%10s | %12s %10s %10s | %12s %10s %10s | %s", "bytes", "ring us", "algbw",
+                "busbw", "mpi us", "algbw", "busbw", "ring/mpi");
+  print0(line);
+  for (int64_t bytes = 4096; bytes <= kMaxBytes; bytes *= 4) {
+    std::span<float> data = buf.span().first(static_cast<size_t>(bytes / 4));
+    const int iters = bytes < (int64_t{1} << 20) ? 200 : bytes < (int64_t{16} << 20) ? 20 : 5;
+    const int rounds = 3;
+    auto time_it = [&](bool ring) {
+      comm.barrier();
+      const double t0 = MPI_Wtime();
+      for (int i = 0; i < iters; ++i) {
+        if (ring) ring_all_reduce(comm, data, scratch.span());
+        else comm.all_reduce(data);
+      }
+      return (MPI_Wtime() - t0) / iters;
+    };
+    time_it(true), time_it(false);  // warm-up: first-touch pages, MPI's connection set-up
+    double best_ring = 1e30, best_mpi = 1e30;
+    for (int round = 0; round < rounds; ++round) {
+      best_ring = std::min(best_ring, time_it(true));
+      best_mpi = std::min(best_mpi, time_it(false));
+    }
+    const double bus = 2.0 * (N - 1) / N, S = static_cast<double>(bytes);
+    std::snprintf(line, sizeof line, "%10lld | %12.1f %10.2f %10.2f | %12.1f %10.2f %10.2f | %.2f",
+                  static_cast<long long>(bytes), best_ring * 1e6, S / best_ring / 1e9, S / best_ring / 1e9 * bus,
+                  best_mpi * 1e6, S / best_mpi / 1e9, S / best_mpi / 1e9 * bus, best_mpi / best_ring);
+    print0(line);
+  }
+  print0("(GB/s, decimal; ring/mpi > 1 means ours is faster)");
+}
+
+}  // namespace ringzero
