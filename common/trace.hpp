@@ -1,0 +1,104 @@
+// trace: a timeline of what each rank did, in Chrome's trace event format.
+//
+// Provides: Tracer, a thread-safe recorder of spans ("complete" events: name, start, duration)
+// and instants on numbered tracks (Chrome's tid: kMainTrack for the main thread, kCommTrack
+// for the communication thread); trace_layers(), which hooks every layer of a Model so that
+// each layer's forward and backward become spans; and write_chrome_trace(), which gathers
+// every rank's events on rank 0 into ONE file with one process per rank (pid = rank), for
+// Perfetto (ui.perfetto.dev) or chrome://tracing. scripts/render_trace.py draws it as a PNG.
+//
+// Clocks: timestamps are microseconds since the tracer's epoch. sync_epoch() puts a barrier
+// before setting it, so that the ranks' time axes agree to within the barrier's exit skew
+// (microseconds on one node), which is what makes the ranks' tracks comparable.
+// Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU
+// ("ph":"X" complete events, "ph":"i" instants, "ph":"M" process/thread names).
+// Leaves out: flow arrows, counters, async events, sampling.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace ringzero {
+
+class Communicator;
+class Model;
+
+/// One recorded event. ts and dur in microseconds since the tracer's epoch; dur < 0 marks an
+/// instant. seq is the recording order over all tracks of this process (0, 1, 2, ...).
+struct TraceEvent {
+  std::string name, cat;
+  int track = 0;
+  double ts = 0, dur = -1;
+  int64_t seq = 0;
+  nlohmann::json args;
+};
+
+class Tracer {
+ public:
+  static constexpr int kMainTrack = 0;  ///< forward, backward, optimizer step
+  static constexpr int kCommTrack = 1;  ///< the communication thread's collectives
+
+  /// A disabled tracer records nothing (each call costs one atomic load).
+  explicit Tracer(bool enabled = false);
+  void set_enabled(bool on) { enabled_.store(on, std::memory_order_relaxed); }
+  bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
+
+  /// Microseconds since the epoch (steady clock).
+  double now_us() const;
+  /// Makes now the epoch. Collective use: see sync_epoch().
+  void reset_epoch();
+
+  /// A span [ts_us, ts_us + dur_us) on `track`. Thread-safe.
+  void complete(std::string name, std::string cat, int track, double ts_us, double dur_us, nlohmann::json args = {});
+  /// A point in time on `track`, now. Thread-safe.
+  void instant(std::string name, std::string cat, int track, nlohmann::json args = {});
+
+  /// Records a span from construction to destruction (on the thread's own track).
+  class Span {
+   public:
+    Span(Tracer& tracer, std::string name, std::string cat, int track = kMainTrack);
+    ~Span();
+    Span(const Span&) = delete;
+    Span& operator=(const Span&) = delete;
+
+   private:
+    Tracer& tracer_;
+    std::string name_, cat_;
+    int track_;
+    double start_;
+  };
+
+  /// A copy of the events recorded so far, in recording order.
+  std::vector<TraceEvent> events() const;
+  void clear();
+  /// This process's events as Chrome trace events with pid = `pid`, plus the process and
+  /// track names ("rank 0", "main thread", "comm thread").
+  nlohmann::json chrome_events(int pid) const;
+
+ private:
+  std::atomic<bool> enabled_;
+  std::chrono::steady_clock::time_point epoch_;
+  mutable std::mutex mutex_;
+  std::vector<TraceEvent> events_;
+};
+
+/// Adds hooks to every layer of `model`: spans "forward <layer>" and "backward <layer>" (cat
+/// "forward" / "backward") on the main track, e.g. "backward 2 (Linear)". The hooks stay for
+/// the model's lifetime and record only while the tracer is enabled.
+void trace_layers(Tracer& tracer, Model& model);
+
+/// Collective: a barrier, then every rank resets its tracer's epoch.
+void sync_epoch(Communicator& comm, Tracer& tracer);
+
+/// Collective: gathers every rank's events on rank 0 (Communicator::gather_strings, counted as
+/// "metrics") and writes {"traceEvents": [...], "displayTimeUnit": "ms"} to `path` there.
+/// Errors: the file cannot be written (names the path).
+void write_chrome_trace(Communicator& comm, const Tracer& tracer, const std::string& path);
+
+}  // namespace ringzero
