@@ -29,10 +29,12 @@ void AdamW::step(std::span<float> params, std::span<const float> grads) {
   int64_t begin = 0;
   for (size_t s = 0; s < sizes_.size(); ++s) {
     const int64_t t = ++steps_[s];
-    const float bias_correction1 = 1.0f - std::pow(o.beta1, static_cast<float>(t));
-    const float bias_correction2 = 1.0f - std::pow(o.beta2, static_cast<float>(t));
-    const float step_size = o.lr / bias_correction1;
-    const float bias_correction2_sqrt = std::sqrt(bias_correction2);
+    // In double, as torch (Python floats): 1 - beta2^t cancels catastrophically in float32
+    // (relative error ~1e-5 for small t, e.g. t = 2), which would move every update by as much.
+    const double bias_correction1 = 1.0 - std::pow(static_cast<double>(o.beta1), static_cast<double>(t));
+    const double bias_correction2 = 1.0 - std::pow(static_cast<double>(o.beta2), static_cast<double>(t));
+    const auto step_size = static_cast<float>(o.lr / bias_correction1);
+    const auto bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
     const float decay = 1.0f - o.lr * o.weight_decay;
     float* p = params.data();
     const float* g = grads.data();
