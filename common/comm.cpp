@@ -84,16 +84,27 @@ void Communicator::recv(std::span<float> buf, int src) {
 void Communicator::sendrecv(std::span<const float> send_buf, int dest, std::span<float> recv_buf, int src) {
   Counters& c = counter("sendrecv");
   if (scope_.empty()) c.calls += 1;
-  const auto s = static_cast<int64_t>(send_buf.size()), r = static_cast<int64_t>(recv_buf.size());
-  // Both sides must agree on the number of pieces: split by the larger of the two lengths.
-  for (auto [off, n] : split_count(std::max(s, r))) {
-    const int64_t ns = std::clamp<int64_t>(s - off, 0, n), nr = std::clamp<int64_t>(r - off, 0, n);
-    MPI_CALL(MPI_Sendrecv(send_buf.data() + std::min(off, s), static_cast<int>(ns), MPI_FLOAT, dest, 0,
-                          recv_buf.data() + std::min(off, r), static_cast<int>(nr), MPI_FLOAT, src, 0, MPI_COMM_WORLD,
-                          MPI_STATUS_IGNORE));
-    if (ns > 0) { c.messages_sent += 1; c.bytes_sent += ns * 4; }
-    if (nr > 0) { c.messages_received += 1; c.bytes_received += nr * 4; }
+  // Each direction is cut into pieces on its own: the sender's send length is the receiver's
+  // receive length, so both ends of a link agree on the number of messages, and an empty side
+  // sends (or expects) none. (Splitting both by max(send, receive) breaks that when a rank's two
+  // sides differ, e.g. a ring with empty chunks: a stray empty message then truncates the next.)
+  // Everything is posted at once and completed together, so a ring cannot deadlock.
+  std::vector<MPI_Request> requests;
+  for (auto [off, n] : split_count(static_cast<int64_t>(recv_buf.size()))) {
+    requests.emplace_back();
+    MPI_CALL(MPI_Irecv(recv_buf.data() + off, static_cast<int>(n), MPI_FLOAT, src, 0, MPI_COMM_WORLD,
+                       &requests.back()));
+    c.messages_received += 1;
+    c.bytes_received += n * 4;
   }
+  for (auto [off, n] : split_count(static_cast<int64_t>(send_buf.size()))) {
+    requests.emplace_back();
+    MPI_CALL(MPI_Isend(send_buf.data() + off, static_cast<int>(n), MPI_FLOAT, dest, 0, MPI_COMM_WORLD,
+                       &requests.back()));
+    c.messages_sent += 1;
+    c.bytes_sent += n * 4;
+  }
+  MPI_CALL(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
 }
 
 void Communicator::broadcast(std::span<float> buf, int root) {
