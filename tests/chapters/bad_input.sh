@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Bad input gets a clear message and a non-zero exit, never a crash or a silent run: missing
+# dataset, corrupt IDX files, unknown flags, non-positive sizes, a global batch that K does not
+# divide, a diverging (non-finite) loss, and a few neighbours. Each case asserts the exit code
+# AND the words of the message that name the value and the fix. Needs no dataset: the corrupt
+# IDX files are written here, the rest fails in flag validation or runs on synthetic data.
+source "$(dirname "$0")/lib.bash"
+CH01=("$BIN/ch01_training_loop")
+CH02=("$BIN/ch02_gradient_accumulation")
+
+# fails NAME TEXT... -- COMMAND...: COMMAND must exit non-zero and print every TEXT.
+fails() {
+  local name=$1 texts=() rc=0
+  shift
+  while [ "$1" != "--" ]; do texts+=("$1"); shift; done
+  shift
+  "$@" >"$WORK/$name.log" 2>&1 || rc=$?
+  if [ "$rc" -eq 0 ]; then
+    echo "FAILED $name: exit 0 from: $*"; cat "$WORK/$name.log"; exit 1
+  fi
+  for text in "${texts[@]}"; do
+    if ! grep -qF -- "$text" "$WORK/$name.log"; then
+      echo "FAILED $name: message lacks \"$text\" (exit $rc): $*"; cat "$WORK/$name.log"; exit 1
+    fi
+  done
+  echo "ok $name (exit $rc): $(grep -m1 -F -- "${texts[0]}" "$WORK/$name.log")"
+}
+
+# bytes B...: raw bytes given as numbers 0..255 (octal escapes: portable printf).
+bytes() { for b in "$@"; do printf "\\$(printf %03o "$b")"; done; }
+# idx_header FILE TYPE DIMS...: a big-endian IDX header (0, 0, TYPE, ndim, dims as u32) in FILE.
+idx_header() {
+  local file=$1 type=$2; shift 2
+  bytes 0 0 "$type" $# >"$file"
+  for d in "$@"; do bytes $((d >> 24 & 255)) $((d >> 16 & 255)) $((d >> 8 & 255)) $((d & 255)) >>"$file"; done
+}
+
+# Missing dataset: the path and the fix (scripts/setup installs dataset-fashion-mnist).
+fails missing_dataset "$WORK/no-such-dir" "scripts/setup" -- "${CH01[@]}" --data-dir "$WORK/no-such-dir"
+
+# Corrupt IDX files: the file and what is wrong with it.
+mkdir -p "$WORK/magic" "$WORK/short" "$WORK/counts"
+idx_header "$WORK/magic/raw" 9 60000 28 28  # element type 0x09 instead of 0x08 (ubyte)
+gzip -c "$WORK/magic/raw" >"$WORK/magic/train-images-idx3-ubyte.gz"
+fails idx_bad_magic "$WORK/magic/train-images-idx3-ubyte.gz" "bad magic 0x00000903, expected 0x00000803" \
+  -- "${CH01[@]}" --data-dir "$WORK/magic"
+idx_header "$WORK/short/raw" 8 60000 28 28
+head -c 1000 /dev/zero >>"$WORK/short/raw"
+gzip -c "$WORK/short/raw" >"$WORK/short/train-images-idx3-ubyte.gz"
+fails idx_truncated "$WORK/short/train-images-idx3-ubyte.gz" "truncated: 1000 of 47040000 data bytes" \
+  -- "${CH01[@]}" --data-dir "$WORK/short"
+idx_header "$WORK/counts/images" 8 2 28 28
+head -c $((2 * 784)) /dev/zero >>"$WORK/counts/images"
+idx_header "$WORK/counts/labels" 8 3
+bytes 1 2 3 >>"$WORK/counts/labels"
+gzip -c "$WORK/counts/images" >"$WORK/counts/train-images-idx3-ubyte.gz"
+gzip -c "$WORK/counts/labels" >"$WORK/counts/train-labels-idx1-ubyte.gz"
+fails idx_count_mismatch "2 images but 3 labels" -- "${CH01[@]}" --data-dir "$WORK/counts"
+
+# Flags CLI11 rejects: the flag is named, exit code non-zero (CLI11's own codes).
+fails unknown_flag "--frobnicate" "--help" -- "${CH01[@]}" --frobnicate
+fails not_a_number "--global-batch-size" "abc" -- "${CH01[@]}" --global-batch-size abc
+fails no_grad_accum_in_ch01 "--grad-accum-steps" -- "${CH01[@]}" --grad-accum-steps 2
+fails unknown_model "--model" "mlp" -- "${CH01[@]}" --model resnet
+
+# Non-positive sizes: the flag and its value.
+fails batch_zero "--global-batch-size 0 must be positive" -- "${CH01[@]}" --global-batch-size 0
+fails batch_negative "--global-batch-size -64 must be positive" -- "${CH02[@]}" --global-batch-size -64
+fails epochs_zero "--epochs 0 must be positive" -- "${CH01[@]}" --epochs 0
+fails max_steps_zero "--max-steps 0 must be positive" -- "${CH01[@]}" --max-steps 0
+fails hidden_zero "--hidden-sizes has 0" -- "${CH01[@]}" --hidden-sizes 64,0
+fails lr_zero "--lr 0 must be positive" -- "${CH01[@]}" --lr 0
+fails accum_zero "--grad-accum-steps 0 must be positive" -- "${CH02[@]}" --grad-accum-steps 0
+
+# A global batch K does not divide: the three numbers and the fix.
+fails batch_not_divisible "--global-batch-size 64 is not divisible by world_size 1 x --grad-accum-steps 3" \
+  "multiple of 3" -- "${CH02[@]}" --grad-accum-steps 3
+
+# Other combinations that cannot run.
+fails model_data_mismatch "--model mlp does not fit --data synthetic" -- "${CH01[@]}" --data synthetic
+fails batch_exceeds_dataset "--global-batch-size 2000 exceeds the 1000 training samples" \
+  -- "${CH01[@]}" --model toy --global-batch-size 2000
+fails init_from_missing "$WORK/none.safetensors" "not found" -- "${CH01[@]}" --model toy --init-from "$WORK/none.safetensors"
+
+# A diverging run stops at the first non-finite loss and names the step: with lr 1e10 the
+# first AdamW step moves every weight by ~1e10, and step 2's loss overflows float32 to inf.
+toy=(--model toy --hidden-sizes 32 --lr 1e10 --max-steps 10 --eval-every-epoch 0)
+fails nan_loss_ch01 "loss is inf at step 2" "lower --lr" -- "${CH01[@]}" "${toy[@]}"
+fails nan_loss_ch02 "loss is inf at step 2" "lower --lr" -- "${CH02[@]}" "${toy[@]}" --grad-accum-steps 4
+echo "all bad-input cases fail with their message"
