@@ -19,9 +19,12 @@
 #pragma once
 
 #include <span>
+#include <string>
 
 #include "common/check.hpp"
 #include "common/comm.hpp"
+#include "common/dist.hpp"
+#include "common/metrics.hpp"
 
 namespace ringzero {
 
@@ -55,6 +58,21 @@ inline void broadcast_from_rank0(Communicator& comm, std::span<float> params) {
     return;
   }
   for (int dest = 1; dest < comm.world_size(); ++dest) comm.send(params, dest);
+}
+
+/// Bytes each rank moves per optimizer step, for the end-of-run table: rank 0 receives and
+/// sends (N − 1)·Ψ·4, every other rank Ψ·4 each way.
+inline TrafficTheory central_reducer_traffic(int world_size, int64_t psi) {
+  TrafficTheory theory;
+  for (int r = 0; r < world_size; ++r) {
+    const int64_t bytes = (r == 0 ? world_size - 1 : 1) * psi * 4;
+    theory.bytes_sent.push_back(bytes);
+    theory.bytes_received.push_back(bytes);
+  }
+  theory.formula = "theory (central reducer): rank 0 receives and sends (N-1)·Ψ·4 = " +
+                   human_bytes(static_cast<double>(theory.bytes_sent[0])) + " per step, every other rank Ψ·4 = " +
+                   human_bytes(4.0 * psi) + "; N = " + std::to_string(world_size) + ", Ψ = " + std::to_string(psi);
+  return theory;
 }
 
 }  // namespace ringzero

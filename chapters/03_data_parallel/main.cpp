@@ -97,19 +97,10 @@ int main(int argc, char** argv) {
 
     if (!config.save_final.empty() && comm.rank() == 0) save_safetensors(config.save_final, state_dict(*model));
     const int64_t psi = model->num_parameters();
-    TrafficTheory theory;
-    for (int r = 0; r < N; ++r) {
-      const int64_t bytes = (r == 0 ? N - 1 : 1) * psi * 4;
-      theory.bytes_sent.push_back(bytes);
-      theory.bytes_received.push_back(bytes);
-    }
-    theory.formula = "theory (central reducer): rank 0 receives and sends (N-1)·Ψ·4 = " +
-                     human_bytes(static_cast<double>(theory.bytes_sent[0])) + " per step, every other rank Ψ·4 = " +
-                     human_bytes(4.0 * psi) + "; N = " + std::to_string(N) + ", Ψ = " + std::to_string(psi);
     const std::string ledger_formula =
         "formula (fp32 + AdamW on rank 0 only): rank 0 4Ψ + 4Ψ + 8Ψ = 16Ψ = " + human_bytes(16.0 * psi) +
         ", other ranks 4Ψ + 4Ψ = 8Ψ = " + human_bytes(8.0 * psi) + "; rank 0's comm_buffers: one gradient, 4Ψ";
-    nlohmann::json summary = end_of_run_report(comm, step, startup, ledger_formula, theory);
+    nlohmann::json summary = end_of_run_report(comm, step, startup, ledger_formula, central_reducer_traffic(N, psi));
     if (comm.rank() == 0) {
       summary.update({{"chapter", "03_data_parallel"}, {"world_size", N}, {"steps", step}, {"final_loss", loss},
                       {"test_loss", test_loss}, {"test_accuracy", test_accuracy},

@@ -113,22 +113,10 @@ int main(int argc, char** argv) {
 
     if (!config.save_final.empty() && comm.rank() == 0) save_safetensors(config.save_final, state_dict(*model));
     const int64_t psi = model->num_parameters();
-    TrafficTheory theory;  // per parameter p: reduce-scatter + all-gather of Ψ_p floats
-    for (int r = 0; r < N; ++r) {
-      int64_t sent = 0, received = 0;
-      for (int64_t n : parameter_sizes(*model)) {
-        sent += collectives == "ring" ? ring_reduce_scatter_sent(n, N, r) + ring_all_gather_sent(n, N, r) : n;
-        received += collectives == "ring" ? ring_reduce_scatter_received(n, N, r) + ring_all_gather_received(n, N, r) : n;
-      }
-      theory.bytes_sent.push_back(4 * sent);
-      theory.bytes_received.push_back(4 * received);
-    }
-    theory.formula = collectives == "ring"
-        ? "theory (ring all-reduce): every rank sends and receives 2(N-1)/N·Ψ·4 = " +
-              human_bytes(2.0 * (N - 1) / N * psi * 4) + " per step (exactly: all chunks but its own, twice, per "
-              "parameter), independent of N; N = " + std::to_string(N) + ", Ψ = " + std::to_string(psi)
-        : "MPI_Allreduce: counters show the Ψ·4 = " + human_bytes(4.0 * psi) + " handed to MPI per step, not its "
-              "wire traffic (which MPI does not report)";
+    TrafficTheory theory = ring_all_reduce_traffic(parameter_sizes(*model), N);
+    if (collectives == "mpi")  // MPI does not report its wire traffic, only what we hand it
+      theory = {std::vector<int64_t>(N, 4 * psi), std::vector<int64_t>(N, 4 * psi),
+                "MPI_Allreduce: the counters show the Ψ·4 = " + human_bytes(4.0 * psi) + " handed to MPI per step"};
     const std::string ledger_formula = "formula (fp32 + AdamW, every rank): 4Ψ + 4Ψ + 8Ψ = 16Ψ = " +
                                        human_bytes(16.0 * psi) + "; comm_buffers: one chunk of the largest parameter";
     nlohmann::json summary = end_of_run_report(comm, step, startup, ledger_formula, theory);

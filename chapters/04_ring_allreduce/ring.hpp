@@ -20,10 +20,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "common/check.hpp"
 #include "common/comm.hpp"
+#include "common/dist.hpp"
+#include "common/metrics.hpp"
 #include "common/ledger.hpp"
 
 namespace ringzero {
@@ -111,6 +114,29 @@ inline void ring_all_gather(Communicator& comm, std::span<float> buf) {
 inline void ring_all_reduce(Communicator& comm, std::span<float> buf, std::span<float> scratch = {}) {
   ring_reduce_scatter(comm, buf, scratch);
   ring_all_gather(comm, buf);
+}
+
+/// Bytes each rank moves per optimizer step when every parameter (sizes, in elements) is
+/// all-reduced on its own, for the end-of-run table: per parameter and phase, every chunk but
+/// one; 2(N − 1)/N·Ψ·4 in all when the sizes divide by N, whatever N.
+inline TrafficTheory ring_all_reduce_traffic(const std::vector<int64_t>& sizes, int world_size) {
+  TrafficTheory theory;
+  int64_t psi = 0;
+  for (int64_t n : sizes) psi += n;
+  for (int r = 0; r < world_size; ++r) {
+    int64_t sent = 0, received = 0;
+    for (int64_t n : sizes) {
+      sent += ring_reduce_scatter_sent(n, world_size, r) + ring_all_gather_sent(n, world_size, r);
+      received += ring_reduce_scatter_received(n, world_size, r) + ring_all_gather_received(n, world_size, r);
+    }
+    theory.bytes_sent.push_back(4 * sent);
+    theory.bytes_received.push_back(4 * received);
+  }
+  theory.formula = "theory (ring all-reduce): every rank sends and receives 2(N-1)/N·Ψ·4 = " +
+                   human_bytes(2.0 * (world_size - 1) / world_size * psi * 4) +
+                   " per step, independent of N (exactly: per parameter, every chunk but one, twice); N = " +
+                   std::to_string(world_size) + ", Ψ = " + std::to_string(psi);
+  return theory;
 }
 
 }  // namespace ringzero
