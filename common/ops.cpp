@@ -21,7 +21,16 @@ void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& do
                      const Tensor& weight) {
   if (dinp.defined()) dinp.mat().noalias() += dout.mat() * weight.mat();  // (B, OC)(OC, C)
   dweight.mat().noalias() += dout.mat().transpose() * inp.mat();          // (OC, B)(B, C)
-  dbias.mat().row(0) += dout.mat().colwise().sum();
+  // Column sums in row order, by hand: Eigen's colwise().sum() sums the columns it vectorises
+  // in another order than those it peels to reach an aligned address, so the bits depended on
+  // where dbias lives, and the ZeRO layouts (padding, gathered buffers) move it.
+  const int64_t B = dout.rows(), OC = dout.cols();
+  const float* d = dout.data();
+  for (int64_t j = 0; j < OC; ++j) {
+    float s = 0.0f;
+    for (int64_t b = 0; b < B; ++b) s += d[b * OC + j];
+    dbias[j] += s;
+  }
 }
 
 void relu_forward(Tensor out, const Tensor& inp) { out.vec() = inp.vec().cwiseMax(0.0f); }
