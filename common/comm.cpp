@@ -48,6 +48,37 @@ Communicator::~Communicator() {
 
 Communicator::Counters& Communicator::counter(const char* op) { return counters_[scope_.empty() ? op : scope_]; }
 
+Communicator::Counters Communicator::recount_as_metrics(const std::map<std::string, Counters>& snapshot) {
+  Counters moved;
+  for (auto op = counters_.begin(); op != counters_.end();) {
+    if (op->first == "metrics") {
+      ++op;
+      continue;
+    }
+    auto it = snapshot.find(op->first);
+    const Counters before = it == snapshot.end() ? Counters{} : it->second;
+    const Counters& c = op->second;
+    moved.calls += c.calls - before.calls;
+    moved.messages_sent += c.messages_sent - before.messages_sent;
+    moved.bytes_sent += c.bytes_sent - before.bytes_sent;
+    moved.messages_received += c.messages_received - before.messages_received;
+    moved.bytes_received += c.bytes_received - before.bytes_received;
+    if (it == snapshot.end()) {
+      op = counters_.erase(op);  // an operation only the moved traffic used
+    } else {
+      op->second = before;
+      ++op;
+    }
+  }
+  Counters& m = counters_["metrics"];
+  m.calls += moved.calls;
+  m.messages_sent += moved.messages_sent;
+  m.bytes_sent += moved.bytes_sent;
+  m.messages_received += moved.messages_received;
+  m.bytes_received += moved.bytes_received;
+  return moved;
+}
+
 Communicator::Counters Communicator::training_traffic() const {
   Counters sum;
   for (const auto& [op, c] : counters_) {

@@ -88,6 +88,11 @@ class Communicator {
   /// Sum over every operation except "metrics": the training traffic.
   Counters training_traffic() const;
   void reset_counters() { counters_.clear(); }
+  /// Moves everything counted since `snapshot` (an earlier copy of counters()) under "metrics",
+  /// so that training_traffic() stays the training steps' traffic; returns what it moved (the
+  /// calls it moves stay counted as calls of "metrics"). For traffic outside a training step
+  /// that is not metrics' own, e.g. chapter 08's evaluation, which all-gathers every layer.
+  Counters recount_as_metrics(const std::map<std::string, Counters>& snapshot);
   /// Counts one call of `op` (used by the scope owner to count a whole collective as one call).
   void count_call(const std::string& op) { counters_[op].calls += 1; }
 
