@@ -1,0 +1,134 @@
+// Layer shards: ZeRO-3's unit of gathering is a layer, so its layout is padded per layer.
+//
+// A Linear's weight and bias are consecutive in the model's flat layout (nn.hpp), so a layer
+// is one range of Ψ_l elements. It is padded with zeros to P_l = N·s_l, s_l = ceil(Ψ_l / N), and
+// rank r owns [r s_l, (r+1) s_l) of it: chunk r of chapter 04's ring, so the ring's
+// reduce-scatter leaves each rank the sum of exactly its shard and its all-gather rebuilds the
+// layer (here N = 3, a layer of 7 elements: s 3, padding 2):
+//
+//   padded layer    | w0 w1 w2 | w3 w4 b0 | b1 0  0 |     rank 2 owns one real element
+//   owner           |  rank 0  |  rank 1  | rank 2  |     and two of padding
+//
+// A rank's shard buffers hold its shard of every layer, in layer order: Σ s_l ≈ Ψ/N elements.
+// The padding is allocated zero and nothing ever writes it (the optimizer gets only the real
+// elements; a reduce-scatter adds zeros to zeros), so it adds nothing to norms. A layer smaller
+// than N leaves some ranks only padding; they still join every collective.
+// Why per layer, not per bucket as chapters 06-07: a layer is what one forward or backward
+// needs at once. The price: for N > 2 the ring sums an element of a layer in the order of its
+// chunk within the layer, not within chapter 07's bucket, so the two are bitwise equal only
+// where buckets and layers coincide (and for N ≤ 2, where a sum of two is commutative).
+// Leaves out: grouping small layers into one unit (FSDP's auto-wrap policy).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "chapters/04_ring_allreduce/ring.hpp"
+#include "common/dist.hpp"
+#include "common/metrics.hpp"
+#include "common/nn.hpp"
+
+namespace ringzero {
+
+/// One Linear layer as a range of the model's flat layout, and a rank's shard of it.
+struct LayerShard {
+  Linear* layer = nullptr;
+  int64_t offset = 0;        ///< its first element (weight[0]) in the model's unpadded layout
+  int64_t weight_numel = 0;  ///< out · in; the bias follows
+  int64_t numel = 0;         ///< Ψ_l, weight + bias
+  int64_t shard_size = 0;    ///< s_l = ceil(Ψ_l / N), the same on every rank
+  int64_t padded_size = 0;   ///< P_l = N s_l
+  int64_t shard_offset = 0;  ///< this layer's shard in a rank's shard buffers (Σ s of earlier layers)
+  int64_t real = 0;          ///< real elements of this rank's shard: clamp(Ψ_l − r s_l, 0, s_l)
+  std::vector<int64_t> segments;           ///< sizes of the weight and bias pieces among them
+  std::vector<Parameter*> segment_params;  ///< the parameter of each segment
+};
+
+struct LayerLayout {
+  std::vector<LayerShard> layers;  ///< forward order
+  int64_t shard_total = 0;         ///< Σ s_l, elements of each rank's shard buffers
+  int64_t shard_real = 0;          ///< Σ real (Σ over ranks = Ψ)
+};
+
+/// The layers of `model` cut into shards, for `rank` of `world_size`.
+/// Errors: a Linear whose weight and bias are not consecutive parameters.
+inline LayerLayout plan_layer_shards(const Model& model, int rank, int world_size) {
+  LayerLayout layout;
+  const auto& params = model.parameters();
+  for (Linear* layer : model.linear_layers()) {
+    const auto w = static_cast<size_t>(std::find(params.begin(), params.end(), &layer->weight) - params.begin());
+    CHECK(w + 1 < params.size() && params[w + 1] == &layer->bias,
+          "layer " << layer->name() << ": weight and bias must be consecutive parameters");
+    LayerShard s;
+    s.layer = layer;
+    s.offset = model.offsets()[w];
+    s.weight_numel = layer->weight.numel();
+    s.numel = s.weight_numel + layer->bias.numel();
+    s.shard_size = ring_chunk(s.numel, world_size, 0).size;
+    s.padded_size = s.shard_size * world_size;
+    s.shard_offset = layout.shard_total;
+    s.real = std::clamp(s.numel - rank * s.shard_size, int64_t{0}, s.shard_size);
+    const int64_t lo = rank * s.shard_size, hi = lo + s.real;  // this rank's real elements, layer-local
+    for (auto [p, begin, end] : {std::tuple{&layer->weight, int64_t{0}, s.weight_numel},
+                                 std::tuple{&layer->bias, s.weight_numel, s.numel}})
+      if (std::max(begin, lo) < std::min(end, hi)) {
+        s.segments.push_back(std::min(end, hi) - std::max(begin, lo));
+        s.segment_params.push_back(p);
+      }
+    layout.shard_total += s.shard_size;
+    layout.shard_real += s.real;
+    layout.layers.push_back(std::move(s));
+  }
+  return layout;
+}
+
+/// Bytes of full layers in flight at the worst moment of a step (the ledger's comm_buffers,
+/// besides the ring's one-chunk scratch). Without prefetch: one layer's parameters and its
+/// gradient, 8·max P_l. With prefetch, during layer l's backward: its parameters and gradient,
+/// the parameters of l−1 already gathering and the gradient of l+1 still reduce-scattering,
+/// 4·max(P_{l−1} + 2 P_l + P_{l+1}) (the forward holds only P_l + P_{l+1}).
+inline int64_t gathered_peak_bytes(const LayerLayout& layout, bool prefetch) {
+  const auto& L = layout.layers;
+  auto P = [&](size_t l) { return l < L.size() ? L[l].padded_size : int64_t{0}; };  // l = −1 wraps: 0
+  int64_t peak = 0;
+  for (size_t l = 0; l < L.size(); ++l)
+    peak = std::max(peak, prefetch ? 4 * (P(l - 1) + 2 * P(l) + P(l + 1)) : 8 * P(l));
+  return peak;
+}
+
+/// Bytes each rank sends and receives per optimizer step: per micro-step, per layer, two ring
+/// all-gathers of its parameters (forward and backward) and one ring reduce-scatter of its
+/// gradient, (N − 1) s_l elements each, plus a 16-byte desync header per collective (zero.hpp):
+/// 3(N−1)/N·4(Ψ + padding) + 48 L bytes per micro-step, 1.5× DDP's 2(N−1)/N·4Ψ. With MPI's
+/// collectives the counters see the payload handed to MPI: s_l sent and (N − 1) s_l received
+/// per all-gather, the reverse per reduce-scatter.
+inline TrafficTheory zero3_traffic_theory(const LayerLayout& layout, int world_size, int64_t psi,
+                                          int64_t grad_accum_steps, const std::string& collectives) {
+  const bool ring = collectives == "ring";
+  const int64_t N = world_size, L = static_cast<int64_t>(layout.layers.size());
+  int64_t sent = 0, received = 0;  // elements per micro-step, the same on every rank (every chunk is s_l)
+  for (const LayerShard& s : layout.layers) {
+    sent += ring ? 3 * (N - 1) * s.shard_size : (N + 1) * s.shard_size;
+    received += ring ? 3 * (N - 1) * s.shard_size : (2 * N - 1) * s.shard_size;
+  }
+  const int64_t headers = N > 1 ? 3 * L * 16 : 0, bytes = grad_accum_steps * (4 * sent + headers);
+  TrafficTheory theory;
+  theory.bytes_sent.assign(static_cast<size_t>(N), bytes);
+  theory.bytes_received.assign(static_cast<size_t>(N), grad_accum_steps * (4 * received + headers));
+  const double n = static_cast<double>(N), p = static_cast<double>(psi);
+  theory.formula =
+      (ring ? "theory (ZeRO-3: per micro-step and layer, all-gather forward + all-gather backward + reduce-scatter): "
+              "every rank sends 3(N-1)/N·4Ψ = " + human_bytes(3 * (n - 1) / n * 4 * p) + " per micro-step, 1.5x DDP's "
+              "2(N-1)/N·4Ψ = " + human_bytes(2 * (n - 1) / n * 4 * p)
+            : std::string("MPI_Allgather x 2 + MPI_Reduce_scatter_block per layer: counters show the payload handed "
+                          "to MPI, not its wire traffic")) +
+      "; exactly (padding, 16-byte desync headers, K = " + std::to_string(grad_accum_steps) + " micro-steps): " +
+      human_bytes(static_cast<double>(bytes)) + "; N = " + std::to_string(N) + ", Ψ = " + std::to_string(psi) +
+      ", padding = " + std::to_string(N * layout.shard_total - psi) + ", L = " + std::to_string(L) + " layers";
+  return theory;
+}
+
+}  // namespace ringzero

@@ -1,0 +1,409 @@
+// ZeRO-3: the parameters sharded too, each layer gathered just in time, with prefetch
+// (Rajbhandari et al. 2020, §5.3, Pos+g+p; what PyTorch's FSDP and DeepSpeed's stage 3 do).
+//
+// ZeRO-2 shards the optimizer state and the gradients, but every rank still holds all 4Ψ
+// bytes of parameters. ZeRO-3 keeps only this rank's shard of every layer (layer_shard.hpp);
+// a layer's full parameters exist only while that layer computes. Per Linear layer and
+// micro-step, on the module hooks of common/nn.hpp:
+//
+//   pre-forward    all-gather the layer's parameters into a fresh buffer; point weight/bias at it
+//   post-forward   free it
+//   pre-backward   all-gather them again; allocate the layer's full gradient (zeros)
+//   post-backward  free the parameters; reduce-scatter the gradient, add this rank's chunk,
+//                  divided by world_size, to its gradient shard; free the gradient
+//
+// This works because every op reads a parameter's CURRENT storage when it runs (autograd.hpp,
+// invariant 3): the backward reads the second gather's buffer, not the forward's. Each rank
+// steps its optimizer on its shard; nothing is gathered after the step, the next forward
+// gathers what it needs. Model states: (4 + 4 + 8)Ψ/N per rank, plus the layers in flight.
+// Accumulation: a layer's full gradient does not outlive its backward, so every micro-step
+// reduce-scatters and the gradient SHARD accumulates (+=); there is no no_sync, and the
+// traffic per optimizer step grows with K (FSDP's no_sync keeps full gradients instead: 4Ψ).
+//
+// Prefetch: collectives run on a communication thread (common/comm_thread.hpp), in the order
+// they are posted. While layer l computes its forward, the all-gather of layer l+1 is already
+// posted; during its backward, the all-gather of layer l−1 is, and the reduce-scatter of layer
+// l+1 may still be running:
+//
+//   main thread:  fwd 0 ─▶ fwd 2 ─▶ fwd 4 ─▶ loss ─▶ bwd 4 ───▶ bwd 2 ──────────▶ bwd 0 ───▶ step
+//   comm thread:   └ gather 2 ┘└ gather 4 ┘  gather 4 ┘└ gather 2 ┘└ rs 4, gather 0 ┘└ rs 2 ┘ rs 0
+//
+// The price is memory: two layers' parameters, and in backward two layers' gradients, at
+// once. Without prefetch every collective is waited for as soon as it is posted.
+//
+// Desync: every rank must post the same collectives in the same order. A rank that runs a layer
+// once more than the others (a branch on its own data) would pair its all-gather with another
+// rank's all-gather of another layer: a hang, or silently wrong weights. So every collective
+// first swaps a 16-byte header (sequence number, layer, kind, size) with its ring neighbours
+// (the same on every rank until the first divergence, so the swap itself cannot mismatch). At
+// the first divergence some rank sees a header unlike its own and stops every rank, naming
+// both sides; the rank that runs ahead meets the others' next collective, so it is caught too.
+// Leaves out: parameters outside Linear layers, mixed precision, CPU offload, keeping the last
+// layer gathered from forward to backward (FSDP's root unit), prefetching more than one layer.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "chapters/06_zero1/shard.hpp"
+#include "chapters/08_zero3/layer_shard.hpp"
+#include "common/comm_thread.hpp"
+#include "common/safetensors.hpp"
+#include "common/trace.hpp"
+#include "common/train.hpp"
+#include "common/zero_memory.hpp"
+
+namespace ringzero {
+
+class ZeRO {
+ public:
+  struct Options {
+    std::string collectives = "ring";  ///< ring (chapter 04's) | mpi (MPI_Allgather, MPI_Reduce_scatter_block)
+    bool prefetch = true;              ///< post the next layer's all-gather while this one computes
+    Tracer* tracer = nullptr;          ///< optional: posts, collectives, waits and each layer's compute
+  };
+  /// What a collective is for; part of the desync header.
+  enum Kind : uint32_t { kForwardGather, kBackwardGather, kReduceScatter, kStateGather };
+
+  /// Cuts every layer of `model` into shards and keeps this rank's, frees the model's full
+  /// parameters and gradients (Model::num_parameters() reads 0 afterwards), builds this rank's
+  /// optimizers (--optimizer of `config`, one per layer over its real shard elements) and hooks
+  /// every Linear. The model is unusable without its ZeRO: destroy them together.
+  ZeRO(Communicator& comm, Model& model, const TrainConfig& config, Options options)
+      : comm_(comm), model_(model), options_(options), psi_(model.num_parameters()),
+        layout_(plan_layer_shards(model, comm.rank(), comm.world_size())),
+        params_(layout_.shard_total, layout_.shard_total - layout_.shard_real, MemTag::parameters),
+        grads_(layout_.shard_total, layout_.shard_total - layout_.shard_real, MemTag::gradients) {
+    int64_t largest_chunk = 0;
+    for (const LayerShard& s : layout_.layers) {  // this rank's real elements; its padding stays zero
+      std::copy_n(model.params_memory.data() + s.offset + comm.rank() * s.shard_size, s.real,
+                  params_.data() + s.shard_offset);
+      optimizers_.emplace_back(config, s.segments);
+      largest_chunk = std::max(largest_chunk, s.shard_size);
+    }
+    scratch_ = Buffer(largest_chunk, MemTag::comm_buffers);  // (max s_l) the ring's incoming chunk
+    model.params_memory.release();  // at rest: the shards only
+    model.grads_memory.release();
+    for (Parameter* p : model.parameters()) p->data = p->grad = Tensor();
+    const int L = static_cast<int>(layout_.layers.size());
+    gathered_.resize(L);
+    full_grads_.resize(L);
+    tickets_.assign(L, 0);
+    for (int l = 0; l < L; ++l) {
+      Linear& m = *layout_.layers[l].layer;
+      m.add_pre_forward_hook([this, l](Module&) { pre_forward(l); });
+      m.add_post_forward_hook([this, l](Module&) { post_forward(l); });
+      m.add_pre_backward_hook([this, l](Module&) { pre_backward(l); });
+      m.add_post_backward_hook([this, l](Module&) { post_backward(l); });
+    }
+  }
+  ZeRO(const ZeRO&) = delete;
+  ZeRO& operator=(const ZeRO&) = delete;
+
+  const LayerLayout& layout() const { return layout_; }
+  int64_t num_parameters() const { return psi_; }  ///< Ψ (the model's own buffers are gone)
+
+  /// Model-state bytes rank `rank` holds at any time: 4 bytes per element of its parameter and
+  /// gradient shards (Σ s_l each, padding included), 8 per real element (AdamW).
+  int64_t model_states_bytes(int rank) const {
+    return 8 * layout_.shard_total + 8 * plan_layer_shards(model_, rank, comm_.world_size()).shard_real;
+  }
+  /// The ledger's formula line: ZeRO-3's formula, the exact bytes of every rank, the layers in flight.
+  std::string ledger_formula() const {
+    const ModelStateBytes f = zero_model_state_bytes(3, static_cast<double>(psi_), comm_.world_size());
+    std::string exact;
+    for (int r = 0; r < comm_.world_size(); ++r) exact += (r ? ", " : "") + std::to_string(model_states_bytes(r));
+    return "formula (ZeRO-3, fp32 + AdamW): " + zero_formula_text(3) + " = " + human_bytes(f.total()) +
+           " per rank (DDP: 16Ψ = " + human_bytes(16.0 * static_cast<double>(psi_)) + "); exactly, with padding " +
+           std::to_string(comm_.world_size() * layout_.shard_total - psi_) + ": 4Σs_l + 4Σs_l + 8·(real shard) = " +
+           exact + " B on ranks 0..N-1; comm_buffers peak: full layers in flight " +
+           (options_.prefetch ? "4·max(P_l-1 + 2P_l + P_l+1) = " : "8·max P_l = ") +
+           std::to_string(gathered_peak_bytes(layout_, options_.prefetch)) + " B + one ring chunk " +
+           std::to_string(scratch_.bytes()) + " B";
+  }
+  /// What every rank should send and receive per optimizer step (layer_shard.hpp).
+  TrafficTheory traffic_theory(int64_t grad_accum_steps) const {
+    return zero3_traffic_theory(layout_, comm_.world_size(), psi_, grad_accum_steps, options_.collectives);
+  }
+
+  void zero_grad() { std::fill(grads_.data(), grads_.data() + grads_.size(), 0.0f); }
+
+  /// After the last micro-step's backward: every reduce-scatter has finished (the first
+  /// layer's is waited for in its hook) and no layer is left gathered. Errors: a layer whose
+  /// forward ran on this rank without its backward.
+  void finalize_backward() {
+    finish_reduce_scatter();
+    comm_thread_.wait_all();
+    for (size_t l = 0; l < tickets_.size(); ++l)
+      CHECK(tickets_[l] == 0, "layer " << name(static_cast<int>(l)) << " is still gathered after backward: "
+                                       << "every forward on the tape must be followed by its backward");
+  }
+
+  /// Collective, after finalize_backward(): as chapters 06-07, each rank's Σ g² over its shard,
+  /// summed in rank order on every rank; scales this rank's shard by clip_grad_norm_'s factor.
+  double clip_grad_norm(float max_norm) {
+    const int N = comm_.world_size(), r = comm_.rank();
+    std::vector<double> sums(static_cast<size_t>(N), 0.0);  // (N) each rank's Σ g²
+    for (const LayerShard& s : layout_.layers) sums[r] += sum_of_squares(shard(grads_, s));
+    comm_.all_reduce_metrics(sums);
+    double total = 0;
+    for (double v : sums) total += v;
+    const double norm = std::sqrt(total);
+    const float coef = clip_coefficient(norm, max_norm);
+    if (coef < 1.0f)
+      for (const LayerShard& s : layout_.layers) scale_in_place(shard(grads_, s), coef);
+    return norm;
+  }
+
+  /// Every rank's optimizers update the real elements of its shards. No all-gather follows:
+  /// the next forward gathers each layer when it needs it.
+  void step() {
+    for (size_t l = 0; l < layout_.layers.size(); ++l)
+      optimizers_[l].step(shard(params_, layout_.layers[l]), shard(grads_, layout_.layers[l]));
+  }
+
+  /// Collective: evaluate_distributed (common/dist.hpp) under ZeRO-3. Every forward now makes
+  /// collectives, so every rank must run as many forwards as the others, but eval_range's
+  /// shares differ by a batch (10 000 samples on 3 ranks) or are empty: a rank with fewer
+  /// batches runs padding batches and drops their results (PyTorch's DistributedSampler pads
+  /// with repeated samples for the same reason). The sums are evaluate_distributed's, exactly.
+  /// Its all-gathers are counted as "metrics": they are not a training step's traffic.
+  EvalResult evaluate(const Dataset& test) {
+    const auto before = comm_.counters();
+    const int N = comm_.world_size();
+    int64_t most = 0;  // the largest share, in batches
+    for (int q = 0; q < N; ++q) {
+      const auto [b, e] = eval_range(test.size, q, N);
+      most = std::max(most, (e - b + kEvalBatchSize - 1) / kEvalBatchSize);
+    }
+    const auto [begin, end] = eval_range(test.size, comm_.rank(), N);
+    std::vector<double> sums = {0, 0, 0};  // Σ loss, correct, count
+    for (int64_t i = 0; i < most; ++i) {
+      const int64_t s = begin + i * kEvalBatchSize;
+      const EvalSums e = evaluate_batches(s < end ? s : 0, s < end ? std::min(end, s + kEvalBatchSize)
+                                                                   : std::min(test.size, kEvalBatchSize), test);
+      if (s < end) sums[0] += e.loss_sum, sums[1] += e.correct, sums[2] += e.count;  // else padding: dropped
+    }
+    comm_.recount_as_metrics(before);
+    comm_.all_reduce_metrics(sums);
+    CHECK(sums[2] == static_cast<double>(test.size),
+          "evaluation counted " << sums[2] << " test samples, expected " << test.size << "; eval_range is wrong");
+    EvalResult out;
+    out.test_loss = sums[0] / sums[2];
+    if (test.classification()) out.test_accuracy = sums[1] / sums[2];
+    return out;
+  }
+
+  /// Collective: a buffer laid out like the parameter shards (`of(l)`: the real elements of
+  /// layer l's shard, of the parameters or of an optimizer state), all-gathered one layer at a
+  /// time and copied out as "<param><suffix>" with the parameter's shape.
+  std::map<std::string, NamedTensor> gather_full(const std::function<std::span<const float>(size_t)>& of,
+                                                 const std::string& suffix = "") {
+    std::map<std::string, NamedTensor> out;
+    for (size_t l = 0; l < layout_.layers.size(); ++l) {
+      const LayerShard& s = layout_.layers[l];
+      Buffer full(s.padded_size, MemTag::comm_buffers);  // (P_l) one layer
+      std::span<const float> mine = of(l);
+      std::copy(mine.begin(), mine.end(), full.data() + comm_.rank() * s.shard_size);
+      comm_thread_.wait(post(static_cast<int>(l), kStateGather, full.data()));
+      for (auto [p, begin] : {std::pair{&s.layer->weight, int64_t{0}}, std::pair{&s.layer->bias, s.weight_numel}})
+        out[p->name() + suffix] = {p->shape(), {full.data() + begin, full.data() + begin + p->numel()}};
+    }
+    return out;
+  }
+  /// Collective: the full parameters, named as state_dict() names them (for --save-final).
+  std::map<std::string, NamedTensor> state_dict() {
+    return gather_full([this](size_t l) { return std::span<const float>(shard(params_, layout_.layers[l])); });
+  }
+  /// Collective: AdamW's state, named as chapters 06-07 name it: "<param>.exp_avg",
+  /// ".exp_avg_sq" (the parameter's shape) and ".step" (shape (1)). Errors: not --optimizer adamw.
+  std::map<std::string, NamedTensor> optimizer_state_dict() {
+    for (const Optimizer& o : optimizers_) CHECK(o.adamw(), "optimizer state is saved for --optimizer adamw only");
+    auto out = gather_full([this](size_t l) { return optimizers_[l].adamw()->exp_avg(); }, ".exp_avg");
+    out.merge(gather_full([this](size_t l) { return optimizers_[l].adamw()->exp_avg_sq(); }, ".exp_avg_sq"));
+    for (size_t l = 0; l < layout_.layers.size(); ++l) {
+      const LayerShard& s = layout_.layers[l];
+      for (Parameter* p : {&s.layer->weight, &s.layer->bias}) {
+        std::vector<double> step_and_owner = {0, 0};  // every piece of a parameter took the same steps
+        for (size_t k = 0; k < s.segment_params.size(); ++k)
+          if (s.segment_params[k] == p)
+            step_and_owner = {static_cast<double>(optimizers_[l].adamw()->segment_steps()[k]), 1};
+        comm_.all_reduce_metrics(step_and_owner);
+        out[p->name() + ".step"] = {{1}, {static_cast<float>(step_and_owner[0] / step_and_owner[1])}};
+      }
+    }
+    return out;
+  }
+
+  /// Elements of the padding of the parameter and gradient shards that are not zero (must be 0).
+  int64_t nonzero_padding() const {
+    int64_t count = 0;
+    for (const LayerShard& s : layout_.layers)
+      for (int64_t i = s.shard_offset + s.real; i < s.shard_offset + s.shard_size; ++i)
+        count += (params_.span()[i] != 0.0f) + (grads_.span()[i] != 0.0f);
+    return count;
+  }
+
+ private:
+  static std::span<float> shard(PaddedBuffer& buf, const LayerShard& s) { return buf.span().subspan(s.shard_offset, s.real); }
+  std::string name(int l) const { return layout_.layers[l].layer->name(); }
+  EvalSums evaluate_batches(int64_t begin, int64_t end, const Dataset& test) { return ringzero::evaluate(model_, test, begin, end); }
+
+  // The hooks (main thread). Linear l computes between its pre and post hooks.
+  void pre_forward(int l) {
+    use_gathered(l, kForwardGather);
+    if (options_.prefetch && l + 1 < static_cast<int>(tickets_.size()) && !tickets_[l + 1])
+      post_all_gather(l + 1, kForwardGather);  // moves while this layer computes
+    compute_start_ = now();
+  }
+  void post_forward(int l) {
+    trace_compute("forward " + name(l), "forward");
+    release_parameters(l);
+  }
+  void pre_backward(int l) {
+    use_gathered(l, kBackwardGather);
+    if (options_.prefetch && l > 0 && !tickets_[l - 1]) post_all_gather(l - 1, kBackwardGather);
+    const LayerShard& s = layout_.layers[l];
+    full_grads_[l] = Buffer(s.padded_size, MemTag::comm_buffers);  // (P_l) zeros: backward accumulates here
+    s.layer->weight.grad = Tensor(full_grads_[l].data(), s.layer->weight.shape());
+    s.layer->bias.grad = Tensor(full_grads_[l].data() + s.weight_numel, s.layer->bias.shape());
+    compute_start_ = now();
+  }
+  void post_backward(int l) {
+    trace_compute("backward " + name(l), "backward");
+    release_parameters(l);
+    layout_.layers[l].layer->weight.grad = layout_.layers[l].layer->bias.grad = Tensor();
+    finish_reduce_scatter();  // the later layer's, posted one layer ago: usually done by now
+    rs_layer_ = l;
+    rs_ticket_ = post(l, kReduceScatter, full_grads_[l].data());
+    if (!options_.prefetch || l == 0) finish_reduce_scatter();  // nothing left to overlap it with
+  }
+
+  // Waits for layer l's all-gather (posting it first unless prefetched) and points its
+  // parameters at the gathered buffer.
+  void use_gathered(int l, Kind kind) {
+    if (!tickets_[l]) post_all_gather(l, kind);
+    wait(tickets_[l], "wait all_gather " + name(l));
+    const LayerShard& s = layout_.layers[l];
+    s.layer->weight.data = Tensor(gathered_[l].data(), s.layer->weight.shape());
+    s.layer->bias.data = Tensor(gathered_[l].data() + s.weight_numel, s.layer->bias.shape());
+  }
+  void post_all_gather(int l, Kind kind) {
+    const LayerShard& s = layout_.layers[l];
+    gathered_[l] = Buffer(s.padded_size, MemTag::comm_buffers);  // (P_l) the full layer, padding included
+    std::copy_n(params_.data() + s.shard_offset, s.shard_size, gathered_[l].data() + comm_.rank() * s.shard_size);
+    tickets_[l] = post(l, kind, gathered_[l].data());
+  }
+  void release_parameters(int l) {
+    gathered_[l].release();
+    tickets_[l] = 0;
+    layout_.layers[l].layer->weight.data = layout_.layers[l].layer->bias.data = Tensor();
+  }
+  void finish_reduce_scatter() {
+    if (!rs_ticket_) return;
+    wait(rs_ticket_, "wait reduce_scatter " + name(rs_layer_));
+    full_grads_[rs_layer_].release();
+    rs_ticket_ = 0;
+  }
+
+  // Queues layer l's collective on the communication thread, behind the desync check, and
+  // returns its ticket. `full` (P_l): for an all-gather, this rank's chunk is in place; for the
+  // reduce-scatter, the whole local gradient.
+  uint64_t post(int l, Kind kind, float* full) {
+    static const char* labels[] = {"all_gather %s (forward)", "all_gather %s (backward)", "reduce_scatter %s",
+                                   "all_gather %s (state)"};
+    char label[96];
+    std::snprintf(label, sizeof label, labels[kind], name(l).c_str());
+    const uint32_t seq = seq_++;
+    Tracer* tracer = options_.tracer;
+    if (tracer) tracer->instant(std::string("post ") + label, "zero3", Tracer::kMainTrack, {{"seq", seq}});
+    return comm_thread_.submit([this, l, kind, seq, full, tracer, what = std::string(label)] {
+      const double start = tracer ? tracer->now_us() : 0;
+      check_in_step(seq, l, kind);
+      const LayerShard& s = layout_.layers[l];
+      std::span<float> layer(full, static_cast<size_t>(s.padded_size));
+      std::span<float> mine = layer.subspan(comm_.rank() * s.shard_size, s.shard_size), chunk = scratch_.span().first(s.shard_size);
+      const bool ring = options_.collectives == "ring";
+      if (kind == kReduceScatter) {
+        if (ring) ring_reduce_scatter(comm_, layer, scratch_.span());  // chapter 04's first half: mine holds Σ
+        else comm_.reduce_scatter(layer, chunk);                         // MPI wants the output apart
+        std::span<const float> sum = ring ? mine : chunk;
+        const float inv_world_size = 1.0f / static_cast<float>(comm_.world_size());
+        float* g = grads_.data() + s.shard_offset;
+        for (int64_t i = 0; i < s.shard_size; ++i) g[i] += sum[i] * inv_world_size;  // accumulates over micro-steps
+      } else if (ring) {
+        ring_all_gather(comm_, layer);  // chapter 04's second half
+      } else {                          // MPI wants the input apart
+        std::copy(mine.begin(), mine.end(), chunk.begin());
+        comm_.all_gather(chunk, layer);
+      }
+      if (tracer)
+        tracer->complete(what, "comm", Tracer::kCommTrack, start, tracer->now_us() - start,
+                         {{"seq", seq}, {"bytes", 4 * s.padded_size}});
+    });
+  }
+
+  // Comm thread: swaps (seq, layer, kind, size) with the ring neighbours before the data.
+  void check_in_step(uint32_t seq, int l, Kind kind) {
+    const int N = comm_.world_size(), r = comm_.rank();
+    if (N == 1) return;
+    comm_.count_call("desync_check");
+    Communicator::Scope scope(comm_, "desync_check");
+    const std::array<uint32_t, 4> mine = {seq, static_cast<uint32_t>(l), kind,
+                                          static_cast<uint32_t>(layout_.layers[l].padded_size)};
+    std::array<float, 4> received{};
+    comm_.sendrecv(std::bit_cast<std::array<float, 4>>(mine), ring_mod(r + 1, N), received, ring_mod(r - 1, N));
+    const auto left = std::bit_cast<std::array<uint32_t, 4>>(received);
+    CHECK(left == mine, "ranks out of step: " << describe(mine) << " on this rank, but " << describe(left) << " on rank "
+                            << ring_mod(r - 1, N) << ". Every rank must run the same layers in the same order: a "
+                            << "layer run on some ranks only (a branch on one rank's data, a layer called twice) "
+                            << "pairs different collectives across ranks, a hang or silently wrong weights");
+  }
+  std::string describe(const std::array<uint32_t, 4>& h) const {
+    static const char* what[] = {"the all-gather of layer %s for its forward", "the all-gather of layer %s for its backward",
+                                 "the reduce-scatter of layer %s's gradient", "the all-gather of layer %s for a checkpoint"};
+    const std::string layer = h[1] < layout_.layers.size() ? name(static_cast<int>(h[1])) : "#" + std::to_string(h[1]);
+    char out[192];
+    const int n = std::snprintf(out, sizeof out, "ZeRO-3 collective #%u is ", h[0]);
+    std::snprintf(out + n, sizeof out - n, h[2] < 4 ? what[h[2]] : "an unknown collective on layer %s", layer.c_str());
+    return std::string(out) + " (" + std::to_string(h[3]) + " elements)";
+  }
+
+  void wait(uint64_t ticket, const std::string& label) {
+    const double start = now();
+    comm_thread_.wait(ticket);
+    if (options_.tracer) options_.tracer->complete(label, "wait", Tracer::kMainTrack, start, now() - start);
+  }
+  double now() const { return options_.tracer ? options_.tracer->now_us() : 0; }
+  void trace_compute(const std::string& label, const char* cat) {
+    if (options_.tracer) options_.tracer->complete(label, cat, Tracer::kMainTrack, compute_start_, now() - compute_start_);
+  }
+
+  Communicator& comm_;
+  Model& model_;
+  Options options_;
+  int64_t psi_;
+  LayerLayout layout_;
+  PaddedBuffer params_;                 // (Σ s_l) this rank's shard of every layer's parameters
+  PaddedBuffer grads_;                  // (Σ s_l) and of their gradients, accumulated over micro-steps
+  std::vector<Optimizer> optimizers_;   // (layers) each over this rank's real shard elements
+  std::vector<Buffer> gathered_;        // (layers) a layer's full parameters (P_l) while gathered
+  std::vector<Buffer> full_grads_;      // (layers) a layer's full gradient (P_l), backward to reduce-scatter
+  std::vector<uint64_t> tickets_;       // (layers) the all-gather filling gathered_[l]; 0: not gathered
+  uint64_t rs_ticket_ = 0;              // the reduce-scatter in flight (at most one), of layer rs_layer_
+  int rs_layer_ = -1;
+  uint32_t seq_ = 0;                    // collectives posted so far: the desync header's number
+  double compute_start_ = 0;
+  Buffer scratch_;
+  CommThread comm_thread_;  // last: destroyed (drained) first, while everything above lives
+};
+
+}  // namespace ringzero
