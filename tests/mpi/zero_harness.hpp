@@ -1,0 +1,143 @@
+// Shared by tests/mpi/zero1.cpp and zero2.cpp: small training runs of chapter 05's DDP (the
+// reference) and of a chapter's ZeRO class on the same model, data and flags, on every rank,
+// returning what the equivalence tests compare: final parameters, every micro-step's loss and
+// AdamW's state (exp_avg, exp_avg_sq, step per parameter) in the unpadded layout.
+// Include AFTER the chapter's zero.hpp, which defines ringzero::ZeRO.
+#pragma once
+
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "chapters/05_ddp_buckets/ddp.hpp"
+#include "common/rng.hpp"
+#include "common/safetensors.hpp"
+#include "common/train.hpp"
+#include "mpi/test_comm.hpp"
+
+namespace ringzero::test {
+
+struct ZeroCase {
+  std::vector<int64_t> sizes;    // model layer sizes {in, hidden..., out}
+  double bucket_cap_mb = 25.0;   // small: one bucket per parameter
+  int64_t steps = 3;
+  int64_t grad_accum_steps = 1;  // K
+  float clip_grad_norm = 0.0f;
+  int64_t micro_batch = 3;
+};
+
+struct RunResult {
+  std::vector<float> params;                      // (Ψ) registration order
+  std::vector<float> losses;                      // every micro-step's loss on this rank
+  std::map<std::string, NamedTensor> optimizer;   // "<param>.exp_avg" / ".exp_avg_sq" / ".step"
+  int64_t nonzero_padding = 0;                    // ZeRO only
+};
+
+inline TrainConfig zero_test_config(const ZeroCase& c) {
+  TrainConfig config;
+  config.optimizer = "adamw";
+  config.lr = 1e-2f;  // large enough that every step moves every weight
+  config.weight_decay = 0.1f;
+  config.clip_grad_norm = c.clip_grad_norm;
+  config.grad_accum_steps = c.grad_accum_steps;
+  return config;
+}
+
+// Rank r's regression micro-batch at (step, micro_step): different on every rank.
+inline Batch zero_test_batch(const ZeroCase& c, int rank, int64_t step, int64_t micro_step) {
+  Batch b;
+  b.x = Tensor::zeros({c.micro_batch, c.sizes.front()}, MemTag::activations);
+  b.y = Tensor::zeros({c.micro_batch, c.sizes.back()}, MemTag::activations);
+  Rng rng(7, static_cast<uint64_t>(10000 * step + 100 * micro_step + rank));
+  for (float& v : b.x.span()) v = rng.normal();
+  for (float& v : b.y.span()) v = rng.normal();
+  return b;
+}
+
+inline std::vector<float> model_params(const Model& model) {
+  std::vector<float> out;
+  for (const Parameter* p : model.parameters()) out.insert(out.end(), p->data.span().begin(), p->data.span().end());
+  return out;
+}
+
+// Forward and backward of every micro-step of one optimizer step, the last one synchronised.
+template <class Wrapper>
+void zero_test_backward(const ZeroCase& c, Model& model, Wrapper& wrapper, int rank, int64_t step, RunResult& out) {
+  for (int64_t k = 0; k < c.grad_accum_steps; ++k) {
+    auto backward = [&] {
+      Batch batch = zero_test_batch(c, rank, step, k);
+      Tape tape;
+      Var loss = forward_loss(tape, model, batch);
+      out.losses.push_back(loss->value[0]);
+      tape.backward(loss, 1.0f / static_cast<float>(c.grad_accum_steps));
+    };
+    if (k + 1 < c.grad_accum_steps) {
+      auto no_sync = wrapper.no_sync();
+      backward();
+    } else {
+      backward();
+    }
+  }
+  wrapper.finalize_backward();
+}
+
+/// The reference: chapter 05's DDP and one optimizer over every parameter.
+inline RunResult run_ddp_reference(const ZeroCase& c) {
+  Communicator& comm = test_comm();
+  const TrainConfig config = zero_test_config(c);
+  Model model(c.sizes, /*seed=*/5);
+  DDP::Options options;
+  options.bucket_cap_mb = c.bucket_cap_mb;
+  DDP ddp(comm, model, options);
+  Optimizer optimizer(config, parameter_sizes(model));
+  RunResult out;
+  for (int64_t step = 0; step < c.steps; ++step) {
+    model.zero_grad();
+    zero_test_backward(c, model, ddp, comm.rank(), step, out);
+    if (c.clip_grad_norm > 0) clip_grad_norm(model.grads_memory.span(), c.clip_grad_norm);
+    optimizer.step(model.params_memory.span(), model.grads_memory.span());
+  }
+  out.params = model_params(model);
+  const AdamW& adamw = *optimizer.adamw();
+  for (size_t i = 0; i < model.parameters().size(); ++i) {
+    const Parameter& p = *model.parameters()[i];
+    const int64_t off = model.offsets()[i];
+    out.optimizer[p.name() + ".exp_avg"] = {p.shape(), {adamw.exp_avg().begin() + off, adamw.exp_avg().begin() + off + p.numel()}};
+    out.optimizer[p.name() + ".exp_avg_sq"] = {p.shape(),
+                                               {adamw.exp_avg_sq().begin() + off, adamw.exp_avg_sq().begin() + off + p.numel()}};
+    out.optimizer[p.name() + ".step"] = {{1}, {static_cast<float>(adamw.segment_steps()[i])}};
+  }
+  return out;
+}
+
+/// The same run with the chapter's ZeRO.
+inline RunResult run_zero(const ZeroCase& c) {
+  Communicator& comm = test_comm();
+  const TrainConfig config = zero_test_config(c);
+  Model model(c.sizes, /*seed=*/5);
+  ZeRO::Options options;
+  options.bucket_cap_mb = c.bucket_cap_mb;
+  ZeRO zero(comm, model, config, options);
+  RunResult out;
+  for (int64_t step = 0; step < c.steps; ++step) {
+    zero.zero_grad();
+    zero_test_backward(c, model, zero, comm.rank(), step, out);
+    if (c.clip_grad_norm > 0) zero.clip_grad_norm(c.clip_grad_norm);
+    zero.step();
+    out.nonzero_padding += zero.nonzero_padding();
+  }
+  out.params = model_params(model);
+  out.optimizer = zero.optimizer_state_dict();
+  return out;
+}
+
+/// Number of elements whose bits differ (sizes must match).
+inline int64_t bit_differences(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return -1;
+  int64_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  return n;
+}
+
+}  // namespace ringzero::test
