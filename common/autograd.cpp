@@ -21,6 +21,12 @@ void Tape::record(std::function<void()> backward, std::vector<Parameter*> params
   entries_.push_back({std::move(backward), std::move(params)});
 }
 
+void Tape::clear() {
+  for (Entry& e : entries_)
+    for (Parameter* p : e.params) --p->pending_uses_;
+  entries_.clear();
+}
+
 void Tape::backward(const Var& loss, float seed) {
   CHECK(loss && loss->value.numel() == 1, "backward() needs a scalar loss");
   CHECK(loss->requires_grad, "backward() on a loss that does not depend on any parameter");

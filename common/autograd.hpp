@@ -65,6 +65,12 @@ class Parameter {
 /// The list of backward closures recorded during one forward.
 class Tape {
  public:
+  Tape() = default;
+  /// Releases the pending uses of whatever was recorded but never replayed (see clear()).
+  ~Tape() { clear(); }
+  Tape(const Tape&) = delete;
+  Tape& operator=(const Tape&) = delete;
+
   /// Records `backward`, which must accumulate into the gradients of its inputs and of
   /// `params`. Each listed parameter counts one pending use until that backward runs.
   void record(std::function<void()> backward, std::vector<Parameter*> params = {});
@@ -76,7 +82,10 @@ class Tape {
   void backward(const Var& loss, float seed = 1.0f);
 
   size_t size() const { return entries_.size(); }
-  void clear() { entries_.clear(); }
+  /// Drops the recorded ops without running them, releasing their parameters' pending uses:
+  /// a forward that is never backpropagated (evaluation) must not hold back the
+  /// gradient-ready hooks of the next backward. Fires no hook.
+  void clear();
 
  private:
   struct Entry {

@@ -2,7 +2,8 @@
 //  - the synchronised gradients equal, bit for bit, the local gradients all-reduced bucket by
 //    bucket with chapter 04's ring and divided by N (the reference is computed here from a
 //    no_sync backward of the same batch), for one bucket, several, and one per parameter;
-//  - gradients become ready in reverse registration order, layer by layer;
+//  - gradients become ready in reverse registration order, layer by layer, also after an
+//    evaluation forward that was never backpropagated;
 //  - the first bucket's all-reduce is launched during backward and starts on the comm thread
 //    before backward ends (recorded trace events: sequence numbers and timestamps);
 //  - the traffic of one synchronised backward equals the ring theory per bucket, and a
@@ -93,6 +94,22 @@ TEST_CASE("gradients become ready in reverse registration order, layer by layer"
   // Layers in reverse; within a layer, one backward op produces weight and bias together and
   // the tape fires their hooks in the op's order (weight, bias).
   REQUIRE(ddp.last_ready_order() == std::vector<int>{6, 7, 4, 5, 2, 3, 0, 1});
+}
+
+TEST_CASE("an evaluation forward (no backward) does not hold back the next backward's buckets", "[ddp]") {
+  // evaluate() records a forward on a tape it drops: the tape must release its pending uses,
+  // or every gradient-ready hook of the next backward would stay silent (a hang, or the
+  // unused-parameter error naming every parameter).
+  Model model({16, 12, 4}, /*seed=*/1);
+  DDP ddp(test_comm(), model, {});
+  const Batch batch = rank_batch(4, 16, 4, test_comm().rank());
+  {
+    Tape eval_tape;
+    forward_loss(eval_tape, model, batch);
+  }
+  backward(model, batch);
+  REQUIRE_NOTHROW(ddp.finalize_backward());
+  REQUIRE(ddp.last_ready_order() == std::vector<int>{2, 3, 0, 1});
 }
 
 TEST_CASE("the first bucket's all-reduce starts before backward ends", "[ddp][overlap]") {
