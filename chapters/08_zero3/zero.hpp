@@ -336,9 +336,9 @@ class ZeRO {
         if (ring) ring_reduce_scatter(comm_, layer, scratch_.span());  // chapter 04's first half: mine holds Σ
         else comm_.reduce_scatter(layer, chunk);                         // MPI wants the output apart
         std::span<const float> sum = ring ? mine : chunk;
-        const float inv_world_size = 1.0f / static_cast<float>(comm_.world_size());
+        const auto world_size = static_cast<float>(comm_.world_size());
         float* g = grads_.data() + s.shard_offset;
-        for (int64_t i = 0; i < s.shard_size; ++i) g[i] += sum[i] * inv_world_size;  // accumulates over micro-steps
+        for (int64_t i = 0; i < s.shard_size; ++i) g[i] += sum[i] / world_size;  // the mean, accumulated over micro-steps
       } else if (ring) {
         ring_all_gather(comm_, layer);  // chapter 04's second half
       } else {                          // MPI wants the input apart
