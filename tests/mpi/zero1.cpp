@@ -108,6 +108,7 @@ TEST_CASE("the ledger: model states 4Ψ + 4Ψ + 8·shard + 8·padding per rank",
     // Model states before: the model's 4Ψ + 4Ψ. After: the same, AdamW's 8 bytes per real shard
     // element, and the padding of the parameters and of the gradients.
     REQUIRE(ledger.model_states_current() - before == 8 * layout.shard_real + 8 * layout.padding_total);
+    REQUIRE(ledger.model_states_current() - before + 8 * psi == zero.model_states_bytes()[comm.rank()]);  // printed
     std::vector<double> real = {static_cast<double>(layout.shard_real)};
     comm.all_reduce_metrics(real);
     REQUIRE(real[0] == static_cast<double>(psi));  // Σ over ranks: each state element once

@@ -1,0 +1,415 @@
+// ZeRO-2: chapter 06's ZeRO-1 with the gradients sharded too (Rajbhandari et al. 2020, §5.2, Pos+g).
+//
+// After chapter 06's reduce-scatter a rank reads only its shard of a bucket's gradient; the
+// rest of the bucket holds partial sums nobody needs. ZeRO-2 keeps only the shard: a bucket's
+// full gradient exists from the backward of its first parameter until its reduce-scatter is
+// done, and then its memory is freed. What stays is this rank's gradient shard (4Ψ/N):
+//
+//   main thread:  alloc b0 ▶ backward 4 ─▶ alloc b1 ▶ backward 2 ──▶ backward 0 ─▶ finalize ▶ free b1 ▶ step
+//   comm thread:                        └ reduce_scatter b0 → shard ┘            └ reduce_scatter b1 → shard ┘
+//
+// A bucket's gradient is allocated (zeros) by the pre-backward hook of the first layer that
+// writes into it, and the parameters' grad views point into it. Its reduce-scatter copies this
+// rank's chunk, divided by world_size, into the gradient shard. Memory is handed back on the
+// main thread (the ledger's), deterministically: allocating bucket b frees bucket b − 2, which
+// finished reducing long before (or is waited for), and finalize_backward() frees the rest. So
+// at most two buckets exist at a time, the one backward fills and the one being reduced
+// (DeepSpeed's double-buffered reduce bucket): model states 4Ψ + (4Ψ + 8Ψ)/N plus at most two
+// buckets. Same traffic, same sums, bit for bit the same numbers as chapters 05 and 06.
+// Accumulation (K > 1): inside no_sync() nothing is reduced, so the buckets stay and gradients
+// accumulate in them across micro-steps, exactly as in DDP; only the last micro-step
+// reduce-scatters and frees. While accumulating, the full gradient (4Ψ) lives again: the
+// price of reducing once per step. DeepSpeed instead reduce-scatters every micro-step into the
+// shard: 4Ψ/N, but K times the traffic, and sums in another order (not bitwise).
+//
+// Rules that keep every rank in step:
+//  - buckets are launched strictly in plan order (bucket b only after b − 1), even if a later
+//    bucket happens to be ready first, so every rank issues the same collectives in the same
+//    order (PyTorch's Reducer does the same with its next_bucket_ counter);
+//  - finalize_backward() waits for every bucket; each rank's shard is divided by world_size on
+//    the comm thread right after its reduce-scatter, so the optimizer sees the mean gradient;
+//  - no_sync(): inside it, hooks do nothing and gradients just accumulate locally (chapter
+//    02); the backward after it, on the last micro-step, reduce-scatters the accumulated sums;
+//  - clip_grad_norm() sums the squared norms of the shards over ranks: each element counts
+//    once (padding is zero), so it is the norm of the whole gradient.
+//
+// Unused parameters: a parameter whose gradient never becomes ready would leave its bucket
+// incomplete forever, and every rank would wait for it. finalize_backward() detects it; by
+// default it fails on every rank with the names of those parameters (PyTorch raises "Expected
+// to have finished reduction in the prior iteration ..."); with find_unused_parameters it
+// marks them ready, which counts their missing gradient as zero, so their buckets complete.
+// Before failing it waits for the buckets it already launched: every rank launched at least
+// those of the rank that launched the fewest, so that rank always gets to abort the others.
+// Leaves out: bucket rebuilding, comm hooks (compression), static graphs, broadcast buffers,
+// overlapping the all-gather with the next forward (DeepSpeed's prefetch).
+#pragma once
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "chapters/04_ring_allreduce/ring.hpp"
+#include "chapters/05_ddp_buckets/buckets.hpp"
+#include "chapters/06_zero1/shard.hpp"
+#include "common/comm_thread.hpp"
+#include "common/safetensors.hpp"
+#include "common/trace.hpp"
+#include "common/train.hpp"
+#include "common/zero_memory.hpp"
+
+namespace ringzero {
+
+class ZeRO {
+ public:
+  struct Options {
+    double bucket_cap_mb = 25.0;        ///< PyTorch's default
+    double first_bucket_cap_mb = 1.0;   ///< PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES
+    bool find_unused_parameters = false;
+    std::string collectives = "ring";   ///< ring (chapter 04's) | mpi (MPI_Reduce_scatter_block, MPI_Allgather)
+    Tracer* tracer = nullptr;           ///< optional: launch, reduce-scatter and all-gather events
+  };
+
+  /// Plans the buckets and their shards, checks the plan is the same on every rank
+  /// (collective), moves the parameters of `model` into a padded flat buffer and frees its
+  /// gradients (Model::num_parameters() reads 0 afterwards), keeps a gradient shard, builds
+  /// this rank's optimizer for its shard (--optimizer of `config`), hooks every parameter and
+  /// every Linear layer (pre-backward: allocate its buckets). comm and model must outlive the
+  /// ZeRO; the layer hooks stay on the model but do nothing once the ZeRO is gone.
+  ZeRO(Communicator& comm, Model& model, const TrainConfig& config, Options options)
+      : comm_(comm), model_(model), options_(options),
+        buckets_(plan_buckets(parameter_sizes(model), mib_to_bytes(options.bucket_cap_mb),
+                              mib_to_bytes(options.first_bucket_cap_mb))),
+        layout_(plan_shards(model, buckets_, comm.rank(), comm.world_size())),
+        psi_(model.num_parameters()) {
+    check_bucket_plans_match(comm, buckets_);
+    const auto& params = model.parameters();
+    bucket_of_.resize(params.size());
+    int64_t largest_chunk = 0;
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      for (int p : buckets_[b].params) bucket_of_[p] = static_cast<int>(b);
+      largest_chunk = std::max(largest_chunk, layout_.buckets[b].shard_size);
+    }
+    scratch_ = Buffer(largest_chunk, MemTag::comm_buffers);  // (s) the ring's incoming chunk
+    // Every parameter moves to its padded place. The gradients are zero: free them first; a
+    // parameter has gradient storage only while its bucket is in flight.
+    model.grads_memory.release();
+    grad_shard_ = PaddedBuffer(layout_.shard_total, layout_.shard_total - layout_.shard_real, MemTag::gradients);
+    params_ = PaddedBuffer(layout_.padded_total, layout_.padded_total - psi_, MemTag::parameters);
+    for (size_t i = 0; i < params.size(); ++i) {
+      Parameter& p = *params[i];
+      float* data = params_.data() + layout_.param_offset[i];
+      std::copy_n(p.data.data(), p.numel(), data);
+      p.data = Tensor(data, p.shape());
+      p.grad = Tensor();
+    }
+    model.params_memory.release();
+    bucket_grads_.resize(buckets_.size());
+    tickets_.assign(buckets_.size(), 0);
+    for (Linear* layer : model.linear_layers()) {  // a layer's backward needs its buckets' memory
+      std::vector<int> mine;
+      for (Parameter* p : layer->parameters())
+        mine.push_back(static_cast<int>(std::find(params.begin(), params.end(), p) - params.begin()));
+      layer->add_pre_backward_hook([alive = alive_, mine](Module&) {
+        if (*alive)
+          for (int i : mine) (*alive)->allocate_bucket((*alive)->bucket_of_[i]);
+      });
+    }
+    optimizers_.reserve(layout_.buckets.size());
+    for (const BucketShard& s : layout_.buckets) optimizers_.emplace_back(config, s.segments);  // (real) each
+    reset();
+    for (size_t i = 0; i < params.size(); ++i)
+      params[i]->add_grad_ready_hook([this, i](Parameter&) { mark_ready(static_cast<int>(i)); });
+  }
+
+  /// Waits for the communication thread and removes the hooks (the layer hooks go quiet).
+  ~ZeRO() {
+    *alive_ = nullptr;
+    for (Parameter* p : model_.parameters()) p->clear_grad_ready_hooks();
+  }
+  ZeRO(const ZeRO&) = delete;
+  ZeRO& operator=(const ZeRO&) = delete;
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  const ShardLayout& layout() const { return layout_; }
+  int64_t num_parameters() const { return psi_; }  ///< Ψ (the model's own buffers are gone)
+
+  /// Model-state bytes each rank should hold between steps: 4 per element of the padded
+  /// parameters (Ψ + padding) and of its gradient shard (Σ s), 8 per real element of its shard
+  /// (AdamW). During backward, the buckets in flight come on top (buckets_in_flight_bytes()).
+  std::vector<int64_t> model_states_bytes() const {
+    std::vector<int64_t> bytes;
+    for (int r = 0; r < comm_.world_size(); ++r)
+      bytes.push_back(4 * layout_.padded_total + 4 * layout_.shard_total + 8 * shard_real_of(layout_, r));
+    return bytes;
+  }
+  /// The most bytes of full bucket gradients alive at once with one micro-step per optimizer
+  /// step: the largest two consecutive buckets (padded), or the only one.
+  int64_t buckets_in_flight_bytes() const {
+    int64_t most = 4 * layout_.buckets[0].padded_size();
+    for (size_t b = 1; b < layout_.buckets.size(); ++b)
+      most = std::max(most, 4 * (layout_.buckets[b - 1].padded_size() + layout_.buckets[b].padded_size()));
+    return most;
+  }
+
+  /// The ledger's formula line: ZeRO-2's formula, and the exact bytes of every rank.
+  std::string ledger_formula() const {
+    const ModelStateBytes f = zero_model_state_bytes(2, static_cast<double>(psi_), comm_.world_size());
+    std::string exact;
+    for (int64_t b : model_states_bytes()) exact += (exact.empty() ? "" : ", ") + std::to_string(b);
+    return "formula (ZeRO-2, fp32 + AdamW): " + zero_formula_text(2) + " = " + human_bytes(f.total()) +
+           " per rank, + at most two buckets in flight = " + human_bytes(static_cast<double>(buckets_in_flight_bytes())) +
+           " (DDP: 16Ψ = " + human_bytes(16.0 * static_cast<double>(psi_)) + "); exactly, with padding " +
+           std::to_string(layout_.padding_total) + ": 4(Ψ + padding) + 4·(shard) + 8·(real shard) = " + exact +
+           " B on ranks 0..N-1 between steps, + " + std::to_string(buckets_in_flight_bytes()) +
+           " B in flight at the peak (K = 1; with K > 1 every bucket stays through accumulation)";
+  }
+
+  /// What every rank should send and receive per optimizer step (shard.hpp).
+  TrafficTheory traffic_theory() const {
+    return zero_traffic_theory(layout_, comm_.world_size(), psi_, options_.collectives);
+  }
+
+  /// While a NoSync lives, backward accumulates gradients locally and communicates nothing
+  /// (PyTorch's `with ddp.no_sync():`).
+  class NoSync {
+   public:
+    explicit NoSync(ZeRO& zero) : zero_(zero), previous_(std::exchange(zero.require_sync_, false)) {}
+    ~NoSync() { zero_.require_sync_ = previous_; }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    ZeRO& zero_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+
+  /// Drops every gradient: frees the buckets (they come back as zeros) and zeroes the shard.
+  void zero_grad() {
+    comm_thread_.wait_all();
+    for (size_t b = 0; b < bucket_grads_.size(); ++b) free_bucket(b);
+    std::fill(grad_shard_.data(), grad_shard_.data() + grad_shard_.size(), 0.0f);
+  }
+
+  /// After backward, before the optimizer step (PyTorch runs this as backward's final
+  /// callback): handles unused parameters, waits until every bucket is reduce-scattered and
+  /// this rank's shard divided by world_size. Does nothing inside no_sync(). Errors: unused
+  /// parameters without find_unused_parameters (names them), a failed reduce-scatter.
+  void finalize_backward() {
+    if (!require_sync_) return;
+    std::string unused;
+    for (size_t i = 0; i < ready_.size(); ++i)
+      if (!ready_[i]) unused += (unused.empty() ? "" : ", ") + model_.parameters()[i]->name();
+    if (!unused.empty() && options_.find_unused_parameters) {
+      for (int i = static_cast<int>(ready_.size()) - 1; i >= 0; --i)
+        if (!ready_[i]) mark_ready(i);  // their gradient for this backward: zero
+    } else if (!unused.empty()) {
+      comm_thread_.wait_all();  // the buckets launched so far: every rank launched them too
+      reset();
+      CHECK(false, "parameters that received no gradient in this backward: "
+                       << unused << ". Their buckets can never be reduce-scattered, and every rank would wait for "
+                       << "them forever. Make every parameter take part in the loss, or pass --find-unused-parameters "
+                       << "(PyTorch: find_unused_parameters=True) to count a missing gradient as zero");
+    }
+    comm_thread_.wait_all();
+    for (size_t b = 0; b < bucket_grads_.size(); ++b) free_bucket(b);  // reduced: only the shard stays
+    reset();
+  }
+
+  /// Collective, after finalize_backward(): scales this rank's gradient shard so that the
+  /// global L2 norm of the gradient is at most max_norm (torch.nn.utils.clip_grad_norm_, with
+  /// its 1e-6); returns the norm before clipping. Every rank receives every rank's Σ g² over
+  /// its shard (exact: the others add zeros) and adds them in rank order, so every rank gets
+  /// the same norm. It equals the unsharded norm up to float64 rounding (another summation
+  /// order, ~1e-16 relative); the float clip coefficient is then the same bit for bit unless
+  /// that rounding straddles a float boundary.
+  double clip_grad_norm(float max_norm) {
+    const int N = comm_.world_size(), r = comm_.rank();
+    std::vector<double> sums(static_cast<size_t>(N), 0.0);  // (N) each rank's Σ g²
+    for (size_t b = 0; b < layout_.buckets.size(); ++b) sums[r] += sum_of_squares(shard_grads(b));
+    comm_.all_reduce_metrics(sums);
+    double total = 0;
+    for (double s : sums) total += s;
+    const double norm = std::sqrt(total);
+    const float coef = clip_coefficient(norm, max_norm);
+    if (coef < 1.0f)
+      for (size_t b = 0; b < layout_.buckets.size(); ++b) scale_in_place(shard_grads(b), coef);
+    return norm;
+  }
+
+  /// Collective: every rank's optimizer updates the real elements of its shard of every
+  /// bucket, then each bucket's parameters are all-gathered on the comm thread (bucket b's
+  /// while the optimizer works on b + 1). Returns when every rank holds every parameter.
+  void step() {
+    for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+      optimizers_[b].step(shard_params(b), shard_grads(b));
+      Tracer* tracer = options_.tracer;
+      comm_thread_.submit([this, b, tracer] {
+        const double start = tracer ? tracer->now_us() : 0;
+        const BucketShard& s = layout_.buckets[b];
+        std::span<float> bucket = params_.span().subspan(s.padded_offset, s.padded_size());
+        if (options_.collectives == "ring") {
+          ring_all_gather(comm_, bucket);  // chapter 04's second half
+        } else {  // MPI wants the input apart from the output
+          std::span<float> shard = bucket.subspan(comm_.rank() * s.shard_size, s.shard_size);
+          std::copy(shard.begin(), shard.end(), scratch_.data());
+          comm_.all_gather(scratch_.span().first(s.shard_size), bucket);
+        }
+        if (tracer)
+          tracer->complete("all_gather bucket " + std::to_string(b), "comm", Tracer::kCommTrack, start,
+                           tracer->now_us() - start, {{"bytes", 4 * s.padded_size()}});
+      });
+    }
+    comm_thread_.wait_all();
+  }
+
+  /// Collective, for the equivalence tests (the comm counters count its traffic): AdamW's
+  /// state gathered from the shards, as "<param>.exp_avg", "<param>.exp_avg_sq" (the
+  /// parameter's shape) and "<param>.step" (shape (1)). Errors: --optimizer is not adamw.
+  std::map<std::string, NamedTensor> optimizer_state_dict() {
+    const auto& params = model_.parameters();
+    std::map<std::string, NamedTensor> out;
+    std::vector<double> steps(params.size(), 0.0), owners(params.size(), 0.0);  // (P) Σ step, Σ 1
+    for (int which = 0; which < 2; ++which) {
+      Buffer full(layout_.padded_total, MemTag::comm_buffers);  // (Ψ + padding) the state, gathered
+      for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+        const AdamW* adamw = optimizers_[b].adamw();
+        CHECK(adamw != nullptr, "optimizer state is saved for --optimizer adamw only");
+        std::span<const float> state = which == 0 ? adamw->exp_avg() : adamw->exp_avg_sq();
+        std::copy(state.begin(), state.end(), shard_of(full.span(), b).begin());
+        ring_all_gather(comm_, full.span().subspan(layout_.buckets[b].padded_offset, layout_.buckets[b].padded_size()));
+        for (size_t k = 0; which == 0 && k < adamw->segment_steps().size(); ++k) {
+          steps[layout_.buckets[b].segment_params[k]] += static_cast<double>(adamw->segment_steps()[k]);
+          owners[layout_.buckets[b].segment_params[k]] += 1;
+        }
+      }
+      for (size_t i = 0; i < params.size(); ++i) {
+        const float* v = full.data() + layout_.param_offset[i];
+        out[params[i]->name() + (which == 0 ? ".exp_avg" : ".exp_avg_sq")] = {params[i]->shape(),
+                                                                              {v, v + params[i]->numel()}};
+      }
+    }
+    comm_.all_reduce_metrics(steps);
+    comm_.all_reduce_metrics(owners);
+    for (size_t i = 0; i < params.size(); ++i)  // every piece of a parameter has taken the same steps
+      out[params[i]->name() + ".step"] = {{1}, {static_cast<float>(steps[i] / owners[i])}};
+    return out;
+  }
+
+  /// Elements of the padding of the parameters and of the gradient shard that are not zero:
+  /// must be 0.
+  int64_t nonzero_padding() const {
+    int64_t count = 0;
+    for (const BucketShard& s : layout_.buckets) {
+      for (int64_t i = s.padded_offset + s.size; i < s.padded_offset + s.padded_size(); ++i)
+        count += params_.span()[i] != 0.0f;
+      for (int64_t i = s.shard_offset + s.real; i < s.shard_offset + s.shard_size; ++i)
+        count += grad_shard_.span()[i] != 0.0f;
+    }
+    return count;
+  }
+
+ private:
+  // This rank's shard of bucket b in a padded buffer, and its real elements in ours.
+  std::span<float> shard_of(std::span<float> padded, size_t b) const {
+    const BucketShard& s = layout_.buckets[b];
+    return padded.subspan(s.padded_offset + comm_.rank() * s.shard_size, s.real);
+  }
+  std::span<float> shard_params(size_t b) { return shard_of(params_.span(), b); }
+  std::span<float> shard_grads(size_t b) {
+    return grad_shard_.span().subspan(layout_.buckets[b].shard_offset, layout_.buckets[b].real);
+  }
+
+  // Gives bucket b its full gradient (zeros) and points its parameters' grads into it, first
+  // freeing bucket b − 2 and older: at most two buckets exist at a time. Main thread.
+  void allocate_bucket(int b) {
+    if (bucket_grads_[b].size() > 0) return;  // already there (this step, or accumulating)
+    for (int old = 0; old + 1 < b; ++old)
+      if (tickets_[old] != 0) free_bucket(old);
+    const BucketShard& s = layout_.buckets[b];
+    bucket_grads_[b] = PaddedBuffer(s.padded_size(), s.padding, MemTag::gradients);
+    for (int p : buckets_[b].params) {
+      Parameter& param = *model_.parameters()[p];
+      param.grad = Tensor(bucket_grads_[b].data() + (model_.offsets()[p] - s.offset), param.shape());
+    }
+  }
+
+  // Waits until bucket b is reduced (if it was launched), then frees its full gradient.
+  void free_bucket(size_t b) {
+    if (tickets_[b] != 0) comm_thread_.wait(tickets_[b]);
+    tickets_[b] = 0;
+    if (bucket_grads_[b].size() == 0) return;
+    bucket_grads_[b].release();
+    for (int p : buckets_[b].params) model_.parameters()[p]->grad = Tensor();
+  }
+
+  void reset() {
+    ready_.assign(model_.parameters().size(), 0);
+    pending_.clear();
+    for (const Bucket& b : buckets_) pending_.push_back(static_cast<int>(b.params.size()));
+    next_bucket_ = 0;
+  }
+
+  // The gradient-ready hook of parameter i (main thread, during backward).
+  void mark_ready(int i) {
+    if (!require_sync_) return;
+    CHECK(!ready_[i], "parameter " << model_.parameters()[i]->name() << " became ready twice in one backward; "
+                                   << "call finalize_backward() after every backward that is not inside no_sync()");
+    ready_[i] = 1;
+    --pending_[bucket_of_[i]];
+    while (next_bucket_ < static_cast<int>(buckets_.size()) && pending_[next_bucket_] == 0) launch(next_bucket_++);
+  }
+
+  // Queues bucket b's reduce-scatter on the communication thread; returns at once.
+  void launch(int b) {
+    allocate_bucket(b);  // only for a bucket no backward touched (find_unused_parameters)
+    Tracer* tracer = options_.tracer;
+    const double launched = tracer ? tracer->now_us() : 0;
+    if (tracer) tracer->instant("launch bucket " + std::to_string(b), "zero", Tracer::kMainTrack);
+    tickets_[b] = comm_thread_.submit([this, b, tracer, launched] {
+      const double start = tracer ? tracer->now_us() : 0;
+      const BucketShard& s = layout_.buckets[b];
+      std::span<float> bucket = bucket_grads_[b].span();
+      std::span<float> shard = bucket.subspan(comm_.rank() * s.shard_size, s.shard_size);
+      if (options_.collectives == "ring") {
+        ring_reduce_scatter(comm_, bucket, scratch_.span());  // chapter 04's first half: our chunk is summed
+      } else {  // MPI wants the output apart from the input
+        comm_.reduce_scatter(bucket, scratch_.span().first(s.shard_size));
+        std::copy_n(scratch_.data(), s.shard_size, shard.begin());
+      }
+      for (float& g : shard) g /= static_cast<float>(comm_.world_size());  // as chapter 05: the mean
+      std::copy(shard.begin(), shard.end(), grad_shard_.data() + s.shard_offset);  // all we keep
+      if (tracer)
+        tracer->complete("reduce_scatter bucket " + std::to_string(b), "comm", Tracer::kCommTrack, start,
+                         tracer->now_us() - start,
+                         {{"bytes", 4 * s.padded_size()}, {"params", buckets_[b].params.size()},
+                          {"queued_us", start - launched}});
+    });
+  }
+
+  Communicator& comm_;
+  Model& model_;
+  Options options_;
+  std::vector<Bucket> buckets_;
+  ShardLayout layout_;
+  int64_t psi_;                         // Ψ
+  PaddedBuffer params_;                 // (Ψ + padding) every parameter, padded per bucket
+  PaddedBuffer grad_shard_;             // (Σ s) this rank's shard of every bucket's gradient
+  std::vector<PaddedBuffer> bucket_grads_;  // (buckets) a bucket's full gradient, while in flight
+  std::vector<uint64_t> tickets_;       // (buckets) its reduce-scatter's comm-thread ticket; 0: none
+  std::vector<Optimizer> optimizers_;   // (buckets) each over this rank's real shard elements
+  std::vector<int> bucket_of_;  // (P) bucket of each parameter
+  std::vector<int> pending_;    // (buckets) parameters not ready yet in this backward
+  std::vector<char> ready_;     // (P) 1 once the parameter's gradient is final
+  int next_bucket_ = 0;         // the next bucket to launch: launches happen in plan order
+  bool require_sync_ = true;
+  Buffer scratch_;
+  std::shared_ptr<ZeRO*> alive_ = std::make_shared<ZeRO*>(this);  // what the layer hooks reach us by
+  CommThread comm_thread_;      // last: destroyed (drained) first, while everything above lives
+};
+
+}  // namespace ringzero
