@@ -18,13 +18,23 @@ std::span<const int64_t> rank_micro_batch(const Sampler& sampler, int64_t t, int
 void broadcast_and_verify_parameters(Communicator& comm, Model& model) {
   const int N = comm.world_size(), r = comm.rank();
   std::span<float> params = model.params_memory.span();
-  Buffer received(model.num_parameters(), MemTag::comm_buffers);  // (Ψ) rank 0's parameters
-  std::copy(params.begin(), params.end(), received.data());
-  comm.broadcast(received.span(), /*root=*/0);
-  // Bit for bit: the same seed and code give the same bits, and anything else is a launch bug.
+  // In pieces, so the check costs a small fixed buffer rather than a second copy of the model.
+  constexpr int64_t kPiece = int64_t{1} << 16;
+  Buffer received(std::min(kPiece, model.num_parameters()), MemTag::comm_buffers);  // (piece) rank 0's values
   int64_t first = -1;
-  for (int64_t i = 0; i < received.size() && first < 0; ++i)
-    if (std::memcmp(&received.data()[i], &params[i], sizeof(float)) != 0) first = i;
+  float mine_at_first = 0, rank0_at_first = 0;
+  for (auto [off, n] : split_count(model.num_parameters(), kPiece)) {
+    std::span<float> piece = received.span().first(static_cast<size_t>(n));
+    std::copy_n(params.begin() + off, n, piece.begin());
+    comm.broadcast(piece, /*root=*/0);
+    // Bit for bit: the same seed and code give the same bits, and anything else is a launch bug.
+    for (int64_t i = 0; i < n && first < 0; ++i)
+      if (std::memcmp(&piece[i], &params[off + i], sizeof(float)) != 0) {
+        first = off + i;
+        mine_at_first = params[off + i];
+        rank0_at_first = piece[i];
+      }
+  }
   std::vector<double> mismatch(static_cast<size_t>(N), 0.0);  // (N) 1 where a rank differs
   mismatch[r] = first >= 0 ? 1.0 : 0.0;
   comm.all_reduce_metrics(mismatch);
@@ -44,8 +54,8 @@ void broadcast_and_verify_parameters(Communicator& comm, Model& model) {
       where = model.parameters()[p]->name() + "[" + std::to_string(first - off) + "]";
   }
   CHECK(false, "rank(s) " << ranks << " started with initial parameters different from rank 0's (first difference "
-                          << "on rank " << r << " at " << where << ": " << params[first] << " here, "
-                          << received.data()[first] << " on rank 0); every rank must build the model from the "
+                          << "on rank " << r << " at " << where << ": " << mine_at_first << " here, "
+                          << rank0_at_first << " on rank 0); every rank must build the model from the "
                           << "same --seed and --init-from: launch all ranks with the same command line");
 }
 

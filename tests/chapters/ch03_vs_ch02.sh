@@ -44,7 +44,8 @@ for r, c in enumerate(s["comm"]):
     if N > 1:
         assert c["ops"]["central_reduce"]["bytes_" + ("received" if r == 0 else "sent")] == want, (r, c)
         assert c["ops"]["central_broadcast"]["bytes_" + ("sent" if r == 0 else "received")] == want, (r, c)
-    assert c["startup"]["broadcast"]["calls"] == 1, c["startup"]
+    b = c["startup"]["broadcast"]  # the start-up check: rank 0's Ψ parameters to everyone
+    assert b["bytes_sent" if r == 0 else "bytes_received"] == psi * 4, b
 assert s["bytes_sent_per_rank_per_step"] == (N - 1) * psi * 4, s["bytes_sent_per_rank_per_step"]
 print(f"== counters at N = {N}: rank 0 {(N - 1) * psi * 4} B, others {psi * 4 if N > 1 else 0} B per step: exact")
 PY
