@@ -137,6 +137,7 @@ int main(int argc, char** argv) {
                       {"test_loss", test_loss}, {"test_accuracy", test_accuracy},
                       {"ms_per_step", times.median_ms()}, {"num_parameters", psi}, {"collectives", zero_options.collectives},
                       {"buckets", zero.buckets().size()}, {"model_states_exact_bytes", zero.model_states_bytes()},
+                      {"padding", zero.layout().padding_total},
                       {"buckets_in_flight_bytes", zero.buckets_in_flight_bytes()},
                       {"theory_bytes_sent_per_rank_per_step", theory.bytes_sent}});
       logger.summary(summary);

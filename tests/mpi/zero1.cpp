@@ -21,10 +21,11 @@ using namespace ringzero::test;
 namespace {
 // {sizes, bucket_cap_mb}: the MLP's shape with odd widths; a hidden layer of 1 (a bias of one
 // element, fewer than ranks); 3; tiny caps so that every parameter is its own bucket; and
-// layers large enough for Eigen's blocked GEMM (rows + cols + depth >= 20) in several buckets.
+// layers large enough for Eigen's blocked GEMM (rows + cols + depth >= 20) in several buckets;
+// whole models with fewer elements than ranks (Ψ = 2 and 3: ranks that own only padding).
 const std::vector<std::pair<std::vector<int64_t>, double>> kModels = {
     {{7, 5, 3}, 25.0}, {{7, 5, 3}, 1e-6}, {{6, 1, 3}, 1e-6},     {{6, 3, 2}, 1e-6},
-    {{9, 4, 4, 2}, 1e-4}, {{45, 31, 7}, 2e-3}};
+    {{9, 4, 4, 2}, 1e-4}, {{45, 31, 7}, 2e-3}, {{1, 1}, 25.0}, {{2, 1}, 1e-6}};  // last two: Ψ < N
 }  // namespace
 
 TEST_CASE("the padded layout: equal shards, every real element owned once", "[zero1]") {

@@ -18,10 +18,11 @@ using namespace ringzero;
 using namespace ringzero::test;
 
 namespace {
-// As tests/mpi/zero1.cpp: odd sizes, a hidden layer of 1, tiny caps, Eigen's blocked GEMM sizes.
+// As tests/mpi/zero1.cpp: odd sizes, a hidden layer of 1, tiny caps, Eigen's blocked GEMM sizes,
+// whole models smaller than N.
 const std::vector<std::pair<std::vector<int64_t>, double>> kModels = {
     {{7, 5, 3}, 25.0}, {{7, 5, 3}, 1e-6}, {{6, 1, 3}, 1e-6},     {{6, 3, 2}, 1e-6},
-    {{9, 4, 4, 2}, 1e-4}, {{45, 31, 7}, 2e-3}};
+    {{9, 4, 4, 2}, 1e-4}, {{45, 31, 7}, 2e-3}, {{1, 1}, 25.0}, {{2, 1}, 1e-6}};  // last two: Ψ < N
 }  // namespace
 
 TEST_CASE("ZeRO-2 equals chapter 05's DDP bit for bit: parameters, losses, AdamW state", "[zero2]") {
