@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -83,6 +84,22 @@ inline LayerLayout plan_layer_shards(const Model& model, int rank, int world_siz
     layout.layers.push_back(std::move(s));
   }
   return layout;
+}
+
+/// The --explain-layers table: one line per layer, in forward order.
+inline std::string explain_layer_shards(const LayerLayout& layout, int world_size) {
+  char line[256];
+  std::snprintf(line, sizeof line, "layer plan: %zu layers, each padded to a multiple of N = %d and cut into N shards:\n",
+                layout.layers.size(), world_size);
+  std::string out = line;
+  for (const LayerShard& s : layout.layers) {
+    std::snprintf(line, sizeof line, "  layer %-4s | %10lld elements | padding %2lld | shard %9lld elements (%s) | %s, %s\n",
+                  s.layer->name().c_str(), static_cast<long long>(s.numel), static_cast<long long>(s.padded_size - s.numel),
+                  static_cast<long long>(s.shard_size), human_bytes(4.0 * s.shard_size).c_str(),
+                  s.layer->weight.name().c_str(), s.layer->bias.name().c_str());
+    out += line;
+  }
+  return out;
 }
 
 /// Bytes of full layers in flight at the worst moment of a step (the ledger's comm_buffers,

@@ -49,6 +49,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -76,7 +77,7 @@ class ZeRO {
   /// Cuts every layer of `model` into shards and keeps this rank's, frees the model's full
   /// parameters and gradients (Model::num_parameters() reads 0 afterwards), builds this rank's
   /// optimizers (--optimizer of `config`, one per layer over its real shard elements) and hooks
-  /// every Linear. The model is unusable without its ZeRO: destroy them together.
+  /// every Linear. The model keeps no parameters of its own: it runs only through its ZeRO.
   ZeRO(Communicator& comm, Model& model, const TrainConfig& config, Options options)
       : comm_(comm), model_(model), options_(options), psi_(model.num_parameters()),
         layout_(plan_layer_shards(model, comm.rank(), comm.world_size())),
@@ -97,37 +98,44 @@ class ZeRO {
     gathered_.resize(L);
     full_grads_.resize(L);
     tickets_.assign(L, 0);
-    for (int l = 0; l < L; ++l) {
+    for (int l = 0; l < L; ++l) {  // through alive_, so the hooks go quiet once the ZeRO is gone
       Linear& m = *layout_.layers[l].layer;
-      m.add_pre_forward_hook([this, l](Module&) { pre_forward(l); });
-      m.add_post_forward_hook([this, l](Module&) { post_forward(l); });
-      m.add_pre_backward_hook([this, l](Module&) { pre_backward(l); });
-      m.add_post_backward_hook([this, l](Module&) { post_backward(l); });
+      m.add_pre_forward_hook([alive = alive_, l](Module&) { if (*alive) (*alive)->pre_forward(l); });
+      m.add_post_forward_hook([alive = alive_, l](Module&) { if (*alive) (*alive)->post_forward(l); });
+      m.add_pre_backward_hook([alive = alive_, l](Module&) { if (*alive) (*alive)->pre_backward(l); });
+      m.add_post_backward_hook([alive = alive_, l](Module&) { if (*alive) (*alive)->post_backward(l); });
     }
   }
+  ~ZeRO() { *alive_ = nullptr; }
   ZeRO(const ZeRO&) = delete;
   ZeRO& operator=(const ZeRO&) = delete;
 
   const LayerLayout& layout() const { return layout_; }
   int64_t num_parameters() const { return psi_; }  ///< Ψ (the model's own buffers are gone)
 
-  /// Model-state bytes rank `rank` holds at any time: 4 bytes per element of its parameter and
+  /// Model-state bytes each rank holds, at every moment: 4 per element of its parameter and
   /// gradient shards (Σ s_l each, padding included), 8 per real element (AdamW).
-  int64_t model_states_bytes(int rank) const {
-    return 8 * layout_.shard_total + 8 * plan_layer_shards(model_, rank, comm_.world_size()).shard_real;
+  std::vector<int64_t> model_states_bytes() const {
+    std::vector<int64_t> bytes;
+    for (int r = 0; r < comm_.world_size(); ++r)
+      bytes.push_back(8 * layout_.shard_total + 8 * plan_layer_shards(model_, r, comm_.world_size()).shard_real);
+    return bytes;
   }
+  /// The most bytes of full layers (parameters and gradients) alive at once: comm_buffers,
+  /// not model states, since they are the collectives' buffers (layer_shard.hpp).
+  int64_t layers_in_flight_bytes() const { return gathered_peak_bytes(layout_, options_.prefetch); }
+
   /// The ledger's formula line: ZeRO-3's formula, the exact bytes of every rank, the layers in flight.
   std::string ledger_formula() const {
     const ModelStateBytes f = zero_model_state_bytes(3, static_cast<double>(psi_), comm_.world_size());
     std::string exact;
-    for (int r = 0; r < comm_.world_size(); ++r) exact += (r ? ", " : "") + std::to_string(model_states_bytes(r));
+    for (int64_t b : model_states_bytes()) exact += (exact.empty() ? "" : ", ") + std::to_string(b);
     return "formula (ZeRO-3, fp32 + AdamW): " + zero_formula_text(3) + " = " + human_bytes(f.total()) +
            " per rank (DDP: 16Ψ = " + human_bytes(16.0 * static_cast<double>(psi_)) + "); exactly, with padding " +
            std::to_string(comm_.world_size() * layout_.shard_total - psi_) + ": 4Σs_l + 4Σs_l + 8·(real shard) = " +
-           exact + " B on ranks 0..N-1; comm_buffers peak: full layers in flight " +
+           exact + " B on ranks 0..N-1; comm_buffers at the peak: full layers in flight " +
            (options_.prefetch ? "4·max(P_l-1 + 2P_l + P_l+1) = " : "8·max P_l = ") +
-           std::to_string(gathered_peak_bytes(layout_, options_.prefetch)) + " B + one ring chunk " +
-           std::to_string(scratch_.bytes()) + " B";
+           std::to_string(layers_in_flight_bytes()) + " B + one ring chunk " + std::to_string(scratch_.bytes()) + " B";
   }
   /// What every rank should send and receive per optimizer step (layer_shard.hpp).
   TrafficTheory traffic_theory(int64_t grad_accum_steps) const {
@@ -403,6 +411,7 @@ class ZeRO {
   uint32_t seq_ = 0;                    // collectives posted so far: the desync header's number
   double compute_start_ = 0;
   Buffer scratch_;
+  std::shared_ptr<ZeRO*> alive_ = std::make_shared<ZeRO*>(this);  // what the layer hooks reach us by
   CommThread comm_thread_;  // last: destroyed (drained) first, while everything above lives
 };
 

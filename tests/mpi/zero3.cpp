@@ -224,8 +224,9 @@ TEST_CASE("memory: model states (4 + 4 + 8)Ψ/N throughout, full layers in fligh
       const int64_t scratch = 4 * std::max_element(layout.layers.begin(), layout.layers.end(), [](auto& a, auto& b) {
                                     return a.shard_size < b.shard_size; })->shard_size;
       INFO("Ψ = " << psi << ", N = " << comm.world_size() << ", prefetch " << prefetch);
-      REQUIRE(ledger.model_states_current() - states_before == zero.model_states_bytes(comm.rank()));
-      REQUIRE(zero.model_states_bytes(comm.rank()) == 8 * layout.shard_total + 8 * layout.shard_real);
+      const int64_t states = zero.model_states_bytes()[comm.rank()];
+      REQUIRE(ledger.model_states_current() - states_before == states);
+      REQUIRE(states == 8 * layout.shard_total + 8 * layout.shard_real);
       ledger.reset_peaks();
       for (int64_t step = 0; step < 2; ++step) {
         zero.zero_grad();
@@ -233,8 +234,8 @@ TEST_CASE("memory: model states (4 + 4 + 8)Ψ/N throughout, full layers in fligh
         zero.finalize_backward();
         zero.step();
       }
-      REQUIRE(ledger.model_states_peak() - states_before == zero.model_states_bytes(comm.rank()));  // never more
-      REQUIRE(ledger.peak(MemTag::comm_buffers) - buffers_before == scratch + gathered_peak_bytes(layout, prefetch));
+      REQUIRE(ledger.model_states_peak() - states_before == states);  // never more
+      REQUIRE(ledger.peak(MemTag::comm_buffers) - buffers_before == scratch + zero.layers_in_flight_bytes());
       REQUIRE(ledger.current(MemTag::comm_buffers) - buffers_before == scratch);  // every layer freed
       std::vector<double> real = {static_cast<double>(layout.shard_real)};
       comm.all_reduce_metrics(real);
