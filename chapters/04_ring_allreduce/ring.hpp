@@ -11,10 +11,14 @@
 //   all-gather, step k:     send chunk (r − k), receive chunk (r − k − 1) and copy it in.
 //     After N − 1 steps, every rank holds every reduced chunk.
 //
-// Each rank sends (N − 1) s elements per phase: 2 (N − 1)/N · n elements in all, whatever N.
-// That is the bandwidth-optimal bound (Patarasuk & Yuan 2009; Baidu's ring all-reduce, 2017).
+// Each rank sends N − 1 chunks per phase (every chunk but one), (N − 1) s elements when N
+// divides n: 2 (N − 1)/N · n elements in all, below 2n whatever N. That is the
+// bandwidth-optimal bound (Patarasuk & Yuan 2009; Baidu's ring all-reduce, 2017).
 // The sum for chunk c is accumulated in ring order starting at rank c + 1; every rank gets
 // bit-identical results because the reduced chunk is copied, not recomputed.
+// Leaves out: pipelining each chunk in segments (adding one while the next is in flight),
+// bidirectional rings, the tree and recursive-doubling schedules MPI libraries prefer for
+// small messages (latency: the ring takes 2 (N − 1) rounds), and topology awareness.
 #pragma once
 
 #include <algorithm>
@@ -26,8 +30,8 @@
 #include "common/check.hpp"
 #include "common/comm.hpp"
 #include "common/dist.hpp"
-#include "common/metrics.hpp"
 #include "common/ledger.hpp"
+#include "common/metrics.hpp"
 
 namespace ringzero {
 
