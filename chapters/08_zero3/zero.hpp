@@ -31,20 +31,14 @@
 // The price is memory: two layers' parameters, and in backward two layers' gradients, at
 // once. Without prefetch every collective is waited for as soon as it is posted.
 //
-// Desync: every rank must post the same collectives in the same order. A rank that runs a layer
-// once more than the others (a branch on its own data) would pair its all-gather with another
-// rank's all-gather of another layer: a hang, or silently wrong weights. So every collective
-// first swaps a 16-byte header (sequence number, layer, kind, size) with its ring neighbours
-// (the same on every rank until the first divergence, so the swap itself cannot mismatch). At
-// the first divergence some rank sees a header unlike its own and stops every rank, naming
-// both sides; the rank that runs ahead meets the others' next collective, so it is caught too.
+// Desync: every rank must post the same collectives in the same order; each collective first
+// swaps a 16-byte header with its ring neighbours (desync.hpp), so a rank that runs a layer
+// once more than the others stops every rank with a message, instead of a hang.
 // Leaves out: parameters outside Linear layers, mixed precision, CPU offload, keeping the last
 // layer gathered from forward to backward (FSDP's root unit), prefetching more than one layer.
 #pragma once
 
 #include <algorithm>
-#include <array>
-#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -55,6 +49,7 @@
 #include <vector>
 
 #include "chapters/06_zero1/shard.hpp"
+#include "chapters/08_zero3/desync.hpp"
 #include "chapters/08_zero3/layer_shard.hpp"
 #include "common/comm_thread.hpp"
 #include "common/safetensors.hpp"
@@ -335,7 +330,8 @@ class ZeRO {
     if (tracer) tracer->instant(std::string("post ") + label, "zero3", Tracer::kMainTrack, {{"seq", seq}});
     return comm_thread_.submit([this, l, kind, seq, full, tracer, what = std::string(label)] {
       const double start = tracer ? tracer->now_us() : 0;
-      check_in_step(seq, l, kind);
+      const CollectiveHeader header = {seq, static_cast<uint32_t>(l), kind, static_cast<uint32_t>(layout_.layers[l].padded_size)};
+      check_in_step(comm_, header, [this](const CollectiveHeader& h) { return describe(h); });  // desync.hpp
       const LayerShard& s = layout_.layers[l];
       std::span<float> layer(full, static_cast<size_t>(s.padded_size));
       std::span<float> mine = layer.subspan(comm_.rank() * s.shard_size, s.shard_size), chunk = scratch_.span().first(s.shard_size);
@@ -359,30 +355,15 @@ class ZeRO {
     });
   }
 
-  // Comm thread: swaps (seq, layer, kind, size) with the ring neighbours before the data.
-  void check_in_step(uint32_t seq, int l, Kind kind) {
-    const int N = comm_.world_size(), r = comm_.rank();
-    if (N == 1) return;
-    comm_.count_call("desync_check");
-    Communicator::Scope scope(comm_, "desync_check");
-    const std::array<uint32_t, 4> mine = {seq, static_cast<uint32_t>(l), kind,
-                                          static_cast<uint32_t>(layout_.layers[l].padded_size)};
-    std::array<float, 4> received{};
-    comm_.sendrecv(std::bit_cast<std::array<float, 4>>(mine), ring_mod(r + 1, N), received, ring_mod(r - 1, N));
-    const auto left = std::bit_cast<std::array<uint32_t, 4>>(received);
-    CHECK(left == mine, "ranks out of step: " << describe(mine) << " on this rank, but " << describe(left) << " on rank "
-                            << ring_mod(r - 1, N) << ". Every rank must run the same layers in the same order: a "
-                            << "layer run on some ranks only (a branch on one rank's data, a layer called twice) "
-                            << "pairs different collectives across ranks, a hang or silently wrong weights");
-  }
-  std::string describe(const std::array<uint32_t, 4>& h) const {
+  // A desync header in words: "ZeRO-3 collective #9 is the all-gather of layer 2 for its forward (...)".
+  std::string describe(const CollectiveHeader& h) const {
     static const char* what[] = {"the all-gather of layer %s for its forward", "the all-gather of layer %s for its backward",
                                  "the reduce-scatter of layer %s's gradient", "the all-gather of layer %s for a checkpoint"};
-    const std::string layer = h[1] < layout_.layers.size() ? name(static_cast<int>(h[1])) : "#" + std::to_string(h[1]);
+    const std::string layer = h.layer < layout_.layers.size() ? name(static_cast<int>(h.layer)) : "#" + std::to_string(h.layer);
     char out[192];
-    const int n = std::snprintf(out, sizeof out, "ZeRO-3 collective #%u is ", h[0]);
-    std::snprintf(out + n, sizeof out - n, h[2] < 4 ? what[h[2]] : "an unknown collective on layer %s", layer.c_str());
-    return std::string(out) + " (" + std::to_string(h[3]) + " elements)";
+    const int n = std::snprintf(out, sizeof out, "ZeRO-3 collective #%u is ", h.seq);
+    std::snprintf(out + n, sizeof out - n, h.kind < 4 ? what[h.kind] : "an unknown collective on layer %s", layer.c_str());
+    return std::string(out) + " (" + std::to_string(h.size) + " elements)";
   }
 
   void wait(uint64_t ticket, const std::string& label) {
