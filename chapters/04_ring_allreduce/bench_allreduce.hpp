@@ -28,6 +28,7 @@ namespace ringzero {
 
 inline void bench_allreduce(Communicator& comm) {
   const int N = comm.world_size();
+  CHECK(N >= 2, "--bench-allreduce on " << N << " rank: nothing to all-reduce; run it with mpirun -np 2 (or more)");
   constexpr int64_t kMaxBytes = int64_t{64} << 20;
   Buffer buf(kMaxBytes / 4, MemTag::comm_buffers);                             // (S / 4) the data, zeros
   Buffer scratch(ring_chunk(kMaxBytes / 4, N, 0).size, MemTag::comm_buffers);  // (S / 4N) one chunk
