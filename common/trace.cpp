@@ -40,7 +40,9 @@ void Tracer::instant(std::string name, std::string cat, int track, nlohmann::jso
 Tracer::Span::Span(Tracer& tracer, std::string name, std::string cat, int track)
     : tracer_(tracer), name_(std::move(name)), cat_(std::move(cat)), track_(track), start_(tracer.now_us()) {}
 
-Tracer::Span::~Span() { tracer_.complete(std::move(name_), std::move(cat_), track_, start_, tracer_.now_us() - start_); }
+Tracer::Span::~Span() {
+  tracer_.complete(std::move(name_), std::move(cat_), track_, start_, tracer_.now_us() - start_);
+}
 
 std::vector<TraceEvent> Tracer::events() const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -54,7 +56,8 @@ void Tracer::clear() {
 
 nlohmann::json Tracer::chrome_events(int pid) const {
   nlohmann::json out = nlohmann::json::array();
-  out.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", "rank " + std::to_string(pid)}}}});
+  out.push_back(
+      {{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", "rank " + std::to_string(pid)}}}});
   out.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
   out.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", kMainTrack},
                  {"args", {{"name", "main thread (compute)"}}}});

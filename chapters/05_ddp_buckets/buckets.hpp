@@ -87,6 +87,13 @@ inline std::vector<Bucket> plan_buckets(std::span<const int64_t> param_sizes, in
   return plan;
 }
 
+/// Elements per bucket, in plan order.
+inline std::vector<int64_t> bucket_sizes(const std::vector<Bucket>& plan) {
+  std::vector<int64_t> sizes;
+  for (const Bucket& b : plan) sizes.push_back(b.size);
+  return sizes;
+}
+
 /// The --explain-buckets table: one line per bucket, in all-reduce order.
 inline std::string explain_buckets(const std::vector<Bucket>& plan, const Model& model, double bucket_cap_mb,
                                    double first_bucket_cap_mb) {

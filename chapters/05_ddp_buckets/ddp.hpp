@@ -79,6 +79,10 @@ class DDP {
   DDP& operator=(const DDP&) = delete;
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
+  /// The --explain-buckets table of this plan.
+  std::string explain() const {
+    return explain_buckets(buckets_, model_, options_.bucket_cap_mb, options_.first_bucket_cap_mb);
+  }
 
   /// While a NoSync lives, backward accumulates gradients locally and communicates nothing
   /// (PyTorch's `with ddp.no_sync():`).

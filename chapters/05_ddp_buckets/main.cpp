@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
     Tracer tracer;
     ddp_options.tracer = &tracer;
     DDP ddp(comm, *model, ddp_options);  // plans the buckets, checks every rank has the same plan
-    if (explain) print0(explain_buckets(ddp.buckets(), *model, ddp_options.bucket_cap_mb, ddp_options.first_bucket_cap_mb));
+    if (explain) print0(ddp.explain());
     if (!trace_path.empty()) trace_layers(tracer, *model), sync_epoch(comm, tracer);
     Sampler sampler(data.train.size, config.global_batch_size, config.seed, !config.no_shuffle);
     StepLogger logger(config.metrics, comm.rank(), config.log_every);
@@ -124,23 +124,12 @@ int main(int argc, char** argv) {
     const int64_t psi = model->num_parameters();
     if (!trace_path.empty()) write_chrome_trace(comm, tracer, trace_path);
     const std::string collectives = ddp_options.collectives;
-    TrafficTheory theory;  // per bucket b: reduce-scatter + all-gather of Ψ_b floats
-    for (int r = 0; r < N; ++r) {
-      int64_t sent = 0, received = 0;
-      for (const Bucket& bucket : ddp.buckets()) {
-        const int64_t n = bucket.size;
-        sent += collectives == "ring" ? ring_reduce_scatter_sent(n, N, r) + ring_all_gather_sent(n, N, r) : n;
-        received += collectives == "ring" ? ring_reduce_scatter_received(n, N, r) + ring_all_gather_received(n, N, r) : n;
-      }
-      theory.bytes_sent.push_back(4 * sent);
-      theory.bytes_received.push_back(4 * received);
-    }
-    theory.formula = collectives == "ring"
-        ? "theory (ring all-reduce per bucket): every rank sends and receives 2(N-1)/N·Ψ·4 = " +
-              human_bytes(2.0 * (N - 1) / N * psi * 4) + " per step, as in chapter 04 (exactly: all chunks but its "
-              "own, twice, per bucket); N = " + std::to_string(N) + ", Ψ = " + std::to_string(psi)
-        : "MPI_Allreduce: counters show the Ψ·4 = " + human_bytes(4.0 * psi) + " handed to MPI per step, not its "
-              "wire traffic (which MPI does not report)";
+    TrafficTheory theory = ring_all_reduce_traffic(bucket_sizes(ddp.buckets()), N);  // chapter 04's bytes
+    theory.formula += "; counted per bucket here: " + std::to_string(ddp.buckets().size()) +
+                      " all-reduces instead of " + std::to_string(model->parameters().size()) + ", the same bytes";
+    if (collectives == "mpi")  // MPI does not report its wire traffic, only what we hand it
+      theory = {std::vector<int64_t>(N, 4 * psi), std::vector<int64_t>(N, 4 * psi),
+                "MPI_Allreduce: the counters show the Ψ·4 = " + human_bytes(4.0 * psi) + " handed to MPI per step"};
     const std::string ledger_formula = "formula (fp32 + AdamW, every rank): 4Ψ + 4Ψ + 8Ψ = 16Ψ = " +
                                        human_bytes(16.0 * psi) + "; comm_buffers: one chunk of the largest bucket";
     nlohmann::json summary = end_of_run_report(comm, step, startup, ledger_formula, theory);

@@ -81,7 +81,8 @@ TEST_CASE("bucket plans: invariants over random parameter sizes", "[buckets]") {
   for (int trial = 0; trial < 200; ++trial) {
     std::vector<int64_t> sizes(1 + gen() % 40);
     for (auto& s : sizes) s = 1 + static_cast<int64_t>(gen() % (1 << (gen() % 20)));
-    const int64_t cap = 4 + static_cast<int64_t>(gen() % (1 << 18)), first = 4 + static_cast<int64_t>(gen() % (1 << 18));
+    const int64_t cap = 4 + static_cast<int64_t>(gen() % (1 << 18));
+    const int64_t first = 4 + static_cast<int64_t>(gen() % (1 << 18));
     const auto plan = plan_buckets(sizes, cap, first);
     int64_t end = 0;
     for (int64_t s : sizes) end += s;

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Draws a RingZero --trace file (Chrome trace events) as a PNG timeline.
+
+    python3 scripts/render_trace.py ddp.json ddp.png [--steps 3:4] [--title "..."]
+
+One row per rank and thread (rank r main thread, rank r comm thread), time on the x axis in
+milliseconds. Bars: forward (blue), backward (orange), each bucket's all-reduce on the comm
+thread (green, labelled with its bucket), the wait for the buckets (grey), the optimizer step
+(purple); a black tick on the main thread marks the moment a bucket's all-reduce is launched.
+--steps a:b shows optimizer steps a..b (1-based, as traced) of rank 0, with a small margin.
+Needs matplotlib (a tool for the docs, not a dependency of the project: pip install matplotlib).
+"""
+import argparse
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "comm": "#55A868", "ddp": "#B0B0B0",
+          "optimizer": "#8172B3", "zero": "#55A868"}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("trace")
+    p.add_argument("png")
+    p.add_argument("--steps", default=None, help="a:b, the optimizer steps to show (default: all)")
+    p.add_argument("--title", default=None)
+    args = p.parse_args()
+
+    events = json.load(open(args.trace))["traceEvents"]
+    spans = [e for e in events if e.get("ph") == "X"]
+    instants = [e for e in events if e.get("ph") == "i"]
+    ranks = sorted({e["pid"] for e in spans})
+
+    t0, t1 = min(e["ts"] for e in spans), max(e["ts"] + e["dur"] for e in spans)
+    if args.steps:
+        a, b = (int(x) for x in args.steps.split(":"))
+        steps = {e["name"]: e for e in spans if e["pid"] == ranks[0] and e["cat"] == "step"}
+        t0, t1 = steps[f"step {a}"]["ts"], steps[f"step {b}"]["ts"] + steps[f"step {b}"]["dur"]
+        margin = 0.02 * (t1 - t0)
+        t0, t1 = t0 - margin, t1 + margin
+
+    rows = [(r, tid) for r in ranks for tid in (0, 1)]
+    y = {row: len(rows) - 1 - i for i, row in enumerate(rows)}
+    fig, ax = plt.subplots(figsize=(13, 0.55 * len(rows) + 1.4), dpi=110)
+    for e in spans:
+        if e["cat"] == "step" or (e["pid"], e["tid"]) not in y:
+            continue
+        if e["ts"] + e["dur"] < t0 or e["ts"] > t1:
+            continue
+        row = y[(e["pid"], e["tid"])]
+        x, w = (e["ts"] - t0) / 1e3, e["dur"] / 1e3
+        ax.broken_barh([(x, w)], (row - 0.38, 0.76), facecolors=COLORS.get(e["cat"], "#999999"),
+                       edgecolor="white", linewidth=0.4)
+        label = e["name"].replace("all_reduce bucket ", "b").replace(" (Linear)", "").replace("forward ", "F")
+        label = label.replace("backward ", "B").replace("optimizer step", "opt")
+        if "ReLU" in label or "finalize" in label:
+            continue
+        if w > (t1 - t0) / 1e3 / 60:
+            ax.text(x + w / 2, row, label, ha="center", va="center", fontsize=7, color="white", clip_on=True)
+    for e in instants:
+        if (e["pid"], e["tid"]) in y and t0 <= e["ts"] <= t1:
+            x = (e["ts"] - t0) / 1e3
+            ax.plot([x, x], [y[(e["pid"], e["tid"])] + 0.38, y[(e["pid"], e["tid"])] + 0.62], color="black", lw=1)
+
+    ax.set_yticks([y[row] for row in rows])
+    ax.set_yticklabels([f"rank {r} {'main' if tid == 0 else 'comm'}" for r, tid in rows])
+    ax.set_xlim(0, (t1 - t0) / 1e3)
+    ax.set_xlabel("time (ms)")
+    ax.grid(axis="x", alpha=0.3)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in ("forward", "backward", "comm", "ddp", "optimizer")]
+    ax.legend(handles, ["forward", "backward", "all-reduce (comm thread)", "wait for buckets", "optimizer step"],
+              loc="upper center", bbox_to_anchor=(0.5, -0.18 if len(rows) <= 4 else -0.1), ncol=5, fontsize=8,
+              frameon=False)
+    if args.title:
+        ax.set_title(args.title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(args.png)
+    print(f"wrote {args.png}")
+
+
+if __name__ == "__main__":
+    main()
