@@ -84,12 +84,13 @@ inline double zero_bytes_sent_per_rank(int zero_stage, double psi, int world_siz
 }
 
 /// Decimal gigabytes with at most one decimal, as the seeds and the paper print them:
-/// 112e9 -> "112", 38.5e9 -> "38.5", 1.875e9 -> "1.9".
+/// 112e9 -> "112", 38.5e9 -> "38.5", 1.875e9 -> "1.9"; below 1 GB two: 0.234e9 -> "0.23".
 inline std::string gigabytes(double bytes) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f", bytes / 1e9);
+  std::snprintf(buf, sizeof buf, bytes < 1e9 ? "%.2f" : "%.1f", bytes / 1e9);
   std::string s = buf;
-  if (s.size() > 2 && s.compare(s.size() - 2, 2, ".0") == 0) s.resize(s.size() - 2);
+  while (s.back() == '0') s.pop_back();  // "112.0" -> "112", "0.20" -> "0.2"
+  if (s.back() == '.') s.pop_back();
   return s;
 }
 

@@ -18,6 +18,7 @@
 # From the summary record, on every rank: bytes sent per step = theory exactly (2(N−1)·s per
 # padded bucket: 2(N−1)/N·4(Ψ + padding)), the same per step for K = 3 as for K = 1; and
 # model-state bytes (current and peak) = the exact formula 8(Ψ + padding) + 8·(real shard).
+# Last, the memory calculator against the seeds' table and the ZeRO paper's Figure 1.
 source "$(dirname "$0")/lib.bash"
 
 # check_zero NAME: traffic and model states of every rank against the summary's theory.
@@ -77,3 +78,14 @@ done
 run mpi05 3 ch05_ddp_buckets "${common[@]}" --collectives mpi
 run mpi06 3 ch06_zero1 "${common[@]}" --collectives mpi
 same mpi05 mpi06 --atol 1e-5 --loss-atol 1e-5
+
+# The memory calculator reproduces the seeds' table and the ZeRO paper's Figure 1 (no mpirun).
+"$BIN/ch06_zero1" --memory-calculator --params 7e9 --world-size 8 >"$WORK/calc.log"
+"$BIN/ch07_zero2" --memory-calculator --params 7.5e9 --world-size 64 --mixed-precision >"$WORK/paper.log"
+for row in "DDP .*\| +112 GB" "ZeRO-1 .*\| +63 GB" "ZeRO-2 .*\| +38.5 GB" "ZeRO-3 .*\| +14 GB"; do
+  grep -Eq "$row\$" "$WORK/calc.log" || { echo "FAILED: calculator row /$row/"; cat "$WORK/calc.log"; exit 1; }
+done
+for row in "DDP .*\| +120 GB" "ZeRO-1 .*\| +31.4 GB" "ZeRO-2 .*\| +16.6 GB" "ZeRO-3 .*\| +1.9 GB"; do
+  grep -Eq "$row\$" "$WORK/paper.log" || { echo "FAILED: calculator row /$row/"; cat "$WORK/paper.log"; exit 1; }
+done
+echo "ok: --memory-calculator: 112 / 63 / 38.5 / 14 GB (seeds) and 120 / 31.4 / 16.6 / 1.9 GB (paper)"

@@ -35,6 +35,8 @@ TEST_CASE("mixed precision + Adam (K = 12), 7.5B parameters, 64 ranks: the paper
   CHECK(gigabytes(31.40625e9) == "31.4");
   CHECK(gigabytes(16.640625e9) == "16.6");
   CHECK(gigabytes(1.875e9) == "1.9");
+  CHECK(gigabytes(0.234375e9) == "0.23");  // 2Ψ/64 of gradients in ZeRO-2
+  CHECK(gigabytes(0) == "0");
 }
 
 TEST_CASE("formula text and the calculator's table") {
