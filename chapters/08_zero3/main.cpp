@@ -148,6 +148,7 @@ int main(int argc, char** argv) {
                       {"ms_per_step", times.median_ms()}, {"num_parameters", psi}, {"collectives", zero_options.collectives},
                       {"layers", zero.layout().layers.size()}, {"prefetch", !no_prefetch},
                       {"model_states_exact_bytes", zero.model_states_bytes()},
+                      {"padding", N * zero.layout().shard_total - psi},
                       {"layers_in_flight_bytes", zero.layers_in_flight_bytes()},
                       {"theory_bytes_sent_per_rank_per_step", theory.bytes_sent}});
       logger.summary(summary);
