@@ -138,7 +138,12 @@ std::string format_traffic(const std::vector<nlohmann::json>& comm, int64_t step
                   bytes_cell(t.at("bytes_received").get<double>() / s).c_str(), th.c_str());
     out += line;
   }
-  return out + "  " + theory.formula;
+  // The start-up traffic (the initial broadcast of broadcast_and_verify_parameters), once.
+  double startup_sent = 0;
+  for (const auto& [op, c] : comm[0].at("startup").items())
+    if (op != "metrics") startup_sent += c.at("bytes_sent").get<double>();
+  return out + "  " + theory.formula + "\n  start-up, once (not above): rank 0 sent " + bytes_cell(startup_sent) +
+         " (its initial parameters, to check every rank starts from them)";
 }
 
 }  // namespace
