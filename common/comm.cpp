@@ -2,11 +2,16 @@
 
 #include <mpi.h>
 
+#include <chrono>
+#include <thread>
+
 #include "check.hpp"
 
 namespace ringzero {
 
 namespace {
+thread_local int wait_sleep_us = 0;  // see Communicator::set_wait_sleep_us_this_thread
+
 void check_mpi(int rc, const char* call) {
   if (rc == MPI_SUCCESS) return;
   char msg[MPI_MAX_ERROR_STRING];
@@ -112,6 +117,11 @@ void Communicator::recv(std::span<float> buf, int src) {
   }
 }
 
+void Communicator::set_wait_sleep_us_this_thread(int us) {
+  CHECK(us >= 0, "wait sleep " << us << " us must be >= 0");
+  wait_sleep_us = us;
+}
+
 void Communicator::sendrecv(std::span<const float> send_buf, int dest, std::span<float> recv_buf, int src) {
   Counters& c = counter("sendrecv");
   if (scope_.empty()) c.calls += 1;
@@ -135,7 +145,17 @@ void Communicator::sendrecv(std::span<const float> send_buf, int dest, std::span
     c.messages_sent += 1;
     c.bytes_sent += n * 4;
   }
-  MPI_CALL(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
+  if (wait_sleep_us == 0) {
+    MPI_CALL(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
+  } else {
+    // Each MPI_Testall also makes progress (copies data, answers handshakes); sleeping between
+    // tests gives the core back to the thread computing beside this one.
+    for (int done = 0;;) {
+      MPI_CALL(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
+      if (done) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(wait_sleep_us));
+    }
+  }
 }
 
 void Communicator::broadcast(std::span<float> buf, int root) {

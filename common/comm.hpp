@@ -52,6 +52,12 @@ class Communicator {
   void recv(std::span<float> buf, int src);
   /// Sends to dest and receives from src at once (no deadlock in a ring).
   void sendrecv(std::span<const float> send_buf, int dest, std::span<float> recv_buf, int src);
+  /// How the CALLING thread waits in sendrecv (thread_local): 0, the default, spins in
+  /// MPI_Waitall, the fastest when the thread has a core to itself; us > 0 tests for completion
+  /// and sleeps `us` microseconds between tests, so that a communication thread sharing a core
+  /// with computation does not take the core away while it waits for a slower peer (a spinning
+  /// MPI wait does; CommThread sets this for its own thread).
+  static void set_wait_sleep_us_this_thread(int us);
 
   /// MPI_Bcast from root.
   void broadcast(std::span<float> buf, int root);

@@ -2,9 +2,15 @@
 
 #include <utility>
 
+#include "comm.hpp"
+
 namespace ringzero {
 
-CommThread::CommThread() : thread_([this] { run(); }) {}
+CommThread::CommThread(int wait_sleep_us)
+    : thread_([this, wait_sleep_us] {
+        Communicator::set_wait_sleep_us_this_thread(wait_sleep_us);
+        run();
+      }) {}
 
 CommThread::~CommThread() {
   bool busy = false;

@@ -18,6 +18,14 @@
 // in FIFO order, so collectives are issued in the same order on every rank as long as every
 // rank submits them in the same order. Jobs must not allocate Buffers (the memory ledger
 // belongs to the main thread): give them preallocated storage.
+//
+// Waiting politely: an MPI wait spins at full speed. A communication thread that spins while
+// its peer is still computing takes half the core from its own rank's backward whenever the
+// two threads share a core (mpirun binds a rank to one core by default, and a 2-core machine
+// has no core to spare anyway). So the thread waits in sendrecv by testing and sleeping
+// (Communicator::set_wait_sleep_us_this_thread): a few tens of microseconds of latency per
+// message, and the core stays with the computation. PyTorch's gloo backend gets the same from
+// blocking socket reads.
 // Leaves out: priorities, cancelling a submitted job, more than one communication thread.
 #pragma once
 
@@ -33,7 +41,9 @@ namespace ringzero {
 
 class CommThread {
  public:
-  CommThread();
+  /// wait_sleep_us: how this thread waits in sendrecv (see above; 0 spins).
+  explicit CommThread(int wait_sleep_us = kDefaultWaitSleepUs);
+  static constexpr int kDefaultWaitSleepUs = 20;
   /// Waits for the queued jobs and joins. If an exception is unwinding through the caller
   /// while a job is still running (that job may wait forever for a rank that has failed), the
   /// thread is detached instead: the process is about to be aborted by run_main.
