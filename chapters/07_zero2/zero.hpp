@@ -267,37 +267,10 @@ class ZeRO {
     comm_thread_.wait_all();
   }
 
-  /// Collective, for the equivalence tests (the comm counters count its traffic): AdamW's
-  /// state gathered from the shards, as "<param>.exp_avg", "<param>.exp_avg_sq" (the
-  /// parameter's shape) and "<param>.step" (shape (1)). Errors: --optimizer is not adamw.
+  /// Collective, for the equivalence tests: AdamW's state gathered from every rank's shards
+  /// (shard.hpp's gather_optimizer_state). Errors: --optimizer is not adamw.
   std::map<std::string, NamedTensor> optimizer_state_dict() {
-    const auto& params = model_.parameters();
-    std::map<std::string, NamedTensor> out;
-    std::vector<double> steps(params.size(), 0.0), owners(params.size(), 0.0);  // (P) Σ step, Σ 1
-    for (int which = 0; which < 2; ++which) {
-      Buffer full(layout_.padded_total, MemTag::comm_buffers);  // (Ψ + padding) the state, gathered
-      for (size_t b = 0; b < layout_.buckets.size(); ++b) {
-        const AdamW* adamw = optimizers_[b].adamw();
-        CHECK(adamw != nullptr, "optimizer state is saved for --optimizer adamw only");
-        std::span<const float> state = which == 0 ? adamw->exp_avg() : adamw->exp_avg_sq();
-        std::copy(state.begin(), state.end(), shard_of(full.span(), b).begin());
-        ring_all_gather(comm_, full.span().subspan(layout_.buckets[b].padded_offset, layout_.buckets[b].padded_size()));
-        for (size_t k = 0; which == 0 && k < adamw->segment_steps().size(); ++k) {
-          steps[layout_.buckets[b].segment_params[k]] += static_cast<double>(adamw->segment_steps()[k]);
-          owners[layout_.buckets[b].segment_params[k]] += 1;
-        }
-      }
-      for (size_t i = 0; i < params.size(); ++i) {
-        const float* v = full.data() + layout_.param_offset[i];
-        out[params[i]->name() + (which == 0 ? ".exp_avg" : ".exp_avg_sq")] = {params[i]->shape(),
-                                                                              {v, v + params[i]->numel()}};
-      }
-    }
-    comm_.all_reduce_metrics(steps);
-    comm_.all_reduce_metrics(owners);
-    for (size_t i = 0; i < params.size(); ++i)  // every piece of a parameter has taken the same steps
-      out[params[i]->name() + ".step"] = {{1}, {static_cast<float>(steps[i] / owners[i])}};
-    return out;
+    return gather_optimizer_state(comm_, model_, layout_, optimizers_);
   }
 
   /// Elements of the padding of the parameters and of the gradient shard that are not zero:
