@@ -10,15 +10,19 @@
 
 namespace ringzero {
 
-Tracer::Tracer(bool enabled) : enabled_(enabled), epoch_(std::chrono::steady_clock::now()) {}
+using SystemUs = std::chrono::duration<double, std::micro>;
 
-double Tracer::now_us() const {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - epoch_).count();
-}
+Tracer::Tracer(bool enabled) : enabled_(enabled), epoch_(std::chrono::system_clock::now()) {}
 
-void Tracer::reset_epoch() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  epoch_ = std::chrono::steady_clock::now();
+double Tracer::now_us() const { return SystemUs(std::chrono::system_clock::now() - epoch_).count(); }
+
+void Tracer::reset_epoch() { epoch_ = std::chrono::system_clock::now(); }
+
+double Tracer::epoch_us() const { return SystemUs(epoch_.time_since_epoch()).count(); }
+
+void Tracer::set_epoch_us(double system_clock_us) {
+  epoch_ = std::chrono::system_clock::time_point(
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(SystemUs(system_clock_us)));
 }
 
 void Tracer::complete(std::string name, std::string cat, int track, double ts_us, double dur_us,
@@ -98,8 +102,10 @@ void trace_layers(Tracer& tracer, Model& model) {
 }
 
 void sync_epoch(Communicator& comm, Tracer& tracer) {
-  comm.barrier();
   tracer.reset_epoch();
+  std::vector<double> epoch = {comm.rank() == 0 ? tracer.epoch_us() : 0.0};  // µs since 1970: exact in a double
+  comm.all_reduce_metrics(epoch);
+  tracer.set_epoch_us(epoch[0]);
 }
 
 void write_chrome_trace(Communicator& comm, const Tracer& tracer, const std::string& path) {

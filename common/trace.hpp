@@ -7,9 +7,10 @@
 // every rank's events on rank 0 into ONE file with one process per rank (pid = rank), for
 // Perfetto (ui.perfetto.dev) or chrome://tracing. scripts/render_trace.py draws it as a PNG.
 //
-// Clocks: timestamps are microseconds since the tracer's epoch. sync_epoch() puts a barrier
-// before setting it, so that the ranks' time axes agree to within the barrier's exit skew
-// (microseconds on one node), which is what makes the ranks' tracks comparable.
+// Clocks: timestamps are microseconds since the tracer's epoch, read from the system clock,
+// which every process of a node shares exactly (and nodes share to NTP's accuracy).
+// sync_epoch() gives every rank rank 0's epoch, so the ranks' tracks line up: a barrier would
+// not do, its exit skew is milliseconds on a busy machine.
 // Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU
 // ("ph":"X" complete events, "ph":"i" instants, "ph":"M" process/thread names).
 // Leaves out: flow arrows, counters, async events, sampling.
@@ -49,10 +50,13 @@ class Tracer {
   void set_enabled(bool on) { enabled_.store(on, std::memory_order_relaxed); }
   bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
 
-  /// Microseconds since the epoch (steady clock).
+  /// Microseconds since the epoch.
   double now_us() const;
-  /// Makes now the epoch. Collective use: see sync_epoch().
+  /// Makes now the epoch.
   void reset_epoch();
+  /// The epoch as microseconds of the system clock (what sync_epoch() sends), and its setter.
+  double epoch_us() const;
+  void set_epoch_us(double system_clock_us);
 
   /// A span [ts_us, ts_us + dur_us) on `track`. Thread-safe.
   void complete(std::string name, std::string cat, int track, double ts_us, double dur_us, nlohmann::json args = {});
@@ -83,7 +87,7 @@ class Tracer {
 
  private:
   std::atomic<bool> enabled_;
-  std::chrono::steady_clock::time_point epoch_;
+  std::chrono::system_clock::time_point epoch_;
   mutable std::mutex mutex_;
   std::vector<TraceEvent> events_;
 };
@@ -93,7 +97,7 @@ class Tracer {
 /// the model's lifetime and record only while the tracer is enabled.
 void trace_layers(Tracer& tracer, Model& model);
 
-/// Collective: a barrier, then every rank resets its tracer's epoch.
+/// Collective: every rank takes rank 0's epoch (now, on rank 0), sent with all_reduce_metrics.
 void sync_epoch(Communicator& comm, Tracer& tracer);
 
 /// Collective: gathers every rank's events on rank 0 (Communicator::gather_strings, counted as

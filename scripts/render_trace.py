@@ -7,7 +7,9 @@ One row per rank and thread (rank r main thread, rank r comm thread), time on th
 milliseconds. Bars: forward (blue), backward (orange), each bucket's all-reduce on the comm
 thread (green, labelled with its bucket), the wait for the buckets (grey), the optimizer step
 (purple); a black tick on the main thread marks the moment a bucket's all-reduce is launched.
---steps a:b shows optimizer steps a..b (1-based, as traced) of rank 0, with a small margin.
+--steps a:b shows optimizer steps a..b (1-based, as traced) of rank 0, with a small margin;
+--steps auto:K shows the K consecutive steps (after step 1) that took least time on rank 0: on
+a busy machine, the window least disturbed by other processes.
 Needs matplotlib (a tool for the docs, not a dependency of the project: pip install matplotlib).
 """
 import argparse
@@ -37,8 +39,16 @@ def main():
 
     t0, t1 = min(e["ts"] for e in spans), max(e["ts"] + e["dur"] for e in spans)
     if args.steps:
-        a, b = (int(x) for x in args.steps.split(":"))
         steps = {e["name"]: e for e in spans if e["pid"] == ranks[0] and e["cat"] == "step"}
+        first, second = args.steps.split(":")
+        if first == "auto":
+            k, n = int(second), len(steps)
+            cost = lambda a: sum(steps[f"step {s}"]["dur"] for s in range(a, a + k))  # noqa: E731
+            a = min(range(2, n - k + 2), key=cost)
+            b = a + k - 1
+            print(f"showing steps {a}..{b}")
+        else:
+            a, b = int(first), int(second)
         t0, t1 = steps[f"step {a}"]["ts"], steps[f"step {b}"]["ts"] + steps[f"step {b}"]["dur"]
         margin = 0.02 * (t1 - t0)
         t0, t1 = t0 - margin, t1 + margin
