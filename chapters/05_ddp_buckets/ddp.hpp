@@ -28,6 +28,7 @@
 // Leaves out: bucket rebuilding, comm hooks (compression), static graphs, broadcast buffers.
 #pragma once
 
+#include <algorithm>
 #include <span>
 #include <string>
 #include <utility>
@@ -47,7 +48,7 @@ class DDP {
     double bucket_cap_mb = 25.0;        ///< PyTorch's default
     double first_bucket_cap_mb = 1.0;   ///< PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES
     bool find_unused_parameters = false;
-    std::string collectives = "ring";   ///< ring (chapter 04's) | mpi (MPI_Allreduce)
+    std::string collectives = "ring";   ///< ring (chapter 04's) | mpi (MPI_Allreduce, which spins while it waits)
     Tracer* tracer = nullptr;           ///< optional: launch and all-reduce events
   };
 
