@@ -46,7 +46,7 @@ static double train_step(Communicator& comm, Model& model, Optimizer& optimizer,
   }
   {
     Tracer::Span wait(tracer, "finalize_backward (wait for buckets)", "ddp");
-    ddp.finalize_backward();  // every bucket all-reduced and / N: identical grads on every rank
+    ddp.finalize_backward();  // every bucket all-reduced and / N; MPI is this thread's again
   }
   const double loss_value = global_mean(comm, loss_sum / K);  // equal shares: mean of means
   check_finite_loss(loss_value, step);  // every rank sees the same value, so all stop together
