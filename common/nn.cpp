@@ -57,6 +57,7 @@ Model::Model(const std::vector<int64_t>& sizes, uint64_t seed) {
     offsets_.push_back(total);
     total += p->numel();
   }
+  num_parameters_ = total;
   params_memory = Buffer(total, MemTag::parameters);
   grads_memory = Buffer(total, MemTag::gradients);
   for (size_t i = 0; i < params_.size(); ++i) {

@@ -92,7 +92,9 @@ class Model {
   const std::vector<Parameter*>& parameters() const { return params_; }
   /// Element offset of parameters()[i] in the flat buffers.
   const std::vector<int64_t>& offsets() const { return offsets_; }
-  int64_t num_parameters() const { return params_memory.size(); }  ///< Ψ
+  /// Ψ, the number of parameter elements (fixed at construction: still Ψ after a ZeRO
+  /// chapter releases params_memory).
+  int64_t num_parameters() const { return num_parameters_; }
   /// The Linear layers, in order (what ZeRO-3 hooks, what traces name).
   std::vector<Linear*> linear_layers() const;
   /// Sets every gradient to zero (PyTorch zero_grad(set_to_none=False)).
@@ -105,6 +107,7 @@ class Model {
  private:
   std::vector<Parameter*> params_;
   std::vector<int64_t> offsets_;
+  int64_t num_parameters_ = 0;
 };
 
 }  // namespace ringzero
