@@ -41,14 +41,14 @@ void Ledger::reset_peaks() {
   model_states_peak_ = model_states_current();
 }
 
-Buffer::Buffer(int64_t size, MemTag tag) : size_(size), tag_(tag) {
+Buffer::Buffer(int64_t size, MemTag tag, bool zero) : size_(size), tag_(tag) {
   CHECK(size >= 0, "Buffer size " << size << " is negative");
   if (size == 0) return;
   size_t bytes = (static_cast<size_t>(size) * sizeof(float) + 63) / 64 * 64;
   data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
   CHECK(data_ != nullptr, "out of memory allocating " << bytes << " bytes for " << mem_tag_name(tag)
                                                       << "; reduce the model or batch size");
-  std::memset(data_, 0, bytes);
+  if (zero) std::memset(data_, 0, bytes);
   Ledger::get().add(tag_, this->bytes());
 }
 

@@ -42,12 +42,16 @@ class Ledger {
   int64_t total_ = 0, total_peak_ = 0, model_states_peak_ = 0;
 };
 
-/// An owning, zero-initialised, 64-byte-aligned float32 array, tagged in the Ledger.
+/// An owning, zero-initialised (unless uninitialized()), 64-byte-aligned float32 array, tagged
+/// in the Ledger.
 /// Move-only. size() is in elements; bytes() = 4 * size().
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(int64_t size, MemTag tag);
+  Buffer(int64_t size, MemTag tag) : Buffer(size, tag, /*zero=*/true) {}
+  /// Like Buffer(size, tag) but not zeroed, for a buffer whose every element is written before
+  /// it is read (an all-gather's output): zeroing it would cost one more pass over its memory.
+  static Buffer uninitialized(int64_t size, MemTag tag) { return Buffer(size, tag, /*zero=*/false); }
   ~Buffer();
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;
@@ -65,6 +69,7 @@ class Buffer {
   void release();
 
  private:
+  Buffer(int64_t size, MemTag tag, bool zero);
   float* data_ = nullptr;
   int64_t size_ = 0;
   MemTag tag_ = MemTag::dataset;

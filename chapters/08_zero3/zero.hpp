@@ -301,7 +301,7 @@ class ZeRO {
   }
   void post_all_gather(int l, Kind kind) {
     const LayerShard& s = layout_.layers[l];
-    gathered_[l] = Buffer(s.padded_size, MemTag::comm_buffers);  // (P_l) the full layer, padding included
+    gathered_[l] = Buffer::uninitialized(s.padded_size, MemTag::comm_buffers);  // (P_l) the layer: all written by the gather
     std::copy_n(params_.data() + s.shard_offset, s.shard_size, gathered_[l].data() + comm_.rank() * s.shard_size);
     tickets_[l] = post(l, kind, gathered_[l].data());
   }
