@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "comm": "#55A868", "ddp": "#B0B0B0",
-          "optimizer": "#8172B3", "zero": "#55A868"}
+          "optimizer": "#8172B3", "zero": "#55A868", "wait": "#B0B0B0"}
 
 
 def main():
@@ -30,6 +30,8 @@ def main():
     p.add_argument("png")
     p.add_argument("--steps", default=None, help="a:b, the optimizer steps to show (default: all)")
     p.add_argument("--title", default=None)
+    p.add_argument("--comm-label", default="all-reduce (comm thread)", help="legend of the comm thread's bars")
+    p.add_argument("--wait-label", default="wait for buckets", help="legend of the main thread's waits (grey)")
     args = p.parse_args()
 
     events = json.load(open(args.trace))["traceEvents"]
@@ -82,7 +84,7 @@ def main():
     ax.set_xlabel("time (ms)")
     ax.grid(axis="x", alpha=0.3)
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in ("forward", "backward", "comm", "ddp", "optimizer")]
-    ax.legend(handles, ["forward", "backward", "all-reduce (comm thread)", "wait for buckets", "optimizer step"],
+    ax.legend(handles, ["forward", "backward", args.comm_label, args.wait_label, "optimizer step"],
               loc="upper center", bbox_to_anchor=(0.5, -0.18 if len(rows) <= 4 else -0.1), ncol=5, fontsize=8,
               frameon=False)
     if args.title:
