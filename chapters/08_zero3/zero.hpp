@@ -15,7 +15,8 @@
 // This works because every op reads a parameter's CURRENT storage when it runs (autograd.hpp,
 // invariant 3): the backward reads the second gather's buffer, not the forward's. Each rank
 // steps its optimizer on its shard; nothing is gathered after the step, the next forward
-// gathers what it needs. Model states: (4 + 4 + 8)Ψ/N per rank, plus the layers in flight.
+// gathers what it needs. Model states: (4 + 4 + 8)Ψ/N per rank at every moment; the full
+// layers in flight are the collectives' buffers, counted as comm_buffers (layer_shard.hpp).
 // Accumulation: a layer's full gradient does not outlive its backward, so every micro-step
 // reduce-scatters and the gradient SHARD accumulates (+=); there is no no_sync, and the
 // traffic per optimizer step grows with K (FSDP's no_sync keeps full gradients instead: 4Ψ).
