@@ -1,2 +1,0 @@
-# Empty dependencies file for ch01_training_loop.
-# This may be replaced when dependencies are built.

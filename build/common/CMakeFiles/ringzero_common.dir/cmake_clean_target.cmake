@@ -1,3 +1,0 @@
-file(REMOVE_RECURSE
-  "libringzero_common.a"
-)
