@@ -62,7 +62,8 @@ std::map<std::string, NamedTensor> load_safetensors(const std::string& path) {
           path << ": tensor " << name << " holds " << offsets[1] - offsets[0] << " bytes, shape " << shape_str(t.shape)
                << " needs " << numel(t.shape) * 4);
     t.values.resize(static_cast<size_t>(numel(t.shape)));
-    std::memcpy(t.values.data(), data + offsets[0], static_cast<size_t>(offsets[1] - offsets[0]));
+    if (!t.values.empty())  // an empty vector's data() may be null, which memcpy must not see
+      std::memcpy(t.values.data(), data + offsets[0], static_cast<size_t>(offsets[1] - offsets[0]));
     out.emplace(name, std::move(t));
   }
   return out;
