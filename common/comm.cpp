@@ -242,6 +242,15 @@ void Communicator::all_reduce_metrics(std::span<double> values) {
                          MPI_COMM_WORLD));
 }
 
+void Communicator::broadcast_string(std::string& s, int root) {
+  counters_["metrics"].calls += 1;
+  int64_t len = static_cast<int64_t>(s.size());
+  MPI_CALL(MPI_Bcast(&len, 1, MPI_INT64_T, root, MPI_COMM_WORLD));
+  s.resize(static_cast<size_t>(len));
+  for (auto [off, n] : split_count(len))
+    MPI_CALL(MPI_Bcast(s.data() + off, static_cast<int>(n), MPI_CHAR, root, MPI_COMM_WORLD));
+}
+
 std::vector<std::string> Communicator::gather_strings(const std::string& s, int root) {
   counters_["metrics"].calls += 1;
   int len = static_cast<int>(s.size());

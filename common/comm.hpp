@@ -76,6 +76,8 @@ class Communicator {
   void all_reduce_metrics(std::span<double> values);
   /// Every rank's string, on root (others get {}); counted as "metrics".
   std::vector<std::string> gather_strings(const std::string& s, int root);
+  /// root's string, on every rank; counted as "metrics".
+  void broadcast_string(std::string& s, int root);
 
   /// Attributes the point-to-point traffic of its lifetime to `op`. Scopes do not nest.
   class Scope {

@@ -1,5 +1,7 @@
 #include "config.hpp"
 
+#include <cmath>
+
 #include "check.hpp"
 
 namespace ringzero {
@@ -53,9 +55,11 @@ void validate(const TrainConfig& c, int world_size) {
   CHECK(c.global_batch_size > 0, "--global-batch-size " << c.global_batch_size << " must be positive");
   CHECK(c.grad_accum_steps > 0, "--grad-accum-steps " << c.grad_accum_steps << " must be positive");
   CHECK(c.log_every > 0, "--log-every " << c.log_every << " must be positive");
-  CHECK(c.lr > 0, "--lr " << c.lr << " must be positive");
-  CHECK(c.weight_decay >= 0, "--weight-decay " << c.weight_decay << " must be >= 0");
-  CHECK(c.clip_grad_norm >= 0, "--clip-grad-norm " << c.clip_grad_norm << " must be >= 0 (0 turns clipping off)");
+  CHECK(std::isfinite(c.lr) && c.lr > 0, "--lr " << c.lr << " must be a positive finite number");
+  CHECK(std::isfinite(c.weight_decay) && c.weight_decay >= 0, "--weight-decay " << c.weight_decay << " must be finite and >= 0");
+  CHECK(std::isfinite(c.momentum) && c.momentum >= 0, "--momentum " << c.momentum << " must be finite and >= 0");
+  CHECK(std::isfinite(c.clip_grad_norm) && c.clip_grad_norm >= 0,
+        "--clip-grad-norm " << c.clip_grad_norm << " must be finite and >= 0 (0 turns clipping off)");
   for (int64_t h : c.hidden_sizes) CHECK(h > 0, "--hidden-sizes has " << h << "; every width must be positive");
   const int64_t per_step = static_cast<int64_t>(world_size) * c.grad_accum_steps;
   CHECK(c.global_batch_size % per_step == 0,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <sstream>
 
 #include "check.hpp"
 #include "metrics.hpp"
@@ -96,6 +97,43 @@ nlohmann::json counters_json(const Communicator& comm) {
              {"messages_received", c.messages_received},
              {"bytes_received", c.bytes_received}};
   return j;
+}
+
+int parse_flags_on_every_rank(Communicator& comm, CLI::App& app, int argc, char** argv) {
+  const int rc = parse_flags(app, argc, argv);
+  std::vector<double> stopping = {rc >= 0 ? 1.0 : 0.0};
+  comm.all_reduce_metrics(stopping);
+  if (stopping[0] == 0 || stopping[0] == comm.world_size()) return rc;
+  return run_main([&]() -> int {
+    CHECK(false, (rc >= 0 ? "this rank stops at its flag error or --help (above)"
+                          : "a flag error on another rank (its message is above) stops this one too")
+                     << "; every rank must run the same command line");
+    return 1;
+  });
+}
+
+void verify_same_flags(Communicator& comm, const CLI::App& app, const std::vector<std::string>& checked_elsewhere) {
+  // One "name=value" line per option, defaults included, in registration order: the same text
+  // on every rank exactly when the parsed flags are the same, whatever their spelling on argv.
+  std::string mine;
+  std::istringstream lines(app.config_to_str(/*default_also=*/true, /*write_description=*/false));
+  for (std::string line; std::getline(lines, line);) {
+    const std::string name = line.substr(0, line.find('='));
+    if (std::find(checked_elsewhere.begin(), checked_elsewhere.end(), name) == checked_elsewhere.end())
+      mine += line + "\n";
+  }
+  const std::vector<std::string> all = comm.gather_strings(mine, 0);
+  std::string verdict;  // empty: all equal
+  for (size_t r = 1; r < all.size() && verdict.empty(); ++r) {
+    if (all[r] == all[0]) continue;
+    std::istringstream a(all[0]), b(all[r]);
+    std::string la, lb;
+    while (std::getline(a, la) && std::getline(b, lb) && la == lb) {}
+    verdict = "rank " + std::to_string(r) + " has " + (lb.empty() ? "other flags" : lb) + ", rank 0 has " +
+              (la.empty() ? "other flags" : la) + "; every rank must run the same command line";
+  }
+  comm.broadcast_string(verdict, 0);  // every rank stops, with the same message
+  CHECK(verdict.empty(), verdict);
 }
 
 nlohmann::json finish_setup(Communicator& comm) {

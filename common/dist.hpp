@@ -9,6 +9,7 @@
 // lesson), and anything about devices.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -22,6 +23,22 @@
 #include "nn.hpp"
 
 namespace ringzero {
+
+/// parse_flags() for a job of several ranks: every rank learns whether every other rank parsed
+/// its command line. A flag error on one rank only (it printed CLI11's message and would exit)
+/// aborts every rank, instead of leaving the others waiting in their first collective.
+/// Returns like parse_flags: an exit code to return now (all ranks saw --help, or all failed),
+/// or -1 to carry on.
+int parse_flags_on_every_rank(Communicator& comm, CLI::App& app, int argc, char** argv);
+
+/// Start-up, before any other collective: checks that every rank parsed the same flags, and
+/// aborts every rank naming the first flag that differs, with rank 0's value and the other
+/// rank's ("rank 2 has lr=0.002, rank 0 has lr=0.001"). A job whose ranks train with different
+/// learning rates, batch sizes or step counts either hangs in a collective or, worse, trains
+/// on silently; PyTorch DDP has no such check and leaves it to the launcher. Flags named in
+/// `checked_elsewhere` (e.g. "seed", verified through the parameters themselves) are skipped,
+/// so the chapter's own check stays the one that reports them.
+void verify_same_flags(Communicator& comm, const CLI::App& app, const std::vector<std::string>& checked_elsewhere);
 
 /// The samples rank `rank` trains on at `micro_step` of global batch t: chunk
 /// rank * grad_accum_steps + micro_step of world_size * grad_accum_steps equal pieces

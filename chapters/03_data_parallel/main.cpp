@@ -56,9 +56,10 @@ int main(int argc, char** argv) {
   CLI::App app{"RingZero chapter 03: data parallel with a central reducer (rank 0), under mpirun"};
   TrainConfig config;
   add_train_flags(app, config, /*with_grad_accum=*/true);
-  if (int rc = parse_flags(app, argc, argv); rc >= 0) return rc;
+  if (int rc = parse_flags_on_every_rank(comm, app, argc, argv); rc >= 0) return rc;
 
   return run_main([&] {
+    verify_same_flags(comm, app, {"seed", "init-from"});  // those two: the parameter check
     const int N = comm.world_size();
     validate(config, N);
     TrainTestData data = load_data(config);

@@ -69,9 +69,10 @@ int main(int argc, char** argv) {
   app.add_option("--collectives", collectives, "ring (ours, ring.hpp) | mpi (MPI_Allreduce)")
       ->check(CLI::IsMember({"ring", "mpi"}));
   app.add_flag("--bench-allreduce", bench, "print a bus-bandwidth table, ours vs MPI_Allreduce, 4 KiB to 64 MiB");
-  if (int rc = parse_flags(app, argc, argv); rc >= 0) return rc;
+  if (int rc = parse_flags_on_every_rank(comm, app, argc, argv); rc >= 0) return rc;
 
   return run_main([&] {
+    verify_same_flags(comm, app, {"seed", "init-from"});  // those two: the parameter check
     const int N = comm.world_size();
     if (bench) return bench_allreduce(comm), 0;
     validate(config, N);

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <span>
@@ -50,7 +51,14 @@ struct Bucket {
 };
 
 /// MiB, as PyTorch's bucket_cap_mb (bucket_bytes_cap = int(bucket_cap_mb * 1024 * 1024)).
-inline int64_t mib_to_bytes(double mib) { return static_cast<int64_t>(mib * 1024.0 * 1024.0); }
+inline int64_t mib_to_bytes(double mib) {
+  // Checked here, in MiB, so the message shows what the user typed (a NaN or 1e30 would
+  // otherwise reach the int64 conversion, which is undefined behaviour).
+  CHECK(std::isfinite(mib) && mib * 1024.0 * 1024.0 >= 4.0 && mib <= 1024.0 * 1024.0,
+        "--bucket-cap-mb / --first-bucket-cap-mb " << mib << " must be a finite size from 4 bytes (3.8e-06) to 1 TiB "
+                                                   "(1048576); PyTorch's default is 25");
+  return static_cast<int64_t>(mib * 1024.0 * 1024.0);
+}
 
 /// The buckets for parameters of `param_sizes` elements (registration order), in the order
 /// they are all-reduced. Limits in bytes of float32: the first bucket closes at

@@ -75,9 +75,11 @@ int main(int argc, char** argv) {
   app.add_flag("--explain-buckets", explain, "print the bucket plan (buckets, parameters, elements, bytes)");
   app.add_option("--trace", trace_path, "write a Chrome trace (ui.perfetto.dev) of the first --trace-steps steps");
   app.add_option("--trace-steps", trace_steps, "optimizer steps to trace");
-  if (int rc = parse_flags(app, argc, argv); rc >= 0) return rc;
+  if (int rc = parse_flags_on_every_rank(comm, app, argc, argv); rc >= 0) return rc;
 
   return run_main([&] {
+    // The same flags on every rank; seeds and bucket caps are checked by what they change.
+    verify_same_flags(comm, app, {"seed", "init-from", "bucket-cap-mb", "first-bucket-cap-mb"});
     const int N = comm.world_size();
     validate(config, N);
     TrainTestData data = load_data(config);

@@ -81,9 +81,11 @@ int main(int argc, char** argv) {
   app.add_option("--trace-steps", trace_steps, "optimizer steps to trace");
   app.add_option("--save-optimizer-state", optimizer_state_path, "write AdamW's state, gathered, to a safetensors file");
   add_memory_calculator_flags(app, calculator);
-  if (int rc = parse_flags(app, argc, argv); rc >= 0) return rc;
+  if (int rc = parse_flags_on_every_rank(comm, app, argc, argv); rc >= 0) return rc;
 
   return run_main([&] {
+    // The same flags on every rank; seeds and bucket caps are checked by what they change.
+    verify_same_flags(comm, app, {"seed", "init-from", "bucket-cap-mb", "first-bucket-cap-mb"});
     if (calculator.enabled) return print0(memory_calculator(calculator)), 0;
     const int N = comm.world_size();
     validate(config, N);

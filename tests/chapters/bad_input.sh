@@ -69,7 +69,7 @@ fails batch_negative "--global-batch-size -64 must be positive" -- "${CH02[@]}" 
 fails epochs_zero "--epochs 0 must be positive" -- "${CH01[@]}" --epochs 0
 fails max_steps_zero "--max-steps 0 must be positive" -- "${CH01[@]}" --max-steps 0
 fails hidden_zero "--hidden-sizes has 0" -- "${CH01[@]}" --hidden-sizes 64,0
-fails lr_zero "--lr 0 must be positive" -- "${CH01[@]}" --lr 0
+fails lr_zero "--lr 0 must be a positive" -- "${CH01[@]}" --lr 0
 fails accum_zero "--grad-accum-steps 0 must be positive" -- "${CH02[@]}" --grad-accum-steps 0
 
 # A global batch K does not divide: the three numbers and the fix.

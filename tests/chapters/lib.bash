@@ -11,6 +11,8 @@ run() {
   local name=$1 np=$2 binary=$3; shift 3
   local cmd=("$BIN/$binary" --save-final "$WORK/$name.safetensors" --metrics "$WORK/$name.jsonl" --log-every 1000 "$@")
   if [ "$np" -gt 0 ]; then cmd=("$MPIRUN" -np "$np" --oversubscribe "${cmd[@]}"); fi
+  # A hang fails this run within RUN_TIMEOUT seconds, not at ctest's whole-script limit.
+  cmd=(timeout "${RUN_TIMEOUT:-300}" "${cmd[@]}")
   if ! "${cmd[@]}" >"$WORK/$name.log" 2>&1; then
     echo "FAILED: ${cmd[*]}"; cat "$WORK/$name.log"; exit 1
   fi

@@ -57,8 +57,9 @@ int main(int argc, char** argv) {
         continue;
       }
       for (size_t i = 0; i < t.values.size(); ++i) {
-        const double d = std::fabs(static_cast<double>(t.values[i]) - it->second.values[i]);
-        if (!(d <= max_diff)) { max_diff = d; worst = name; }
+        double d = std::fabs(static_cast<double>(t.values[i]) - it->second.values[i]);
+        if (std::isnan(d)) d = INFINITY;  // a NaN on either side is the largest difference there is
+        if (d > max_diff) { max_diff = d; worst = name; }
         if (std::memcmp(&t.values[i], &it->second.values[i], 4) != 0) ++bit_mismatches;
       }
     }
@@ -70,7 +71,8 @@ int main(int argc, char** argv) {
       double max_loss = 0;
       int64_t loss_bits = 0;
       for (size_t i = 0; i < std::min(la.size(), lb.size()); ++i) {
-        max_loss = std::max(max_loss, std::fabs(la[i] - lb[i]));
+        const double d = std::fabs(la[i] - lb[i]);
+        max_loss = std::max(max_loss, std::isnan(d) ? INFINITY : d);
         loss_bits += la[i] != lb[i];
       }
       std::printf("losses: %zu vs %zu steps, max |a-b| = %.3g, %lld differ\n", la.size(), lb.size(), max_loss,
