@@ -54,8 +54,8 @@ struct Bucket {
 inline int64_t mib_to_bytes(double mib) {
   // Checked here, in MiB, so the message shows what the user typed (a NaN or 1e30 would
   // otherwise reach the int64 conversion, which is undefined behaviour).
-  CHECK(std::isfinite(mib) && mib * 1024.0 * 1024.0 >= 4.0 && mib <= 1024.0 * 1024.0,
-        "--bucket-cap-mb / --first-bucket-cap-mb " << mib << " must be a finite size from 4 bytes (3.8e-06) to 1 TiB "
+  CHECK(std::isfinite(mib) && mib * 1024.0 * 1024.0 >= 1.0 && mib <= 1024.0 * 1024.0,
+        "--bucket-cap-mb / --first-bucket-cap-mb " << mib << " must be a finite size from 1 byte (9.6e-07) to 1 TiB "
                                                    "(1048576); PyTorch's default is 25");
   return static_cast<int64_t>(mib * 1024.0 * 1024.0);
 }

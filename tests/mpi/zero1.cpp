@@ -15,18 +15,11 @@
 #undef CHECK
 #include <catch2/catch.hpp>
 
+#include "mpi/zero_cases.hpp"
+
 using namespace ringzero;
 using namespace ringzero::test;
 
-namespace {
-// {sizes, bucket_cap_mb}: the MLP's shape with odd widths; a hidden layer of 1 (a bias of one
-// element, fewer than ranks); 3; tiny caps so that every parameter is its own bucket; and
-// layers large enough for Eigen's blocked GEMM (rows + cols + depth >= 20) in several buckets;
-// whole models with fewer elements than ranks (Ψ = 2 and 3: ranks that own only padding).
-const std::vector<std::pair<std::vector<int64_t>, double>> kModels = {
-    {{7, 5, 3}, 25.0}, {{7, 5, 3}, 1e-6}, {{6, 1, 3}, 1e-6},     {{6, 3, 2}, 1e-6},
-    {{9, 4, 4, 2}, 1e-4}, {{45, 31, 7}, 2e-3}, {{1, 1}, 25.0}, {{2, 1}, 1e-6}};  // last two: Ψ < N
-}  // namespace
 
 TEST_CASE("the padded layout: equal shards, every real element owned once", "[zero1]") {
   Communicator& comm = test_comm();
@@ -61,31 +54,7 @@ TEST_CASE("the padded layout: equal shards, every real element owned once", "[ze
 }
 
 TEST_CASE("ZeRO-1 equals chapter 05's DDP bit for bit: parameters, losses, AdamW state", "[zero1]") {
-  for (const auto& [sizes, cap] : kModels) {
-    for (int64_t K : {1, 3}) {
-      for (float clip : {0.0f, 0.05f}) {
-        ZeroCase c;
-        c.sizes = sizes;
-        c.bucket_cap_mb = cap;
-        c.grad_accum_steps = K;
-        c.clip_grad_norm = clip;
-        INFO("sizes[1] = " << sizes[1] << ", cap " << cap << " MiB, K = " << K << ", clip " << clip
-                           << ", N = " << test_comm().world_size() << ", rank " << test_comm().rank());
-        const RunResult ddp = run_ddp_reference(c), zero = run_zero(c);
-        REQUIRE(bit_differences(ddp.params, zero.params) == 0);
-        REQUIRE(bit_differences(ddp.losses, zero.losses) == 0);
-        REQUIRE(zero.nonzero_padding == 0);
-        REQUIRE(zero.optimizer.size() == ddp.optimizer.size());
-        for (const auto& [name, t] : ddp.optimizer) {
-          INFO(name);
-          REQUIRE(zero.optimizer.count(name) == 1);
-          REQUIRE(zero.optimizer.at(name).shape == t.shape);
-          REQUIRE(bit_differences(zero.optimizer.at(name).values, t.values) == 0);
-        }
-        REQUIRE(zero.optimizer.at("0.weight.step").values[0] == static_cast<float>(c.steps));
-      }
-    }
-  }
+  require_bitwise_equal_to_ddp();
 }
 
 TEST_CASE("the ledger: model states 4Ψ + 4Ψ + 8·shard + 8·padding per rank", "[zero1]") {

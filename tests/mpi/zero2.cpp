@@ -14,41 +14,14 @@
 #undef CHECK
 #include <catch2/catch.hpp>
 
+#include "mpi/zero_cases.hpp"
+
 using namespace ringzero;
 using namespace ringzero::test;
 
-namespace {
-// As tests/mpi/zero1.cpp: odd sizes, a hidden layer of 1, tiny caps, Eigen's blocked GEMM sizes,
-// whole models smaller than N.
-const std::vector<std::pair<std::vector<int64_t>, double>> kModels = {
-    {{7, 5, 3}, 25.0}, {{7, 5, 3}, 1e-6}, {{6, 1, 3}, 1e-6},     {{6, 3, 2}, 1e-6},
-    {{9, 4, 4, 2}, 1e-4}, {{45, 31, 7}, 2e-3}, {{1, 1}, 25.0}, {{2, 1}, 1e-6}};  // last two: Ψ < N
-}  // namespace
 
 TEST_CASE("ZeRO-2 equals chapter 05's DDP bit for bit: parameters, losses, AdamW state", "[zero2]") {
-  for (const auto& [sizes, cap] : kModels) {
-    for (int64_t K : {1, 3}) {
-      for (float clip : {0.0f, 0.05f}) {
-        ZeroCase c;
-        c.sizes = sizes;
-        c.bucket_cap_mb = cap;
-        c.grad_accum_steps = K;
-        c.clip_grad_norm = clip;
-        INFO("sizes[1] = " << sizes[1] << ", cap " << cap << " MiB, K = " << K << ", clip " << clip
-                           << ", N = " << test_comm().world_size() << ", rank " << test_comm().rank());
-        const RunResult ddp = run_ddp_reference(c), zero = run_zero(c);
-        REQUIRE(bit_differences(ddp.params, zero.params) == 0);
-        REQUIRE(bit_differences(ddp.losses, zero.losses) == 0);
-        REQUIRE(zero.nonzero_padding == 0);
-        REQUIRE(zero.optimizer.size() == ddp.optimizer.size());
-        for (const auto& [name, t] : ddp.optimizer) {
-          INFO(name);
-          REQUIRE(zero.optimizer.count(name) == 1);
-          REQUIRE(bit_differences(zero.optimizer.at(name).values, t.values) == 0);
-        }
-      }
-    }
-  }
+  require_bitwise_equal_to_ddp();
 }
 
 TEST_CASE("the ledger: gradients are the shard between steps, two buckets at most in flight", "[zero2]") {

@@ -1,0 +1,50 @@
+// The cases chapters 06 and 07 share in their MPI tests (tests/mpi/zero1.cpp, zero2.cpp):
+// the models, and the bitwise check against chapter 05's DDP. Include after Catch2 and after
+// the chapter's zero.hpp and mpi/zero_harness.hpp (run_zero uses the chapter's ZeRO class).
+#pragma once
+
+#include <utility>
+#include <vector>
+
+namespace ringzero::test {
+
+// {sizes, bucket_cap_mb}: the MLP's shape with odd widths; a hidden layer of 1 (a bias of one
+// element, fewer than ranks); 3; tiny caps so that every parameter is its own bucket; and
+// layers large enough for Eigen's blocked GEMM (rows + cols + depth >= 20) in several buckets;
+// whole models with fewer elements than ranks (Ψ = 2 and 3: ranks that own only padding).
+inline const std::vector<std::pair<std::vector<int64_t>, double>> kModels = {
+    {{7, 5, 3}, 25.0}, {{7, 5, 3}, 1e-6}, {{6, 1, 3}, 1e-6},     {{6, 3, 2}, 1e-6},
+    {{9, 4, 4, 2}, 1e-4}, {{45, 31, 7}, 2e-3}, {{1, 1}, 25.0}, {{2, 1}, 1e-6}};  // last two: Ψ < N
+
+/// Every model with K in {1, 3} and clipping off/on: parameters, losses and AdamW state
+/// (exp_avg, exp_avg_sq, per-parameter step) bit for bit equal to chapter 05's DDP with one
+/// unsharded optimizer, and the padding exactly zero.
+inline void require_bitwise_equal_to_ddp() {
+  for (const auto& [sizes, cap] : kModels) {
+    for (int64_t K : {1, 3}) {
+      for (float clip : {0.0f, 0.05f}) {
+        ZeroCase c;
+        c.sizes = sizes;
+        c.bucket_cap_mb = cap;
+        c.grad_accum_steps = K;
+        c.clip_grad_norm = clip;
+        INFO("sizes[1] = " << sizes[1] << ", cap " << cap << " MiB, K = " << K << ", clip " << clip
+                           << ", N = " << test_comm().world_size() << ", rank " << test_comm().rank());
+        const RunResult ddp = run_ddp_reference(c), zero = run_zero(c);
+        REQUIRE(bit_differences(ddp.params, zero.params) == 0);
+        REQUIRE(bit_differences(ddp.losses, zero.losses) == 0);
+        REQUIRE(zero.nonzero_padding == 0);
+        REQUIRE(zero.optimizer.size() == ddp.optimizer.size());
+        for (const auto& [name, t] : ddp.optimizer) {
+          INFO(name);
+          REQUIRE(zero.optimizer.count(name) == 1);
+          REQUIRE(zero.optimizer.at(name).shape == t.shape);
+          REQUIRE(bit_differences(zero.optimizer.at(name).values, t.values) == 0);
+        }
+        REQUIRE(zero.optimizer.at("0.weight.step").values[0] == static_cast<float>(c.steps));
+      }
+    }
+  }
+}
+
+}  // namespace ringzero::test
