@@ -33,7 +33,7 @@ for path in sys.argv[1:]:
 head = ["chapter", "world", "final loss", "test acc", "time/step", "model states/rank", "sent/rank/step"]
 widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
 fmt = " | ".join("{:<%d}" % w for w in widths)
-print(fmt.format(*head))
+print(fmt.format(*head).rstrip())
 print("-+-".join("-" * w for w in widths))
 for r in rows:
-    print(fmt.format(*r))
+    print(fmt.format(*r).rstrip())
