@@ -37,7 +37,8 @@ void add_train_flags(CLI::App& app, TrainConfig& c, bool with_grad_accum) {
   app.add_option("--weight-decay", c.weight_decay, "decoupled (AdamW) or L2 (SGD) weight decay");
   app.add_option("--momentum", c.momentum, "SGD momentum");
   app.add_option("--clip-grad-norm", c.clip_grad_norm, "clip the global gradient L2 norm to this (0: off)");
-  app.add_option("--seed", c.seed, "seed for initial weights, synthetic data and shuffling");
+  app.add_option("--seed", c.seed, "seed for initial weights, synthetic data and shuffling")
+      ->check(CLI::Range(0.0, 18446744073709551615.0, "an integer in [0, 2^64)"));
   app.add_flag("--no-shuffle", c.no_shuffle, "step t uses samples [t B, (t+1) B) in file order");
   app.add_option("--log-every", c.log_every, "print the step line every N optimizer steps");
   app.add_option("--metrics", c.metrics, "write JSON lines (step, eval, summary) to this file");

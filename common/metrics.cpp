@@ -12,7 +12,7 @@ StepLogger::StepLogger(const std::string& metrics_path, int rank, int64_t log_ev
     : rank_(rank), log_every_(log_every) {
   if (rank == 0 && !metrics_path.empty()) {
     file_.open(metrics_path);
-    CHECK(file_, "cannot write --metrics " << metrics_path << "; check the directory exists");
+    CHECK(file_, "cannot write --metrics " << metrics_path << "; give a file path in an existing, writable directory");
   }
 }
 

@@ -140,8 +140,8 @@ struct MemoryCalculatorFlags {
 inline void add_memory_calculator_flags(CLI::App& app, MemoryCalculatorFlags& f) {
   auto* group = app.add_option_group("memory calculator", "print the ZeRO memory table and exit (no training, no MPI job needed)");
   group->add_flag("--memory-calculator", f.enabled, "print model-state bytes per rank of DDP and ZeRO-1/2/3 and exit");
-  group->add_option("--params", f.params, "Ψ, number of parameters (e.g. 7e9)")->check(CLI::PositiveNumber);
-  group->add_option("--world-size", f.world_size, "N, number of ranks")->check(CLI::PositiveNumber);
+  group->add_option("--params", f.params, "Ψ, number of parameters (e.g. 7e9)")->check(CLI::Range(1.0, 1e15));
+  group->add_option("--world-size", f.world_size, "N, number of ranks")->check(CLI::Range(1, 1 << 20));
   group->add_flag("--mixed-precision", f.mixed_precision, "p = g = 2, K = 12 (the ZeRO paper's Figure 1) instead of fp32 + Adam");
 }
 

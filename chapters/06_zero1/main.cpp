@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
                "count a parameter that gets no gradient as a zero gradient instead of failing");
   app.add_flag("--explain-buckets", explain, "print the bucket plan (buckets, parameters, elements, bytes)");
   app.add_option("--trace", trace_path, "write a Chrome trace (ui.perfetto.dev) of the first --trace-steps steps");
-  app.add_option("--trace-steps", trace_steps, "optimizer steps to trace");
+  app.add_option("--trace-steps", trace_steps, "optimizer steps to trace")->check(CLI::Range(1, 1000000));
   app.add_option("--save-optimizer-state", optimizer_state_path, "write AdamW's state, gathered, to a safetensors file");
   add_memory_calculator_flags(app, calculator);
   if (int rc = parse_flags_on_every_rank(comm, app, argc, argv); rc >= 0) return rc;

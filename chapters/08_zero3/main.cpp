@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
   app.add_option("--debug-desync-rank", desync.first, "tests only: this rank runs a layer once more in step 2");
   app.add_option("--debug-desync-layer", desync.second, "tests only: the layer it runs again (0, 2, ...)");
   app.add_option("--trace", trace_path, "write a Chrome trace (ui.perfetto.dev) of the first --trace-steps steps");
-  app.add_option("--trace-steps", trace_steps, "optimizer steps to trace");
+  app.add_option("--trace-steps", trace_steps, "optimizer steps to trace")->check(CLI::Range(1, 1000000));
   app.add_option("--save-optimizer-state", optimizer_state_path, "write AdamW's state, gathered, to a safetensors file");
   add_memory_calculator_flags(app, calculator);
   if (int rc = parse_flags_on_every_rank(comm, app, argc, argv); rc >= 0) return rc;
