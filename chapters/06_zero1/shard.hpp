@@ -23,12 +23,16 @@
 // zeros to zeros, an all-gather copies the owner's zeros), so it adds nothing to norms. A
 // bucket smaller than N leaves some ranks owning only padding; they still join every
 // collective, with an empty optimizer. Padding is counted under its own ledger tag.
+// Also: a bucket's reduce-scatter and all-gather (ring or MPI), and clip_grad_norm over the
+// shards, shared by chapters 06-08.
 // Leaves out: parameter sharding (ZeRO-3 keeps only the shard of the parameters too).
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -195,6 +199,57 @@ inline TrafficTheory zero_traffic_theory(const ShardLayout& layout, int world_si
            : "MPI_Reduce_scatter_block + MPI_Allgather: counters show the payload handed to MPI, 4(Ψ + padding) = " +
                  human_bytes(static_cast<double>(theory.bytes_sent[0])) + " per step, not its wire traffic" + counts;
   return theory;
+}
+
+/// Collective: reduce-scatters padded bucket `bucket` (n + padding) over the ranks; returns
+/// this rank's shard, bucket[r s, (r+1) s), which then holds the sum over ranks (the rest of
+/// the bucket holds partial sums). collectives "ring": chapter 04's first half, in place;
+/// "mpi": MPI_Reduce_scatter_block, which wants the output apart, through `scratch` (≥ s).
+inline std::span<float> reduce_scatter_bucket(Communicator& comm, std::span<float> bucket, int64_t shard_size,
+                                              std::span<float> scratch, const std::string& collectives) {
+  std::span<float> shard = bucket.subspan(comm.rank() * shard_size, shard_size);
+  if (collectives == "ring") {
+    ring_reduce_scatter(comm, bucket, scratch);  // chapter 04's first half: our chunk is summed
+  } else {  // MPI wants the output apart from the input
+    comm.reduce_scatter(bucket, scratch.first(shard_size));
+    std::copy_n(scratch.data(), shard_size, shard.begin());
+  }
+  return shard;
+}
+
+/// Collective: all-gathers padded bucket `bucket` (n + padding) from every rank's shard (this
+/// rank's in place at [r s, (r+1) s)). collectives "ring": chapter 04's second half; "mpi":
+/// MPI_Allgather, which wants the input apart, through `scratch` (≥ s).
+inline void all_gather_bucket(Communicator& comm, std::span<float> bucket, int64_t shard_size,
+                              std::span<float> scratch, const std::string& collectives) {
+  if (collectives == "ring") {
+    ring_all_gather(comm, bucket);  // chapter 04's second half
+  } else {  // MPI wants the input apart from the output
+    std::span<float> shard = bucket.subspan(comm.rank() * shard_size, shard_size);
+    std::copy(shard.begin(), shard.end(), scratch.data());
+    comm.all_gather(scratch.first(shard_size), bucket);
+  }
+}
+
+/// Collective, after the gradients are reduced: scales `shards` (this rank's real gradient
+/// elements, every bucket or layer) so that the global L2 norm of the gradient is at most
+/// max_norm (torch.nn.utils.clip_grad_norm_, with its 1e-6); returns the norm before
+/// clipping. Every rank receives every rank's Σ g² over its shards (exact: the others add
+/// zeros) and adds them in rank order, so every rank gets the same norm. It equals the
+/// unsharded norm up to float64 rounding (another summation order, ~1e-16 relative); the float
+/// clip coefficient is then the same bit for bit unless that rounding straddles a float
+/// boundary. Padding is zero and left out, so each element counts once. Chapters 06-08.
+inline double clip_sharded_grad_norm(Communicator& comm, const std::vector<std::span<float>>& shards, float max_norm) {
+  std::vector<double> sums(static_cast<size_t>(comm.world_size()), 0.0);  // (N) each rank's Σ g²
+  for (std::span<float> shard : shards) sums[comm.rank()] += sum_of_squares(shard);
+  comm.all_reduce_metrics(sums);
+  double total = 0;
+  for (double v : sums) total += v;
+  const double norm = std::sqrt(total);
+  const float coef = clip_coefficient(norm, max_norm);
+  if (coef < 1.0f)
+    for (std::span<float> shard : shards) scale_in_place(shard, coef);
+  return norm;
 }
 
 /// Collective, for the equivalence tests (the comm counters count its traffic): the AdamW

@@ -38,14 +38,12 @@
 // overlapping the all-gather with the next forward (DeepSpeed's prefetch).
 #pragma once
 
-#include <cmath>
 #include <map>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "chapters/04_ring_allreduce/ring.hpp"
 #include "chapters/05_ddp_buckets/buckets.hpp"
 #include "chapters/06_zero1/shard.hpp"
 #include "common/comm_thread.hpp"
@@ -116,24 +114,10 @@ class ZeRO {
   const ShardLayout& layout() const { return layout_; }
   int64_t num_parameters() const { return psi_; }  ///< Ψ (the model's own buffers are gone)
 
-  /// Model-state bytes each rank should hold: 4 per element of the padded parameters and of
-  /// the padded gradients (Ψ + padding each), 8 per real element of its shard (AdamW).
-  std::vector<int64_t> model_states_bytes() const {
-    std::vector<int64_t> bytes;
-    for (int r = 0; r < comm_.world_size(); ++r) bytes.push_back(8 * layout_.padded_total + 8 * shard_real_of(layout_, r));
-    return bytes;
-  }
-
-  /// The ledger's formula line: ZeRO-1's formula, and the exact bytes of every rank.
-  std::string ledger_formula() const {
-    const ModelStateBytes f = zero_model_state_bytes(1, static_cast<double>(psi_), comm_.world_size());
-    std::string exact;
-    for (int64_t b : model_states_bytes()) exact += (exact.empty() ? "" : ", ") + std::to_string(b);
-    return "formula (ZeRO-1, fp32 + AdamW): " + zero_formula_text(1) + " = " + human_bytes(f.total()) +
-           " per rank (DDP: 16Ψ = " + human_bytes(16.0 * static_cast<double>(psi_)) + "); exactly, with padding " +
-           std::to_string(layout_.padding_total) + ": 4(Ψ + padding) + 4(Ψ + padding) + 8·(real shard) = " + exact +
-           " B on ranks 0..N-1";
-  }
+  /// Model-state bytes each rank should hold (zero_io.hpp).
+  std::vector<int64_t> model_states_bytes() const;
+  /// The ledger's formula line: ZeRO-1's formula, and the exact bytes of every rank (zero_io.hpp).
+  std::string ledger_formula() const;
 
   /// What every rank should send and receive per optimizer step (shard.hpp).
   TrafficTheory traffic_theory() const {
@@ -183,24 +167,13 @@ class ZeRO {
   }
 
   /// Collective, after finalize_backward(): scales this rank's gradient shard so that the
-  /// global L2 norm of the gradient is at most max_norm (torch.nn.utils.clip_grad_norm_, with
-  /// its 1e-6); returns the norm before clipping. Every rank receives every rank's Σ g² over
-  /// its shard (exact: the others add zeros) and adds them in rank order, so every rank gets
-  /// the same norm. It equals the unsharded norm up to float64 rounding (another summation
-  /// order, ~1e-16 relative); the float clip coefficient is then the same bit for bit unless
-  /// that rounding straddles a float boundary.
+  /// global L2 norm of the gradient is at most max_norm (torch.nn.utils.clip_grad_norm_);
+  /// returns the norm before clipping. Every rank adds every rank's Σ g² over its shard, in
+  /// rank order (shard.hpp's clip_sharded_grad_norm).
   double clip_grad_norm(float max_norm) {
-    const int N = comm_.world_size(), r = comm_.rank();
-    std::vector<double> sums(static_cast<size_t>(N), 0.0);  // (N) each rank's Σ g²
-    for (size_t b = 0; b < layout_.buckets.size(); ++b) sums[r] += sum_of_squares(shard_grads(b));
-    comm_.all_reduce_metrics(sums);
-    double total = 0;
-    for (double s : sums) total += s;
-    const double norm = std::sqrt(total);
-    const float coef = clip_coefficient(norm, max_norm);
-    if (coef < 1.0f)
-      for (size_t b = 0; b < layout_.buckets.size(); ++b) scale_in_place(shard_grads(b), coef);
-    return norm;
+    std::vector<std::span<float>> shards;  // (buckets) this rank's real gradient elements
+    for (size_t b = 0; b < layout_.buckets.size(); ++b) shards.push_back(shard_grads(b));
+    return clip_sharded_grad_norm(comm_, shards, max_norm);
   }
 
   /// Collective: every rank's optimizer updates the real elements of its shard of every
@@ -214,13 +187,7 @@ class ZeRO {
         const double start = tracer ? tracer->now_us() : 0;
         const BucketShard& s = layout_.buckets[b];
         std::span<float> bucket = params_.span().subspan(s.padded_offset, s.padded_size());
-        if (options_.collectives == "ring") {
-          ring_all_gather(comm_, bucket);  // chapter 04's second half
-        } else {  // MPI wants the input apart from the output
-          std::span<float> shard = bucket.subspan(comm_.rank() * s.shard_size, s.shard_size);
-          std::copy(shard.begin(), shard.end(), scratch_.data());
-          comm_.all_gather(scratch_.span().first(s.shard_size), bucket);
-        }
+        all_gather_bucket(comm_, bucket, s.shard_size, scratch_.span(), options_.collectives);  // shard.hpp
         if (tracer)
           tracer->complete("all_gather bucket " + std::to_string(b), "comm", Tracer::kCommTrack, start,
                            tracer->now_us() - start, {{"bytes", 4 * s.padded_size()}});
@@ -229,20 +196,10 @@ class ZeRO {
     comm_thread_.wait_all();
   }
 
-  /// Collective, for the equivalence tests: AdamW's state gathered from every rank's shards
-  /// (shard.hpp's gather_optimizer_state). Errors: --optimizer is not adamw.
-  std::map<std::string, NamedTensor> optimizer_state_dict() {
-    return gather_optimizer_state(comm_, model_, layout_, optimizers_);
-  }
-
-  /// Elements of the padding of the parameters and gradients that are not zero: must be 0.
-  int64_t nonzero_padding() const {
-    int64_t count = 0;
-    for (const BucketShard& s : layout_.buckets)
-      for (int64_t i = s.padded_offset + s.size; i < s.padded_offset + s.padded_size(); ++i)
-        count += (params_.span()[i] != 0.0f) + (grads_.span()[i] != 0.0f);
-    return count;
-  }
+  /// Collective, for the equivalence tests: AdamW's state gathered from every rank's shards (zero_io.hpp).
+  std::map<std::string, NamedTensor> optimizer_state_dict();
+  /// Elements of the padding that are not zero: must be 0 (zero_io.hpp).
+  int64_t nonzero_padding() const;
 
  private:
   // This rank's shard of bucket b in a padded buffer, and its real elements in ours.
@@ -279,13 +236,8 @@ class ZeRO {
       const double start = tracer ? tracer->now_us() : 0;
       const BucketShard& s = layout_.buckets[b];
       std::span<float> bucket = grads_.span().subspan(s.padded_offset, s.padded_size());
-      std::span<float> shard = bucket.subspan(comm_.rank() * s.shard_size, s.shard_size);
-      if (options_.collectives == "ring") {
-        ring_reduce_scatter(comm_, bucket, scratch_.span());  // chapter 04's first half: our chunk is summed
-      } else {  // MPI wants the output apart from the input
-        comm_.reduce_scatter(bucket, scratch_.span().first(s.shard_size));
-        std::copy_n(scratch_.data(), s.shard_size, shard.begin());
-      }
+      std::span<float> shard = reduce_scatter_bucket(comm_, bucket, s.shard_size, scratch_.span(),
+                                                     options_.collectives);  // shard.hpp: ours holds the sum
       for (float& g : shard) g /= static_cast<float>(comm_.world_size());  // as chapter 05: the mean
       if (tracer)
         tracer->complete("reduce_scatter bucket " + std::to_string(b), "comm", Tracer::kCommTrack, start,
@@ -314,3 +266,5 @@ class ZeRO {
 };
 
 }  // namespace ringzero
+
+#include "chapters/06_zero1/zero_io.hpp"  // the members that report, save and check

@@ -1,0 +1,47 @@
+// ZeRO-1's members that are not the lesson: what it reports (the exact model-state bytes and
+// the ledger's formula line), what it saves (--save-optimizer-state) and what the tests check
+// (the padding stays zero). Included at the end of zero.hpp, which declares them.
+// Leaves out: everything the training step does (zero.hpp).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "chapters/06_zero1/zero.hpp"
+
+namespace ringzero {
+
+/// 4 per element of the padded parameters and of the padded gradients (Ψ + padding each), 8
+/// per real element of the rank's shard (AdamW): one entry per rank.
+inline std::vector<int64_t> ZeRO::model_states_bytes() const {
+  std::vector<int64_t> bytes;
+  for (int r = 0; r < comm_.world_size(); ++r) bytes.push_back(8 * layout_.padded_total + 8 * shard_real_of(layout_, r));
+  return bytes;
+}
+
+inline std::string ZeRO::ledger_formula() const {
+  const ModelStateBytes f = zero_model_state_bytes(1, static_cast<double>(psi_), comm_.world_size());
+  std::string exact;
+  for (int64_t b : model_states_bytes()) exact += (exact.empty() ? "" : ", ") + std::to_string(b);
+  return "formula (ZeRO-1, fp32 + AdamW): " + zero_formula_text(1) + " = " + human_bytes(f.total()) +
+         " per rank (DDP: 16Ψ = " + human_bytes(16.0 * static_cast<double>(psi_)) + "); exactly, with padding " +
+         std::to_string(layout_.padding_total) + ": 4(Ψ + padding) + 4(Ψ + padding) + 8·(real shard) = " + exact +
+         " B on ranks 0..N-1";
+}
+
+/// shard.hpp's gather_optimizer_state. Errors: --optimizer is not adamw.
+inline std::map<std::string, NamedTensor> ZeRO::optimizer_state_dict() {
+  return gather_optimizer_state(comm_, model_, layout_, optimizers_);
+}
+
+/// Counts the parameters' and the gradients' padding elements that are not zero.
+inline int64_t ZeRO::nonzero_padding() const {
+  int64_t count = 0;
+  for (const BucketShard& s : layout_.buckets)
+    for (int64_t i = s.padded_offset + s.size; i < s.padded_offset + s.padded_size(); ++i)
+      count += (params_.span()[i] != 0.0f) + (grads_.span()[i] != 0.0f);
+  return count;
+}
+
+}  // namespace ringzero

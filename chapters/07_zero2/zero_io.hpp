@@ -1,0 +1,65 @@
+// ZeRO-2's members that are not the lesson: what it reports (the exact model-state bytes, the
+// buckets in flight and the ledger's formula line), what it saves (--save-optimizer-state)
+// and what the tests check (the padding stays zero). Included at the end of zero.hpp, which
+// declares them.
+// Leaves out: everything the training step does (zero.hpp).
+#pragma once
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "chapters/07_zero2/zero.hpp"
+
+namespace ringzero {
+
+/// Between steps: 4 per element of the padded parameters (Ψ + padding) and of the rank's
+/// gradient shard (Σ s), 8 per real element of its shard (AdamW); one entry per rank. During
+/// backward, the buckets in flight come on top (buckets_in_flight_bytes()).
+inline std::vector<int64_t> ZeRO::model_states_bytes() const {
+  std::vector<int64_t> bytes;
+  for (int r = 0; r < comm_.world_size(); ++r)
+    bytes.push_back(4 * layout_.padded_total + 4 * layout_.shard_total + 8 * shard_real_of(layout_, r));
+  return bytes;
+}
+
+/// With one micro-step per optimizer step: the largest two consecutive buckets (padded), or
+/// the only one.
+inline int64_t ZeRO::buckets_in_flight_bytes() const {
+  int64_t most = 4 * layout_.buckets[0].padded_size();
+  for (size_t b = 1; b < layout_.buckets.size(); ++b)
+    most = std::max(most, 4 * (layout_.buckets[b - 1].padded_size() + layout_.buckets[b].padded_size()));
+  return most;
+}
+
+inline std::string ZeRO::ledger_formula() const {
+  const ModelStateBytes f = zero_model_state_bytes(2, static_cast<double>(psi_), comm_.world_size());
+  std::string exact;
+  for (int64_t b : model_states_bytes()) exact += (exact.empty() ? "" : ", ") + std::to_string(b);
+  return "formula (ZeRO-2, fp32 + AdamW): " + zero_formula_text(2) + " = " + human_bytes(f.total()) +
+         " per rank, + at most two buckets in flight = " + human_bytes(static_cast<double>(buckets_in_flight_bytes())) +
+         " (DDP: 16Ψ = " + human_bytes(16.0 * static_cast<double>(psi_)) + "); exactly, with padding " +
+         std::to_string(layout_.padding_total) + ": 4(Ψ + padding) + 4·(shard) + 8·(real shard) = " + exact +
+         " B on ranks 0..N-1 between steps, + " + std::to_string(buckets_in_flight_bytes()) +
+         " B in flight at the peak (K = 1; with K > 1 every bucket stays through accumulation)";
+}
+
+/// shard.hpp's gather_optimizer_state. Errors: --optimizer is not adamw.
+inline std::map<std::string, NamedTensor> ZeRO::optimizer_state_dict() {
+  return gather_optimizer_state(comm_, model_, layout_, optimizers_);
+}
+
+/// Counts the padding elements of the parameters and of the gradient shard that are not zero.
+inline int64_t ZeRO::nonzero_padding() const {
+  int64_t count = 0;
+  for (const BucketShard& s : layout_.buckets) {
+    for (int64_t i = s.padded_offset + s.size; i < s.padded_offset + s.padded_size(); ++i)
+      count += params_.span()[i] != 0.0f;
+    for (int64_t i = s.shard_offset + s.real; i < s.shard_offset + s.shard_size; ++i)
+      count += grad_shard_.span()[i] != 0.0f;
+  }
+  return count;
+}
+
+}  // namespace ringzero
