@@ -69,7 +69,10 @@ std::pair<int64_t, int64_t> eval_range(int64_t test_size, int rank, int world_si
 
 EvalResult evaluate_distributed(Communicator& comm, Model& model, const Dataset& test) {
   const auto [begin, end] = eval_range(test.size, comm.rank(), comm.world_size());
-  EvalSums e = evaluate(model, test, begin, end);
+  return reduce_eval(comm, evaluate(model, test, begin, end), test);
+}
+
+EvalResult reduce_eval(Communicator& comm, const EvalSums& e, const Dataset& test) {
   // The per-batch loss sums are float * batch size, exact in double; their sum over at most a
   // few dozen batches stays exact too, so the reduction order does not change the result.
   std::vector<double> sums = {e.loss_sum, e.correct, e.count};

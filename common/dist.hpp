@@ -21,6 +21,7 @@
 #include "comm.hpp"
 #include "data.hpp"
 #include "nn.hpp"
+#include "train.hpp"
 
 namespace ringzero {
 
@@ -65,6 +66,10 @@ struct EvalResult {
   double test_loss = 0;       ///< mean over the whole test set
   double test_accuracy = -1;  ///< fraction correct; -1 for regression
 };
+/// Sums each rank's evaluation of its eval_range over ranks (all_reduce_metrics): every rank
+/// returns the whole-test-set numbers. Errors: the ranks' counts do not add up to the test set.
+EvalResult reduce_eval(Communicator& comm, const EvalSums& local, const Dataset& test);
+
 /// Evaluates this rank's eval_range and sums (loss, correct, count) over ranks with
 /// all_reduce_metrics: every rank returns the same, whole-test-set numbers.
 EvalResult evaluate_distributed(Communicator& comm, Model& model, const Dataset& test);

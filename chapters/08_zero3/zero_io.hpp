@@ -45,21 +45,15 @@ inline EvalResult ZeRO::evaluate(const Dataset& test) {
     most = std::max(most, (e - b + kEvalBatchSize - 1) / kEvalBatchSize);
   }
   const auto [begin, end] = eval_range(test.size, comm_.rank(), N);
-  std::vector<double> sums = {0, 0, 0};  // Σ loss, correct, count
+  EvalSums sums;
   for (int64_t i = 0; i < most; ++i) {
     const int64_t s = begin + i * kEvalBatchSize;
     const EvalSums e = ringzero::evaluate(model_, test, s < end ? s : 0,
                                           s < end ? std::min(end, s + kEvalBatchSize) : std::min(test.size, kEvalBatchSize));
-    if (s < end) sums[0] += e.loss_sum, sums[1] += e.correct, sums[2] += e.count;  // else padding: dropped
+    if (s < end) sums.loss_sum += e.loss_sum, sums.correct += e.correct, sums.count += e.count;  // else padding: dropped
   }
   comm_.recount_as_metrics(before);
-  comm_.all_reduce_metrics(sums);
-  CHECK(sums[2] == static_cast<double>(test.size),
-        "evaluation counted " << sums[2] << " test samples, expected " << test.size << "; eval_range is wrong");
-  EvalResult out;
-  out.test_loss = sums[0] / sums[2];
-  if (test.classification()) out.test_accuracy = sums[1] / sums[2];
-  return out;
+  return reduce_eval(comm_, sums, test);
 }
 
 /// `of(l)`: the real elements of layer l's shard, of the parameters or of an optimizer state.

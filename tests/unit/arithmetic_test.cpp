@@ -1,13 +1,15 @@
 // Pure index arithmetic of the communication layer, no MPI needed: split_count (64-bit counts
 // cut into MPI-sized pieces) and ring_chunk (chapter 04's chunking), including n = 0, n smaller
 // than the world size and n beyond 2^31. Nothing here allocates n elements.
-#include <catch2/catch.hpp>
-
 #include <climits>
 #include <cstdint>
 
 #include "chapters/04_ring_allreduce/ring.hpp"
 #include "common/comm.hpp"
+
+// Catch2 defines its own CHECK; ringzero's (check.hpp) is already expanded in the headers above.
+#undef CHECK
+#include <catch2/catch.hpp>
 
 using namespace ringzero;
 using Catch::Matchers::Contains;
