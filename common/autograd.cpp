@@ -28,8 +28,8 @@ void Tape::clear() {
 }
 
 void Tape::backward(const Var& loss, float seed) {
-  CHECK(loss && loss->value.numel() == 1, "backward() needs a scalar loss");
-  CHECK(loss->requires_grad, "backward() on a loss that does not depend on any parameter");
+  RZ_CHECK(loss && loss->value.numel() == 1, "backward() needs a scalar loss");
+  RZ_CHECK(loss->requires_grad, "backward() on a loss that does not depend on any parameter");
   loss->grad_buffer()[0] += seed;
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
     it->backward();

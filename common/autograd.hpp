@@ -28,8 +28,8 @@ namespace ringzero {
 /// A value in the graph (an activation or a loss) and its gradient.
 struct Node {
   Tensor value;
-  Tensor grad;                  // same shape as value; allocated (zeroed) on first use
-  bool requires_grad = false;   // false for inputs: their gradient is never computed
+  Tensor grad;                 // same shape as value; allocated (zeroed) on first use
+  bool requires_grad = false;  // false for inputs: their gradient is never computed
   /// The gradient buffer, allocated as zeros (tag activations) on first call.
   Tensor& grad_buffer();
 };

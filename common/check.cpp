@@ -14,15 +14,22 @@ void set_rank_context(int rank, int world_size) {
   g_rank = rank;
   g_world_size = world_size;
 }
-int context_rank() { return g_rank; }
-int context_world_size() { return g_world_size; }
+int context_rank() {
+  return g_rank;
+}
+int context_world_size() {
+  return g_world_size;
+}
 
 void fail(const char* file, int line, const std::string& msg) {
   std::string f = file;
   // Paths relative to the repository read better than the build machine's absolute ones.
   for (const char* root : {"/common/", "/chapters/", "/tests/"}) {
     auto pos = f.rfind(root);
-    if (pos != std::string::npos) { f = f.substr(pos + 1); break; }
+    if (pos != std::string::npos) {
+      f = f.substr(pos + 1);
+      break;
+    }
   }
   std::ostringstream os;
   os << "[rank " << g_rank << "/" << g_world_size << "] " << f << ":" << line << ": " << msg;

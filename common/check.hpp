@@ -1,9 +1,9 @@
 // check: always-on assertions and rank-aware error reporting.
 //
-// Provides: CHECK(cond, msg) that throws ringzero::Error with "[rank r/N] file:line: msg";
+// Provides: RZ_CHECK(cond, msg) that throws ringzero::Error with "[rank r/N] file:line: msg";
 // run_main(), which turns any escaped error into a message on stderr and MPI_Abort (so one
 // failing rank never leaves the others hanging in a collective); print0 (rank 0 only).
-// Leaves out: recoverable errors. Every CHECK is fatal by design: a distributed job with one
+// Leaves out: recoverable errors. Every RZ_CHECK is fatal by design: a distributed job with one
 // rank in an unknown state cannot continue.
 #pragma once
 
@@ -26,7 +26,7 @@ void set_rank_context(int rank, int world_size);
 int context_rank();
 int context_world_size();
 
-/// Throws Error("[rank r/N] file:line: msg"). Used by CHECK; callable directly.
+/// Throws Error("[rank r/N] file:line: msg"). Used by RZ_CHECK; callable directly.
 [[noreturn]] void fail(const char* file, int line, const std::string& msg);
 
 /// Runs body(); on ringzero::Error or any std::exception prints the message to stderr and
@@ -39,12 +39,12 @@ void print0(const std::string& line);
 
 }  // namespace ringzero
 
-/// Always-on check. `msg` is anything streamable: CHECK(n > 0, "n = " << n << "; use n > 0").
-#define CHECK(cond, msg)                                       \
-  do {                                                         \
-    if (!(cond)) {                                             \
-      std::ostringstream ringzero_check_os_;                   \
-      ringzero_check_os_ << msg;                               \
+/// Always-on check. `msg` is anything streamable: RZ_RZ_CHECK(n > 0, "n = " << n << "; use n > 0").
+#define RZ_CHECK(cond, msg)                                           \
+  do {                                                                \
+    if (!(cond)) {                                                    \
+      std::ostringstream ringzero_check_os_;                          \
+      ringzero_check_os_ << msg;                                      \
       ::ringzero::fail(__FILE__, __LINE__, ringzero_check_os_.str()); \
-    }                                                          \
+    }                                                                 \
   } while (0)

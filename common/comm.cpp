@@ -17,16 +17,17 @@ void check_mpi(int rc, const char* call) {
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, msg, &len);
-  CHECK(false, call << " failed: " << std::string(msg, static_cast<size_t>(len))
-                    << "; check that every rank runs the same command line");
+  RZ_CHECK(false, call << " failed: " << std::string(msg, static_cast<size_t>(len))
+                       << "; check that every rank runs the same command line");
 }
 #define MPI_CALL(...) check_mpi((__VA_ARGS__), #__VA_ARGS__)
 }  // namespace
 
 std::vector<std::pair<int64_t, int64_t>> split_count(int64_t n, int64_t max_piece) {
-  CHECK(n >= 0 && max_piece > 0, "split_count(" << n << ", " << max_piece << ")");
+  RZ_CHECK(n >= 0 && max_piece > 0, "split_count(" << n << ", " << max_piece << ")");
   std::vector<std::pair<int64_t, int64_t>> pieces;
-  for (int64_t off = 0; off < n; off += max_piece) pieces.emplace_back(off, std::min(max_piece, n - off));
+  for (int64_t off = 0; off < n; off += max_piece)
+    pieces.emplace_back(off, std::min(max_piece, n - off));
   return pieces;
 }
 
@@ -41,8 +42,9 @@ Communicator::Communicator(int& argc, char**& argv) {
   MPI_CALL(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
   MPI_Comm_rank(node, &local_rank_);
   MPI_Comm_free(&node);
-  CHECK(provided >= MPI_THREAD_SERIALIZED, "this MPI provides thread level " << provided
-                                           << ", RingZero needs MPI_THREAD_SERIALIZED or better");
+  RZ_CHECK(provided >= MPI_THREAD_SERIALIZED,
+           "this MPI provides thread level " << provided
+                                             << ", RingZero needs MPI_THREAD_SERIALIZED or better");
 }
 
 Communicator::~Communicator() {
@@ -51,9 +53,12 @@ Communicator::~Communicator() {
   if (!finalized) MPI_Finalize();
 }
 
-Communicator::Counters& Communicator::counter(const char* op) { return counters_[scope_.empty() ? op : scope_]; }
+Communicator::Counters& Communicator::counter(const char* op) {
+  return counters_[scope_.empty() ? op : scope_];
+}
 
-Communicator::Counters Communicator::recount_as_metrics(const std::map<std::string, Counters>& snapshot) {
+Communicator::Counters Communicator::recount_as_metrics(
+    const std::map<std::string, Counters>& snapshot) {
   Counters moved;
   for (auto op = counters_.begin(); op != counters_.end();) {
     if (op->first == "metrics") {
@@ -111,18 +116,20 @@ void Communicator::recv(std::span<float> buf, int src) {
   Counters& c = counter("recv");
   if (scope_.empty()) c.calls += 1;
   for (auto [off, n] : split_count(static_cast<int64_t>(buf.size()))) {
-    MPI_CALL(MPI_Recv(buf.data() + off, static_cast<int>(n), MPI_FLOAT, src, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+    MPI_CALL(MPI_Recv(buf.data() + off, static_cast<int>(n), MPI_FLOAT, src, 0, MPI_COMM_WORLD,
+                      MPI_STATUS_IGNORE));
     c.messages_received += 1;
     c.bytes_received += n * 4;
   }
 }
 
 void Communicator::set_wait_sleep_us_this_thread(int us) {
-  CHECK(us >= 0, "wait sleep " << us << " us must be >= 0");
+  RZ_CHECK(us >= 0, "wait sleep " << us << " us must be >= 0");
   wait_sleep_us = us;
 }
 
-void Communicator::sendrecv(std::span<const float> send_buf, int dest, std::span<float> recv_buf, int src) {
+void Communicator::sendrecv(std::span<const float> send_buf, int dest, std::span<float> recv_buf,
+                            int src) {
   Counters& c = counter("sendrecv");
   if (scope_.empty()) c.calls += 1;
   // Each direction is cut into pieces on its own: the sender's send length is the receiver's
@@ -133,15 +140,15 @@ void Communicator::sendrecv(std::span<const float> send_buf, int dest, std::span
   std::vector<MPI_Request> requests;
   for (auto [off, n] : split_count(static_cast<int64_t>(recv_buf.size()))) {
     requests.emplace_back();
-    MPI_CALL(MPI_Irecv(recv_buf.data() + off, static_cast<int>(n), MPI_FLOAT, src, 0, MPI_COMM_WORLD,
-                       &requests.back()));
+    MPI_CALL(MPI_Irecv(recv_buf.data() + off, static_cast<int>(n), MPI_FLOAT, src, 0,
+                       MPI_COMM_WORLD, &requests.back()));
     c.messages_received += 1;
     c.bytes_received += n * 4;
   }
   for (auto [off, n] : split_count(static_cast<int64_t>(send_buf.size()))) {
     requests.emplace_back();
-    MPI_CALL(MPI_Isend(send_buf.data() + off, static_cast<int>(n), MPI_FLOAT, dest, 0, MPI_COMM_WORLD,
-                       &requests.back()));
+    MPI_CALL(MPI_Isend(send_buf.data() + off, static_cast<int>(n), MPI_FLOAT, dest, 0,
+                       MPI_COMM_WORLD, &requests.back()));
     c.messages_sent += 1;
     c.bytes_sent += n * 4;
   }
@@ -151,7 +158,8 @@ void Communicator::sendrecv(std::span<const float> send_buf, int dest, std::span
     // Each MPI_Testall also makes progress (copies data, answers handshakes); sleeping between
     // tests gives the core back to the thread computing beside this one.
     for (int done = 0;;) {
-      MPI_CALL(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
+      MPI_CALL(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
+                           MPI_STATUSES_IGNORE));
       if (done) break;
       std::this_thread::sleep_for(std::chrono::microseconds(wait_sleep_us));
     }
@@ -172,8 +180,8 @@ void Communicator::reduce(std::span<float> buf, int root) {
   c.calls += 1;
   for (auto [off, n] : split_count(static_cast<int64_t>(buf.size()))) {
     float* p = buf.data() + off;
-    MPI_CALL(MPI_Reduce(rank_ == root ? MPI_IN_PLACE : p, p, static_cast<int>(n), MPI_FLOAT, MPI_SUM, root,
-                        MPI_COMM_WORLD));
+    MPI_CALL(MPI_Reduce(rank_ == root ? MPI_IN_PLACE : p, p, static_cast<int>(n), MPI_FLOAT,
+                        MPI_SUM, root, MPI_COMM_WORLD));
     (rank_ == root ? c.bytes_received : c.bytes_sent) += n * 4;
   }
 }
@@ -182,7 +190,8 @@ void Communicator::all_reduce(std::span<float> buf) {
   Counters& c = counter("all_reduce");
   c.calls += 1;
   for (auto [off, n] : split_count(static_cast<int64_t>(buf.size()))) {
-    MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, buf.data() + off, static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+    MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, buf.data() + off, static_cast<int>(n), MPI_FLOAT, MPI_SUM,
+                           MPI_COMM_WORLD));
     c.bytes_sent += n * 4;
     c.bytes_received += n * 4;
   }
@@ -190,42 +199,46 @@ void Communicator::all_reduce(std::span<float> buf) {
 
 void Communicator::reduce_scatter(std::span<const float> in, std::span<float> out) {
   const auto s = static_cast<int64_t>(out.size());
-  CHECK(static_cast<int64_t>(in.size()) == s * world_size_,
-        "reduce_scatter: input " << in.size() << " != world_size " << world_size_ << " x output " << s);
+  RZ_CHECK(static_cast<int64_t>(in.size()) == s * world_size_,
+           "reduce_scatter: input " << in.size() << " != world_size " << world_size_ << " x output "
+                                    << s);
   Counters& c = counter("reduce_scatter");
   c.calls += 1;
   c.bytes_sent += (s * (world_size_ - 1)) * 4;
   c.bytes_received += s * 4;
   if (s * world_size_ <= INT_MAX) {
-    MPI_CALL(MPI_Reduce_scatter_block(in.data(), out.data(), static_cast<int>(s), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
+    MPI_CALL(MPI_Reduce_scatter_block(in.data(), out.data(), static_cast<int>(s), MPI_FLOAT,
+                                      MPI_SUM, MPI_COMM_WORLD));
     return;
   }
   // Too large for one call: block r is reduced to rank r, in pieces.
   for (int r = 0; r < world_size_; ++r) {
     for (auto [off, n] : split_count(s)) {
-      MPI_CALL(MPI_Reduce(in.data() + r * s + off, out.data() + off, static_cast<int>(n), MPI_FLOAT, MPI_SUM, r,
-                          MPI_COMM_WORLD));
+      MPI_CALL(MPI_Reduce(in.data() + r * s + off, out.data() + off, static_cast<int>(n), MPI_FLOAT,
+                          MPI_SUM, r, MPI_COMM_WORLD));
     }
   }
 }
 
 void Communicator::all_gather(std::span<const float> in, std::span<float> out) {
   const auto s = static_cast<int64_t>(in.size());
-  CHECK(static_cast<int64_t>(out.size()) == s * world_size_,
-        "all_gather: output " << out.size() << " != world_size " << world_size_ << " x input " << s);
+  RZ_CHECK(
+      static_cast<int64_t>(out.size()) == s * world_size_,
+      "all_gather: output " << out.size() << " != world_size " << world_size_ << " x input " << s);
   Counters& c = counter("all_gather");
   c.calls += 1;
   c.bytes_sent += s * 4;
   c.bytes_received += s * (world_size_ - 1) * 4;
   if (s * world_size_ <= INT_MAX) {
-    MPI_CALL(MPI_Allgather(in.data(), static_cast<int>(s), MPI_FLOAT, out.data(), static_cast<int>(s), MPI_FLOAT,
-                           MPI_COMM_WORLD));
+    MPI_CALL(MPI_Allgather(in.data(), static_cast<int>(s), MPI_FLOAT, out.data(),
+                           static_cast<int>(s), MPI_FLOAT, MPI_COMM_WORLD));
     return;
   }
   std::copy(in.begin(), in.end(), out.begin() + rank_ * s);
   for (int r = 0; r < world_size_; ++r)
     for (auto [off, n] : split_count(s))
-      MPI_CALL(MPI_Bcast(out.data() + r * s + off, static_cast<int>(n), MPI_FLOAT, r, MPI_COMM_WORLD));
+      MPI_CALL(
+          MPI_Bcast(out.data() + r * s + off, static_cast<int>(n), MPI_FLOAT, r, MPI_COMM_WORLD));
 }
 
 void Communicator::barrier() {
@@ -238,8 +251,8 @@ void Communicator::all_reduce_metrics(std::span<double> values) {
   c.calls += 1;
   c.bytes_sent += static_cast<int64_t>(values.size()) * 8;
   c.bytes_received += static_cast<int64_t>(values.size()) * 8;
-  MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, MPI_SUM,
-                         MPI_COMM_WORLD));
+  MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE,
+                         MPI_SUM, MPI_COMM_WORLD));
 }
 
 void Communicator::broadcast_string(std::string& s, int root) {
@@ -258,12 +271,17 @@ std::vector<std::string> Communicator::gather_strings(const std::string& s, int 
   MPI_CALL(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, root, MPI_COMM_WORLD));
   std::vector<int> displs(lens.size(), 0);
   int total = 0;
-  for (size_t r = 0; r < lens.size(); ++r) { displs[r] = total; total += lens[r]; }
+  for (size_t r = 0; r < lens.size(); ++r) {
+    displs[r] = total;
+    total += lens[r];
+  }
   std::string all(rank_ == root ? static_cast<size_t>(total) : 0, '\0');
-  MPI_CALL(MPI_Gatherv(s.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, root, MPI_COMM_WORLD));
+  MPI_CALL(MPI_Gatherv(s.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR,
+                       root, MPI_COMM_WORLD));
   std::vector<std::string> out;
   if (rank_ == root)
-    for (size_t r = 0; r < lens.size(); ++r) out.push_back(all.substr(static_cast<size_t>(displs[r]), static_cast<size_t>(lens[r])));
+    for (size_t r = 0; r < lens.size(); ++r)
+      out.push_back(all.substr(static_cast<size_t>(displs[r]), static_cast<size_t>(lens[r])));
   return out;
 }
 

@@ -4,7 +4,7 @@
 // reduce, all_reduce, reduce_scatter, all_gather (sums over float32), barrier; small helpers
 // for metrics (double sums, gathering strings). Element counts are 64-bit and split into
 // pieces of at most INT_MAX elements per MPI call (split_count). Every MPI error becomes a
-// CHECK failure, which run_main turns into MPI_Abort of every rank: never a hang.
+// RZ_CHECK failure, which run_main turns into MPI_Abort of every rank: never a hang.
 //
 // Counters: per operation name, this rank's calls, messages and bytes sent and received.
 // Point-to-point calls count exactly what they move. A Scope relabels the point-to-point
@@ -82,7 +82,8 @@ class Communicator {
   /// Attributes the point-to-point traffic of its lifetime to `op`. Scopes do not nest.
   class Scope {
    public:
-    Scope(Communicator& comm, std::string op) : comm_(comm), previous_(std::exchange(comm.scope_, std::move(op))) {}
+    Scope(Communicator& comm, std::string op)
+        : comm_(comm), previous_(std::exchange(comm.scope_, std::move(op))) {}
     ~Scope() { comm_.scope_ = std::move(previous_); }
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;

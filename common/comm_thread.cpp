@@ -24,8 +24,10 @@ CommThread::~CommThread() {
     stop_ = true;
   }
   work_cv_.notify_one();
-  if (busy) thread_.detach();  // only while unwinding to run_main's MPI_Abort
-  else thread_.join();
+  if (busy)
+    thread_.detach();  // only while unwinding to run_main's MPI_Abort
+  else
+    thread_.join();
 }
 
 uint64_t CommThread::submit(std::function<void()> job) {

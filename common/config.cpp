@@ -8,8 +8,10 @@ namespace ringzero {
 
 std::vector<int64_t> TrainConfig::layer_sizes() const {
   std::vector<int64_t> sizes;
-  if (model == "mlp") sizes = {784, 512, 512, 10};
-  else sizes = {1024, 1024, 1024, 256};
+  if (model == "mlp")
+    sizes = {784, 512, 512, 10};
+  else
+    sizes = {1024, 1024, 1024, 256};
   if (!hidden_sizes.empty()) {
     std::vector<int64_t> s{sizes.front()};
     s.insert(s.end(), hidden_sizes.begin(), hidden_sizes.end());
@@ -20,23 +22,30 @@ std::vector<int64_t> TrainConfig::layer_sizes() const {
 }
 
 void add_train_flags(CLI::App& app, TrainConfig& c, bool with_grad_accum) {
-  app.option_defaults()->always_capture_default();  // --help shows every default, ours and the chapter's
-  app.add_option("--data", c.data, "fashion-mnist | synthetic (the seeds' 1000 x (1024 -> 256) regression set)")
+  app.option_defaults()
+      ->always_capture_default();  // --help shows every default, ours and the chapter's
+  app.add_option("--data", c.data,
+                 "fashion-mnist | synthetic (the seeds' 1000 x (1024 -> 256) regression set)")
       ->check(CLI::IsMember({"fashion-mnist", "synthetic"}));
   app.add_option("--data-dir", c.data_dir, "directory with the four Fashion-MNIST .gz files");
-  app.add_option("--model", c.model, "mlp (784-512-512-10, cross-entropy) | toy (1024-1024-1024-256, MSE)")
+  app.add_option("--model", c.model,
+                 "mlp (784-512-512-10, cross-entropy) | toy (1024-1024-1024-256, MSE)")
       ->check(CLI::IsMember({"mlp", "toy"}));
-  app.add_option("--hidden-sizes", c.hidden_sizes, "hidden layer widths, e.g. 512,512 (default: the model's)")
+  app.add_option("--hidden-sizes", c.hidden_sizes,
+                 "hidden layer widths, e.g. 512,512 (default: the model's)")
       ->delimiter(',');
   app.add_option("--epochs", c.epochs, "passes over the training set");
   app.add_option("--max-steps", c.max_steps, "stop after this many optimizer steps (-1: no limit)");
-  app.add_option("--global-batch-size", c.global_batch_size, "samples per optimizer step, over all ranks");
-  if (with_grad_accum) app.add_option("--grad-accum-steps", c.grad_accum_steps, "micro-steps per optimizer step (K)");
+  app.add_option("--global-batch-size", c.global_batch_size,
+                 "samples per optimizer step, over all ranks");
+  if (with_grad_accum)
+    app.add_option("--grad-accum-steps", c.grad_accum_steps, "micro-steps per optimizer step (K)");
   app.add_option("--optimizer", c.optimizer, "adamw | sgd")->check(CLI::IsMember({"adamw", "sgd"}));
   app.add_option("--lr", c.lr, "learning rate");
   app.add_option("--weight-decay", c.weight_decay, "decoupled (AdamW) or L2 (SGD) weight decay");
   app.add_option("--momentum", c.momentum, "SGD momentum");
-  app.add_option("--clip-grad-norm", c.clip_grad_norm, "clip the global gradient L2 norm to this (0: off)");
+  app.add_option("--clip-grad-norm", c.clip_grad_norm,
+                 "clip the global gradient L2 norm to this (0: off)");
   app.add_option("--seed", c.seed, "seed for initial weights, synthetic data and shuffling")
       ->check(CLI::Range(0.0, 18446744073709551615.0, "an integer in [0, 2^64)"));
   app.add_flag("--no-shuffle", c.no_shuffle, "step t uses samples [t B, (t+1) B) in file order");
@@ -44,29 +53,40 @@ void add_train_flags(CLI::App& app, TrainConfig& c, bool with_grad_accum) {
   app.add_option("--metrics", c.metrics, "write JSON lines (step, eval, summary) to this file");
   app.add_option("--init-from", c.init_from, "initial parameters from a safetensors file");
   app.add_option("--save-final", c.save_final, "write final parameters to a safetensors file");
-  app.add_option("--eval-every-epoch", c.eval_every_epoch, "1: evaluate on the test set after each epoch, 0: never");
+  app.add_option("--eval-every-epoch", c.eval_every_epoch,
+                 "1: evaluate on the test set after each epoch, 0: never");
 }
 
 void validate(const TrainConfig& c, int world_size) {
-  CHECK(c.classification() == (c.dataset() == "fashion-mnist"),
-        "--model " << c.model << " does not fit --data " << c.dataset()
-                   << "; use --model mlp with --data fashion-mnist, or --model toy with --data synthetic");
-  CHECK(c.epochs > 0, "--epochs " << c.epochs << " must be positive");
-  CHECK(c.max_steps == -1 || c.max_steps > 0, "--max-steps " << c.max_steps << " must be positive (or -1: no limit)");
-  CHECK(c.global_batch_size > 0, "--global-batch-size " << c.global_batch_size << " must be positive");
-  CHECK(c.grad_accum_steps > 0, "--grad-accum-steps " << c.grad_accum_steps << " must be positive");
-  CHECK(c.log_every > 0, "--log-every " << c.log_every << " must be positive");
-  CHECK(std::isfinite(c.lr) && c.lr > 0, "--lr " << c.lr << " must be a positive finite number");
-  CHECK(std::isfinite(c.weight_decay) && c.weight_decay >= 0, "--weight-decay " << c.weight_decay << " must be finite and >= 0");
-  CHECK(std::isfinite(c.momentum) && c.momentum >= 0, "--momentum " << c.momentum << " must be finite and >= 0");
-  CHECK(std::isfinite(c.clip_grad_norm) && c.clip_grad_norm >= 0,
-        "--clip-grad-norm " << c.clip_grad_norm << " must be finite and >= 0 (0 turns clipping off)");
-  for (int64_t h : c.hidden_sizes) CHECK(h > 0, "--hidden-sizes has " << h << "; every width must be positive");
+  RZ_CHECK(
+      c.classification() == (c.dataset() == "fashion-mnist"),
+      "--model "
+          << c.model << " does not fit --data " << c.dataset()
+          << "; use --model mlp with --data fashion-mnist, or --model toy with --data synthetic");
+  RZ_CHECK(c.epochs > 0, "--epochs " << c.epochs << " must be positive");
+  RZ_CHECK(c.max_steps == -1 || c.max_steps > 0,
+           "--max-steps " << c.max_steps << " must be positive (or -1: no limit)");
+  RZ_CHECK(c.global_batch_size > 0,
+           "--global-batch-size " << c.global_batch_size << " must be positive");
+  RZ_CHECK(c.grad_accum_steps > 0,
+           "--grad-accum-steps " << c.grad_accum_steps << " must be positive");
+  RZ_CHECK(c.log_every > 0, "--log-every " << c.log_every << " must be positive");
+  RZ_CHECK(std::isfinite(c.lr) && c.lr > 0, "--lr " << c.lr << " must be a positive finite number");
+  RZ_CHECK(std::isfinite(c.weight_decay) && c.weight_decay >= 0,
+           "--weight-decay " << c.weight_decay << " must be finite and >= 0");
+  RZ_CHECK(std::isfinite(c.momentum) && c.momentum >= 0,
+           "--momentum " << c.momentum << " must be finite and >= 0");
+  RZ_CHECK(
+      std::isfinite(c.clip_grad_norm) && c.clip_grad_norm >= 0,
+      "--clip-grad-norm " << c.clip_grad_norm << " must be finite and >= 0 (0 turns clipping off)");
+  for (int64_t h : c.hidden_sizes)
+    RZ_CHECK(h > 0, "--hidden-sizes has " << h << "; every width must be positive");
   const int64_t per_step = static_cast<int64_t>(world_size) * c.grad_accum_steps;
-  CHECK(c.global_batch_size % per_step == 0,
-        "--global-batch-size " << c.global_batch_size << " is not divisible by world_size " << world_size
-                               << " x --grad-accum-steps " << c.grad_accum_steps << " = " << per_step
-                               << "; choose a global batch that is a multiple of " << per_step);
+  RZ_CHECK(c.global_batch_size % per_step == 0,
+           "--global-batch-size " << c.global_batch_size << " is not divisible by world_size "
+                                  << world_size << " x --grad-accum-steps " << c.grad_accum_steps
+                                  << " = " << per_step
+                                  << "; choose a global batch that is a multiple of " << per_step);
 }
 
 int parse_flags(CLI::App& app, int argc, char** argv) {

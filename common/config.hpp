@@ -15,33 +15,37 @@
 namespace ringzero {
 
 struct TrainConfig {
-  std::string data;                    ///< fashion-mnist | synthetic; "" = the model's own
+  std::string data;  ///< fashion-mnist | synthetic; "" = the model's own
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  std::string model = "mlp";           ///< mlp (784-512-512-10, CE) | toy (1024-1024-1024-256, MSE)
-  std::vector<int64_t> hidden_sizes;   ///< overrides the model's hidden widths
+  std::string model = "mlp";          ///< mlp (784-512-512-10, CE) | toy (1024-1024-1024-256, MSE)
+  std::vector<int64_t> hidden_sizes;  ///< overrides the model's hidden widths
   int64_t epochs = 1;
-  int64_t max_steps = -1;              ///< stop after this many optimizer steps in total; -1: no limit
-  int64_t global_batch_size = 64;      ///< B = world_size * micro_batch_size * grad_accum_steps
-  int64_t grad_accum_steps = 1;        ///< K
-  std::string optimizer = "adamw";     ///< adamw | sgd
+  int64_t max_steps = -1;           ///< stop after this many optimizer steps in total; -1: no limit
+  int64_t global_batch_size = 64;   ///< B = world_size * micro_batch_size * grad_accum_steps
+  int64_t grad_accum_steps = 1;     ///< K
+  std::string optimizer = "adamw";  ///< adamw | sgd
   float lr = 1e-3f;
   float weight_decay = 1e-2f;
-  float momentum = 0.0f;               ///< SGD only
-  float clip_grad_norm = 0.0f;         ///< 0: no clipping
+  float momentum = 0.0f;        ///< SGD only
+  float clip_grad_norm = 0.0f;  ///< 0: no clipping
   uint64_t seed = 0;
   bool no_shuffle = false;
   int64_t log_every = 100;
-  std::string metrics;                 ///< JSONL path, "" for none
-  std::string init_from, save_final;   ///< safetensors paths
-  int64_t eval_every_epoch = 1;        ///< 0: skip evaluation (tests)
+  std::string metrics;                ///< JSONL path, "" for none
+  std::string init_from, save_final;  ///< safetensors paths
+  int64_t eval_every_epoch = 1;       ///< 0: skip evaluation (tests)
 
   /// Layer sizes {in, hidden..., out} for the chosen model.
   std::vector<int64_t> layer_sizes() const;
   bool classification() const { return model == "mlp"; }
   /// --data, or the model's own dataset when --data is not given.
-  std::string dataset() const { return !data.empty() ? data : classification() ? "fashion-mnist" : "synthetic"; }
+  std::string dataset() const {
+    return !data.empty() ? data : classification() ? "fashion-mnist" : "synthetic";
+  }
   /// B / (world_size * K), after validate().
-  int64_t micro_batch_size(int world_size) const { return global_batch_size / (world_size * grad_accum_steps); }
+  int64_t micro_batch_size(int world_size) const {
+    return global_batch_size / (world_size * grad_accum_steps);
+  }
 };
 
 /// Registers the shared flags. with_grad_accum: whether this chapter has --grad-accum-steps

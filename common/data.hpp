@@ -34,16 +34,17 @@ IdxArray read_idx_gz(const std::string& path, int expected_ndim);
 struct Dataset {
   int64_t size = 0;
   int64_t in_features = 0;
-  int64_t num_classes = 0;   ///< > 0 for classification
-  int64_t out_features = 0;  ///< regression target width, or num_classes
-  Buffer inputs;             ///< (size, in_features)
-  Buffer targets;            ///< (size, out_features), regression only
+  int64_t num_classes = 0;      ///< > 0 for classification
+  int64_t out_features = 0;     ///< regression target width, or num_classes
+  Buffer inputs;                ///< (size, in_features)
+  Buffer targets;               ///< (size, out_features), regression only
   std::vector<int32_t> labels;  ///< (size), classification only
 
   bool classification() const { return num_classes > 0; }
   /// Copies samples `indices` into x (n, in_features) and, for regression, y (n, out_features)
   /// or, for classification, labels (n).
-  void gather(std::span<const int64_t> indices, Tensor x, Tensor y, std::vector<int32_t>& batch_labels) const;
+  void gather(std::span<const int64_t> indices, Tensor x, Tensor y,
+              std::vector<int32_t>& batch_labels) const;
 };
 
 /// Fashion-MNIST train ("train-*") or test ("t10k-*") split from `dir`; pixels / 255 in [0, 1],
@@ -53,7 +54,8 @@ Dataset load_fashion_mnist(const std::string& dir, bool train);
 
 /// The seeds' dummy regression set: x (n, in) and y (n, out), all standard normal, from
 /// (seed, stream). The seeds use n = 1000, in = 1024, out = 256.
-Dataset make_synthetic(int64_t n, int64_t in_features, int64_t out_features, uint64_t seed, uint64_t stream);
+Dataset make_synthetic(int64_t n, int64_t in_features, int64_t out_features, uint64_t seed,
+                       uint64_t stream);
 
 /// Which dataset indices form each optimizer step. Per epoch: a permutation of [0, n) drawn
 /// from (seed, epoch) by Fisher-Yates (identity with shuffle = false); step t uses positions

@@ -11,8 +11,9 @@
 
 namespace ringzero {
 
-std::span<const int64_t> rank_micro_batch(const Sampler& sampler, int64_t t, int rank, int world_size,
-                                          int64_t grad_accum_steps, int64_t micro_step) {
+std::span<const int64_t> rank_micro_batch(const Sampler& sampler, int64_t t, int rank,
+                                          int world_size, int64_t grad_accum_steps,
+                                          int64_t micro_step) {
   return sampler.chunk(t, rank * grad_accum_steps + micro_step, world_size * grad_accum_steps);
 }
 
@@ -21,7 +22,8 @@ void broadcast_and_verify_parameters(Communicator& comm, Model& model) {
   std::span<float> params = model.params_memory.span();
   // In pieces, so the check costs a small fixed buffer rather than a second copy of the model.
   constexpr int64_t kPiece = int64_t{1} << 16;
-  Buffer received(std::min(kPiece, model.num_parameters()), MemTag::comm_buffers);  // (piece) rank 0's values
+  Buffer received(std::min(kPiece, model.num_parameters()),
+                  MemTag::comm_buffers);  // (piece) rank 0's values
   int64_t first = -1;
   float mine_at_first = 0, rank0_at_first = 0;
   for (auto [off, n] : split_count(model.num_parameters(), kPiece)) {
@@ -43,7 +45,8 @@ void broadcast_and_verify_parameters(Communicator& comm, Model& model) {
   for (int q = 0; q < N; ++q)
     if (mismatch[q] != 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
   if (ranks.empty()) return;
-  const int reporter = static_cast<int>(std::find(mismatch.begin(), mismatch.end(), 1.0) - mismatch.begin());
+  const int reporter =
+      static_cast<int>(std::find(mismatch.begin(), mismatch.end(), 1.0) - mismatch.begin());
   if (r != reporter) {
     comm.barrier();  // never completes: the reporter aborts every rank (one message, not N)
     return;
@@ -54,10 +57,13 @@ void broadcast_and_verify_parameters(Communicator& comm, Model& model) {
     if (first >= off && first < off + n)
       where = model.parameters()[p]->name() + "[" + std::to_string(first - off) + "]";
   }
-  CHECK(false, "rank(s) " << ranks << " started with initial parameters different from rank 0's (first difference "
-                          << "on rank " << r << " at " << where << ": " << mine_at_first << " here, "
-                          << rank0_at_first << " on rank 0); every rank must build the model from the "
-                          << "same --seed and --init-from: launch all ranks with the same command line");
+  RZ_CHECK(
+      false,
+      "rank(s) " << ranks
+                 << " started with initial parameters different from rank 0's (first difference "
+                 << "on rank " << r << " at " << where << ": " << mine_at_first << " here, "
+                 << rank0_at_first << " on rank 0); every rank must build the model from the "
+                 << "same --seed and --init-from: launch all ranks with the same command line");
 }
 
 std::pair<int64_t, int64_t> eval_range(int64_t test_size, int rank, int world_size) {
@@ -77,8 +83,9 @@ EvalResult reduce_eval(Communicator& comm, const EvalSums& e, const Dataset& tes
   // few dozen batches stays exact too, so the reduction order does not change the result.
   std::vector<double> sums = {e.loss_sum, e.correct, e.count};
   comm.all_reduce_metrics(sums);
-  CHECK(sums[2] == static_cast<double>(test.size),
-        "evaluation counted " << sums[2] << " test samples, expected " << test.size << "; eval_range is wrong");
+  RZ_CHECK(sums[2] == static_cast<double>(test.size), "evaluation counted "
+                                                          << sums[2] << " test samples, expected "
+                                                          << test.size << "; eval_range is wrong");
   EvalResult out;
   out.test_loss = sums[0] / sums[2];
   if (test.classification()) out.test_accuracy = sums[1] / sums[2];
@@ -108,21 +115,24 @@ int parse_flags_on_every_rank(Communicator& comm, CLI::App& app, int argc, char*
   comm.all_reduce_metrics(stopping);
   if (stopping[0] == 0 || stopping[0] == comm.world_size()) return rc;
   return run_main([&]() -> int {
-    CHECK(false, (rc >= 0 ? "this rank stops at its flag error or --help (above)"
-                          : "a flag error on another rank (its message is above) stops this one too")
-                     << "; every rank must run the same command line");
+    RZ_CHECK(false,
+             (rc >= 0 ? "this rank stops at its flag error or --help (above)"
+                      : "a flag error on another rank (its message is above) stops this one too")
+                 << "; every rank must run the same command line");
     return 1;
   });
 }
 
-void verify_same_flags(Communicator& comm, const CLI::App& app, const std::vector<std::string>& checked_elsewhere) {
+void verify_same_flags(Communicator& comm, const CLI::App& app,
+                       const std::vector<std::string>& checked_elsewhere) {
   // One "name=value" line per option, defaults included, in registration order: the same text
   // on every rank exactly when the parsed flags are the same, whatever their spelling on argv.
   std::string mine;
   std::istringstream lines(app.config_to_str(/*default_also=*/true, /*write_description=*/false));
   for (std::string line; std::getline(lines, line);) {
     const std::string name = line.substr(0, line.find('='));
-    if (std::find(checked_elsewhere.begin(), checked_elsewhere.end(), name) == checked_elsewhere.end())
+    if (std::find(checked_elsewhere.begin(), checked_elsewhere.end(), name) ==
+        checked_elsewhere.end())
       mine += line + "\n";
   }
   const std::vector<std::string> all = comm.gather_strings(mine, 0);
@@ -131,12 +141,14 @@ void verify_same_flags(Communicator& comm, const CLI::App& app, const std::vecto
     if (all[r] == all[0]) continue;
     std::istringstream a(all[0]), b(all[r]);
     std::string la, lb;
-    while (std::getline(a, la) && std::getline(b, lb) && la == lb) {}
-    verdict = "rank " + std::to_string(r) + " has " + (lb.empty() ? "other flags" : lb) + ", rank 0 has " +
-              (la.empty() ? "other flags" : la) + "; every rank must run the same command line";
+    while (std::getline(a, la) && std::getline(b, lb) && la == lb) {
+    }
+    verdict = "rank " + std::to_string(r) + " has " + (lb.empty() ? "other flags" : lb) +
+              ", rank 0 has " + (la.empty() ? "other flags" : la) +
+              "; every rank must run the same command line";
   }
   comm.broadcast_string(verdict, 0);  // every rank stops, with the same message
-  CHECK(verdict.empty(), verdict);
+  RZ_CHECK(verdict.empty(), verdict);
 }
 
 nlohmann::json finish_setup(Communicator& comm) {
@@ -154,28 +166,32 @@ std::string bytes_cell(double bytes) {
   return buf;
 }
 
-std::string format_traffic(const std::vector<nlohmann::json>& comm, int64_t steps, const TrafficTheory& theory) {
+std::string format_traffic(const std::vector<nlohmann::json>& comm, int64_t steps,
+                           const TrafficTheory& theory) {
   std::string out = "communication per rank per optimizer step (" + std::to_string(steps) +
                     " steps; start-up broadcast and metrics not included):\n";
   char line[512];
-  std::snprintf(line, sizeof line, "  %-4s | %-20s | %9s | %-28s | %-28s | %s\n", "rank", "operation", "msgs sent",
-                "sent", "received", "theory sent / received");
+  std::snprintf(line, sizeof line, "  %-4s | %-20s | %9s | %-28s | %-28s | %s\n", "rank",
+                "operation", "msgs sent", "sent", "received", "theory sent / received");
   out += line;
   const double s = static_cast<double>(std::max<int64_t>(steps, 1));
   for (size_t r = 0; r < comm.size(); ++r) {
     for (const auto& [op, c] : comm[r].at("ops").items()) {
       if (op == "metrics") continue;
       std::snprintf(line, sizeof line, "  %-4zu | %-20s | %9.1f | %-28s | %-28s |\n", r, op.c_str(),
-                    c.at("messages_sent").get<double>() / s, bytes_cell(c.at("bytes_sent").get<double>() / s).c_str(),
+                    c.at("messages_sent").get<double>() / s,
+                    bytes_cell(c.at("bytes_sent").get<double>() / s).c_str(),
                     bytes_cell(c.at("bytes_received").get<double>() / s).c_str());
       out += line;
     }
     const auto& t = comm[r].at("training");
     std::string th = "-";
     if (r < theory.bytes_sent.size())
-      th = std::to_string(theory.bytes_sent[r]) + " / " + std::to_string(theory.bytes_received[r]) + " B";
+      th = std::to_string(theory.bytes_sent[r]) + " / " + std::to_string(theory.bytes_received[r]) +
+           " B";
     std::snprintf(line, sizeof line, "  %-4zu | %-20s | %9.1f | %-28s | %-28s | %s\n", r, "total",
-                  t.at("messages_sent").get<double>() / s, bytes_cell(t.at("bytes_sent").get<double>() / s).c_str(),
+                  t.at("messages_sent").get<double>() / s,
+                  bytes_cell(t.at("bytes_sent").get<double>() / s).c_str(),
                   bytes_cell(t.at("bytes_received").get<double>() / s).c_str(), th.c_str());
     out += line;
   }
@@ -183,7 +199,8 @@ std::string format_traffic(const std::vector<nlohmann::json>& comm, int64_t step
   double startup_sent = 0;
   for (const auto& [op, c] : comm[0].at("startup").items())
     if (op != "metrics") startup_sent += c.at("bytes_sent").get<double>();
-  return out + "  " + theory.formula + "\n  start-up, once (not above): rank 0 sent " + bytes_cell(startup_sent) +
+  return out + "  " + theory.formula + "\n  start-up, once (not above): rank 0 sent " +
+         bytes_cell(startup_sent) +
          " (its initial parameters, to check every rank starts from them)";
 }
 
@@ -214,7 +231,8 @@ nlohmann::json end_of_run_report(Communicator& comm, int64_t steps, const nlohma
     comms.push_back(j.at("comm"));
     model_states = std::max(model_states, j.at("ledger").at("model_states_peak").get<double>());
     if (steps > 0)
-      sent_per_step = std::max(sent_per_step, j.at("comm").at("training").at("bytes_sent").get<double>() / steps);
+      sent_per_step = std::max(sent_per_step,
+                               j.at("comm").at("training").at("bytes_sent").get<double>() / steps);
   }
   print0(format_ledger(ledgers, ledger_formula));
   print0(format_traffic(comms, steps, theory));

@@ -39,14 +39,16 @@ int parse_flags_on_every_rank(Communicator& comm, CLI::App& app, int argc, char*
 /// on silently; PyTorch DDP has no such check and leaves it to the launcher. Flags named in
 /// `checked_elsewhere` (e.g. "seed", verified through the parameters themselves) are skipped,
 /// so the chapter's own check stays the one that reports them.
-void verify_same_flags(Communicator& comm, const CLI::App& app, const std::vector<std::string>& checked_elsewhere);
+void verify_same_flags(Communicator& comm, const CLI::App& app,
+                       const std::vector<std::string>& checked_elsewhere);
 
 /// The samples rank `rank` trains on at `micro_step` of global batch t: chunk
 /// rank * grad_accum_steps + micro_step of world_size * grad_accum_steps equal pieces
 /// (DESIGN.md §3). Ranks and micro-steps only cut the same global batch, so the set of samples
 /// of step t does not depend on world_size or grad_accum_steps.
-std::span<const int64_t> rank_micro_batch(const Sampler& sampler, int64_t t, int rank, int world_size,
-                                          int64_t grad_accum_steps, int64_t micro_step);
+std::span<const int64_t> rank_micro_batch(const Sampler& sampler, int64_t t, int rank,
+                                          int world_size, int64_t grad_accum_steps,
+                                          int64_t micro_step);
 
 /// Start-up: broadcasts rank 0's parameters (Communicator::broadcast) and checks, on every
 /// rank, that they equal the parameters this rank built itself (bit for bit). A rank started

@@ -11,8 +11,9 @@
 namespace ringzero {
 
 const char* mem_tag_name(MemTag tag) {
-  static const char* names[kNumMemTags] = {"parameters",   "gradients", "optimizer_state", "activations",
-                                           "comm_buffers", "padding",   "dataset"};
+  static const char* names[kNumMemTags] = {"parameters",  "gradients",    "optimizer_state",
+                                           "activations", "comm_buffers", "padding",
+                                           "dataset"};
   return names[static_cast<int>(tag)];
 }
 
@@ -22,8 +23,8 @@ Ledger& Ledger::get() {
 }
 
 int64_t Ledger::model_states_current() const {
-  return current(MemTag::parameters) + current(MemTag::gradients) + current(MemTag::optimizer_state) +
-         current(MemTag::padding);
+  return current(MemTag::parameters) + current(MemTag::gradients) +
+         current(MemTag::optimizer_state) + current(MemTag::padding);
 }
 
 void Ledger::add(MemTag tag, int64_t bytes) {
@@ -42,17 +43,20 @@ void Ledger::reset_peaks() {
 }
 
 Buffer::Buffer(int64_t size, MemTag tag, bool zero) : size_(size), tag_(tag) {
-  CHECK(size >= 0, "Buffer size " << size << " is negative");
+  RZ_CHECK(size >= 0, "Buffer size " << size << " is negative");
   if (size == 0) return;
   size_t bytes = (static_cast<size_t>(size) * sizeof(float) + 63) / 64 * 64;
   data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
-  CHECK(data_ != nullptr, "out of memory allocating " << bytes << " bytes for " << mem_tag_name(tag)
-                                                      << "; reduce the model or batch size");
+  RZ_CHECK(data_ != nullptr, "out of memory allocating " << bytes << " bytes for "
+                                                         << mem_tag_name(tag)
+                                                         << "; reduce the model or batch size");
   if (zero) std::memset(data_, 0, bytes);
   Ledger::get().add(tag_, this->bytes());
 }
 
-Buffer::~Buffer() { release(); }
+Buffer::~Buffer() {
+  release();
+}
 
 void Buffer::release() {
   if (data_ != nullptr) {
@@ -64,7 +68,9 @@ void Buffer::release() {
 }
 
 Buffer::Buffer(Buffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)), tag_(other.tag_) {}
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      tag_(other.tag_) {}
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {

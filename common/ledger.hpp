@@ -17,7 +17,15 @@ namespace ringzero {
 
 /// What an allocation holds. "Model states" (ZeRO paper, Rajbhandari et al. 2020, §3) are
 /// parameters + gradients + optimizer_state.
-enum class MemTag : int { parameters, gradients, optimizer_state, activations, comm_buffers, padding, dataset };
+enum class MemTag : int {
+  parameters,
+  gradients,
+  optimizer_state,
+  activations,
+  comm_buffers,
+  padding,
+  dataset
+};
 inline constexpr int kNumMemTags = 7;
 const char* mem_tag_name(MemTag tag);
 
@@ -51,7 +59,9 @@ class Buffer {
   Buffer(int64_t size, MemTag tag) : Buffer(size, tag, /*zero=*/true) {}
   /// Like Buffer(size, tag) but not zeroed, for a buffer whose every element is written before
   /// it is read (an all-gather's output): zeroing it would cost one more pass over its memory.
-  static Buffer uninitialized(int64_t size, MemTag tag) { return Buffer(size, tag, /*zero=*/false); }
+  static Buffer uninitialized(int64_t size, MemTag tag) {
+    return Buffer(size, tag, /*zero=*/false);
+  }
   ~Buffer();
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;

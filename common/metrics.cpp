@@ -12,7 +12,8 @@ StepLogger::StepLogger(const std::string& metrics_path, int rank, int64_t log_ev
     : rank_(rank), log_every_(log_every) {
   if (rank == 0 && !metrics_path.empty()) {
     file_.open(metrics_path);
-    CHECK(file_, "cannot write --metrics " << metrics_path << "; give a file path in an existing, writable directory");
+    RZ_CHECK(file_, "cannot write --metrics "
+                        << metrics_path << "; give a file path in an existing, writable directory");
   }
 }
 
@@ -20,16 +21,21 @@ void StepLogger::write(const nlohmann::json& record) {
   if (file_.is_open()) file_ << record.dump() << "\n" << std::flush;
 }
 
-void StepLogger::step(int64_t step, int64_t total_steps, int64_t epoch, double loss, double samples_per_s,
-                      double ms_per_step) {
+void StepLogger::step(int64_t step, int64_t total_steps, int64_t epoch, double loss,
+                      double samples_per_s, double ms_per_step) {
   if (rank_ != 0) return;
-  write({{"type", "step"}, {"step", step}, {"epoch", epoch}, {"loss", loss}, {"samples_per_s", samples_per_s},
+  write({{"type", "step"},
+         {"step", step},
+         {"epoch", epoch},
+         {"loss", loss},
+         {"samples_per_s", samples_per_s},
          {"ms_per_step", ms_per_step}});
   if (step % log_every_ == 0 || step == total_steps || step == 1) {
     char line[160];
-    std::snprintf(line, sizeof line, "step %lld/%lld | epoch %lld | loss %.4f | %.0f samples/s | %.1f ms/step",
-                  static_cast<long long>(step), static_cast<long long>(total_steps), static_cast<long long>(epoch),
-                  loss, samples_per_s, ms_per_step);
+    std::snprintf(line, sizeof line,
+                  "step %lld/%lld | epoch %lld | loss %.4f | %.0f samples/s | %.1f ms/step",
+                  static_cast<long long>(step), static_cast<long long>(total_steps),
+                  static_cast<long long>(epoch), loss, samples_per_s, ms_per_step);
     print0(line);
   }
 }
@@ -44,7 +50,8 @@ void StepLogger::eval(int64_t epoch, double test_loss, double test_accuracy) {
                   static_cast<long long>(epoch), test_loss, 100.0 * test_accuracy);
   } else {
     rec["test_accuracy"] = nullptr;  // regression: no accuracy
-    std::snprintf(line, sizeof line, "epoch %lld | test loss %.4f", static_cast<long long>(epoch), test_loss);
+    std::snprintf(line, sizeof line, "epoch %lld | test loss %.4f", static_cast<long long>(epoch),
+                  test_loss);
   }
   write(rec);
   print0(line);
@@ -78,26 +85,35 @@ double StepTimes::median_ms() const {
 std::string human_bytes(double bytes) {
   const char* units[] = {"B", "kB", "MB", "GB", "TB"};
   int u = 0;
-  while (bytes >= 1000.0 && u < 4) { bytes /= 1000.0; ++u; }
+  while (bytes >= 1000.0 && u < 4) {
+    bytes /= 1000.0;
+    ++u;
+  }
   char buf[32];
   std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
   return buf;
 }
 
-std::string format_ledger(const std::vector<nlohmann::json>& per_rank, const std::string& formula_line) {
+std::string format_ledger(const std::vector<nlohmann::json>& per_rank,
+                          const std::string& formula_line) {
   std::string out = "memory ledger per rank (current / peak):\n";
   char buf[256];
   std::snprintf(buf, sizeof buf, "  %-5s", "rank");
   out += buf;
-  const char* cols[] = {"parameters", "gradients", "optimizer_state", "padding", "activations", "comm_buffers"};
-  for (const char* c : cols) { std::snprintf(buf, sizeof buf, " | %-21s", c); out += buf; }
+  const char* cols[] = {"parameters", "gradients",   "optimizer_state",
+                        "padding",    "activations", "comm_buffers"};
+  for (const char* c : cols) {
+    std::snprintf(buf, sizeof buf, " | %-21s", c);
+    out += buf;
+  }
   out += " | model states peak\n";
   for (size_t r = 0; r < per_rank.size(); ++r) {
     std::snprintf(buf, sizeof buf, "  %-5zu", r);
     out += buf;
     for (const char* c : cols) {
       const auto& e = per_rank[r].at(c);
-      std::string cell = human_bytes(e.at("current").get<double>()) + " / " + human_bytes(e.at("peak").get<double>());
+      std::string cell = human_bytes(e.at("current").get<double>()) + " / " +
+                         human_bytes(e.at("peak").get<double>());
       std::snprintf(buf, sizeof buf, " | %-21s", cell.c_str());
       out += buf;
     }

@@ -22,7 +22,8 @@ class StepLogger {
   /// metrics_path "" writes no file. rank != 0 loggers are silent.
   StepLogger(const std::string& metrics_path, int rank, int64_t log_every);
   /// Records one optimizer step. step is 1-based within the run, loss the global-batch mean.
-  void step(int64_t step, int64_t total_steps, int64_t epoch, double loss, double samples_per_s, double ms_per_step);
+  void step(int64_t step, int64_t total_steps, int64_t epoch, double loss, double samples_per_s,
+            double ms_per_step);
   void eval(int64_t epoch, double test_loss, double test_accuracy);
   /// Writes {"type":"summary", ...fields} and prints nothing.
   void summary(nlohmann::json fields);
@@ -39,7 +40,8 @@ nlohmann::json ledger_json();
 
 /// A table of the ledger of every rank (per_rank[r] = ledger_json() of rank r), with
 /// `formula_line` (e.g. "formula (DDP, fp32 + Adam): 16Ψ = 10.7 MB") printed under it.
-std::string format_ledger(const std::vector<nlohmann::json>& per_rank, const std::string& formula_line);
+std::string format_ledger(const std::vector<nlohmann::json>& per_rank,
+                          const std::string& formula_line);
 
 /// "10.7 MB" style, decimal units as the ZeRO paper's tables.
 std::string human_bytes(double bytes);
@@ -48,7 +50,10 @@ std::string human_bytes(double bytes);
 class Stopwatch {
  public:
   Stopwatch() : start_(std::chrono::steady_clock::now()) {}
-  double ms() const { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_).count(); }
+  double ms() const {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start_)
+        .count();
+  }
   void reset() { start_ = std::chrono::steady_clock::now(); }
 
  private:

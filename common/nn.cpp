@@ -12,10 +12,16 @@ namespace ringzero {
 Var Module::operator()(Tape& tape, const Var& inp) {
   for (auto& h : pre_forward_) h(*this);
   // Recorded first, so replayed last: after this module's backward ops.
-  if (!post_backward_.empty()) tape.record([this] { for (auto& h : post_backward_) h(*this); });
+  if (!post_backward_.empty())
+    tape.record([this] {
+      for (auto& h : post_backward_) h(*this);
+    });
   Var out = forward(tape, inp);
   // Recorded last, so replayed first: before this module's backward ops.
-  if (!pre_backward_.empty()) tape.record([this] { for (auto& h : pre_backward_) h(*this); });
+  if (!pre_backward_.empty())
+    tape.record([this] {
+      for (auto& h : pre_backward_) h(*this);
+    });
   for (auto& h : post_forward_) h(*this);
   return out;
 }
@@ -25,9 +31,13 @@ Linear::Linear(const std::string& name, int64_t in_features, int64_t out_feature
       weight(name + ".weight", {out_features, in_features}),
       bias(name + ".bias", {out_features}) {}
 
-Var Linear::forward(Tape& tape, const Var& inp) { return linear(tape, inp, weight, bias); }
+Var Linear::forward(Tape& tape, const Var& inp) {
+  return linear(tape, inp, weight, bias);
+}
 
-Var ReLU::forward(Tape& tape, const Var& inp) { return relu(tape, inp); }
+Var ReLU::forward(Tape& tape, const Var& inp) {
+  return relu(tape, inp);
+}
 
 std::vector<Parameter*> Sequential::parameters() {
   std::vector<Parameter*> out;
@@ -45,8 +55,8 @@ Var Sequential::forward(Tape& tape, const Var& inp) {
 }
 
 Model::Model(const std::vector<int64_t>& sizes, uint64_t seed) {
-  CHECK(sizes.size() >= 2, "a model needs at least an input and an output size");
-  for (int64_t s : sizes) CHECK(s > 0, "layer size " << s << " must be positive");
+  RZ_CHECK(sizes.size() >= 2, "a model needs at least an input and an output size");
+  for (int64_t s : sizes) RZ_CHECK(s > 0, "layer size " << s << " must be positive");
   for (size_t i = 0; i + 1 < sizes.size(); ++i) {
     if (i > 0) net.add(std::make_unique<ReLU>(std::to_string(net.layers.size())));
     net.add(std::make_unique<Linear>(std::to_string(net.layers.size()), sizes[i], sizes[i + 1]));
@@ -81,6 +91,8 @@ std::vector<Linear*> Model::linear_layers() const {
   return out;
 }
 
-void Model::zero_grad() { std::fill(grads_memory.data(), grads_memory.data() + grads_memory.size(), 0.0f); }
+void Model::zero_grad() {
+  std::fill(grads_memory.data(), grads_memory.data() + grads_memory.size(), 0.0f);
+}
 
 }  // namespace ringzero

@@ -9,16 +9,17 @@
 namespace ringzero {
 
 void linear_forward(Tensor out, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
-  CHECK(inp.cols() == weight.cols() && out.cols() == weight.rows() && out.rows() == inp.rows(),
-        "linear: inp " << shape_str(inp.shape()) << ", weight " << shape_str(weight.shape()) << ", out "
-                       << shape_str(out.shape()) << " do not fit (B, C) x (OC, C)ᵀ -> (B, OC)");
+  RZ_CHECK(inp.cols() == weight.cols() && out.cols() == weight.rows() && out.rows() == inp.rows(),
+           "linear: inp " << shape_str(inp.shape()) << ", weight " << shape_str(weight.shape())
+                          << ", out " << shape_str(out.shape())
+                          << " do not fit (B, C) x (OC, C)ᵀ -> (B, OC)");
   auto o = out.mat();
   o.noalias() = inp.mat() * weight.mat().transpose();
   o.rowwise() += bias.mat().row(0);
 }
 
-void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout, const Tensor& inp,
-                     const Tensor& weight) {
+void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
+                     const Tensor& inp, const Tensor& weight) {
   if (dinp.defined()) dinp.mat().noalias() += dout.mat() * weight.mat();  // (B, OC)(OC, C)
   dweight.mat().noalias() += dout.mat().transpose() * inp.mat();          // (OC, B)(B, C)
   // Column sums in row order, by hand: Eigen's colwise().sum() sums the columns it vectorises
@@ -33,15 +34,17 @@ void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& do
   }
 }
 
-void relu_forward(Tensor out, const Tensor& inp) { out.vec() = inp.vec().cwiseMax(0.0f); }
+void relu_forward(Tensor out, const Tensor& inp) {
+  out.vec() = inp.vec().cwiseMax(0.0f);
+}
 
 void relu_backward(Tensor dinp, const Tensor& dout, const Tensor& out) {
   dinp.vec().array() += (out.vec().array() > 0.0f).select(dout.vec().array(), 0.0f);
 }
 
 float mse_forward(const Tensor& pred, const Tensor& target) {
-  CHECK(pred.shape() == target.shape(),
-        "mse: pred " << shape_str(pred.shape()) << " vs target " << shape_str(target.shape()));
+  RZ_CHECK(pred.shape() == target.shape(),
+           "mse: pred " << shape_str(pred.shape()) << " vs target " << shape_str(target.shape()));
   double sum = 0.0;
   for (int64_t i = 0; i < pred.numel(); ++i) {
     double d = static_cast<double>(pred[i]) - target[i];
@@ -57,10 +60,12 @@ void mse_backward(Tensor dpred, float dloss, const Tensor& pred, const Tensor& t
 
 float cross_entropy_forward(Tensor probs, const Tensor& logits, std::span<const int32_t> labels) {
   const int64_t B = logits.rows(), C = logits.cols();
-  CHECK(static_cast<int64_t>(labels.size()) == B, "cross_entropy: " << labels.size() << " labels for " << B << " rows");
+  RZ_CHECK(static_cast<int64_t>(labels.size()) == B,
+           "cross_entropy: " << labels.size() << " labels for " << B << " rows");
   double nll = 0.0;
   for (int64_t b = 0; b < B; ++b) {
-    CHECK(labels[b] >= 0 && labels[b] < C, "cross_entropy: label " << labels[b] << " outside [0, " << C << ")");
+    RZ_CHECK(labels[b] >= 0 && labels[b] < C,
+             "cross_entropy: label " << labels[b] << " outside [0, " << C << ")");
     const float* z = logits.data() + b * C;
     float* p = probs.data() + b * C;
     // log-softmax with the max subtracted: exp never overflows, the largest term is exp(0) = 1.
@@ -74,7 +79,8 @@ float cross_entropy_forward(Tensor probs, const Tensor& logits, std::span<const 
   return static_cast<float>(nll / static_cast<double>(B));
 }
 
-void cross_entropy_backward(Tensor dlogits, float dloss, const Tensor& probs, std::span<const int32_t> labels) {
+void cross_entropy_backward(Tensor dlogits, float dloss, const Tensor& probs,
+                            std::span<const int32_t> labels) {
   const int64_t B = probs.rows(), C = probs.cols();
   const float scale = dloss / static_cast<float>(B);
   for (int64_t b = 0; b < B; ++b) {
@@ -85,7 +91,8 @@ void cross_entropy_backward(Tensor dlogits, float dloss, const Tensor& probs, st
 }
 
 Var linear(Tape& tape, const Var& inp, Parameter& weight, Parameter& bias) {
-  auto out = make_var(Tensor::zeros({inp->value.rows(), weight.shape()[0]}, MemTag::activations), true);
+  auto out =
+      make_var(Tensor::zeros({inp->value.rows(), weight.shape()[0]}, MemTag::activations), true);
   linear_forward(out->value, inp->value, weight.data, bias.data);
   tape.record(
       [out, inp, &weight, &bias] {
@@ -108,7 +115,9 @@ Var relu(Tape& tape, const Var& inp) {
 Var mse_loss(Tape& tape, const Var& pred, const Tensor& target) {
   auto loss = make_var(Tensor::zeros({1}, MemTag::activations), pred->requires_grad);
   loss->value[0] = mse_forward(pred->value, target);
-  tape.record([loss, pred, target] { mse_backward(pred->grad_buffer(), loss->grad_buffer()[0], pred->value, target); });
+  tape.record([loss, pred, target] {
+    mse_backward(pred->grad_buffer(), loss->grad_buffer()[0], pred->value, target);
+  });
   return loss;
 }
 

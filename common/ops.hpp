@@ -20,8 +20,8 @@ namespace ringzero {
 // inp (B, C), weight (OC, C), bias (OC) -> out (B, OC)
 void linear_forward(Tensor out, const Tensor& inp, const Tensor& weight, const Tensor& bias);
 // dout (B, OC) -> dinp (B, C) if defined, dweight (OC, C), dbias (OC); all +=
-void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout, const Tensor& inp,
-                     const Tensor& weight);
+void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
+                     const Tensor& inp, const Tensor& weight);
 
 void relu_forward(Tensor out, const Tensor& inp);
 // Uses the forward's output: d/dx relu(x) = [out > 0] (0 at x = 0, as PyTorch).
@@ -34,7 +34,8 @@ void mse_backward(Tensor dpred, float dloss, const Tensor& pred, const Tensor& t
 // logits (B, C), labels B values in [0, C) -> mean negative log-likelihood; probs (B, C) gets
 // the softmax, which the backward reuses. Errors: a label outside [0, C).
 float cross_entropy_forward(Tensor probs, const Tensor& logits, std::span<const int32_t> labels);
-void cross_entropy_backward(Tensor dlogits, float dloss, const Tensor& probs, std::span<const int32_t> labels);
+void cross_entropy_backward(Tensor dlogits, float dloss, const Tensor& probs,
+                            std::span<const int32_t> labels);
 
 // Autograd wrappers. Parameters are read through the Parameter at the moment each
 // forward/backward runs (invariant 3 of autograd.hpp).

@@ -9,20 +9,21 @@ namespace ringzero {
 
 AdamW::AdamW(std::vector<int64_t> segment_sizes, AdamWOptions options)
     : sizes_(std::move(segment_sizes)), steps_(sizes_.size(), 0), options_(options) {
-  CHECK(options.lr > 0, "AdamW lr = " << options.lr << "; use a positive --lr");
-  CHECK(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1,
-        "AdamW betas (" << options.beta1 << ", " << options.beta2 << ") must lie in [0, 1)");
-  CHECK(options.eps > 0, "AdamW eps = " << options.eps << " must be positive");
-  CHECK(options.weight_decay >= 0, "weight decay = " << options.weight_decay << "; use --weight-decay >= 0");
+  RZ_CHECK(options.lr > 0, "AdamW lr = " << options.lr << "; use a positive --lr");
+  RZ_CHECK(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1,
+           "AdamW betas (" << options.beta1 << ", " << options.beta2 << ") must lie in [0, 1)");
+  RZ_CHECK(options.eps > 0, "AdamW eps = " << options.eps << " must be positive");
+  RZ_CHECK(options.weight_decay >= 0,
+           "weight decay = " << options.weight_decay << "; use --weight-decay >= 0");
   const int64_t total = std::accumulate(sizes_.begin(), sizes_.end(), int64_t{0});
   exp_avg_ = Buffer(total, MemTag::optimizer_state);
   exp_avg_sq_ = Buffer(total, MemTag::optimizer_state);
 }
 
 void AdamW::step(std::span<float> params, std::span<const float> grads) {
-  CHECK(params.size() == grads.size() && static_cast<int64_t>(params.size()) == exp_avg_.size(),
-        "AdamW::step: " << params.size() << " params, " << grads.size() << " grads, state for "
-                        << exp_avg_.size());
+  RZ_CHECK(params.size() == grads.size() && static_cast<int64_t>(params.size()) == exp_avg_.size(),
+           "AdamW::step: " << params.size() << " params, " << grads.size() << " grads, state for "
+                           << exp_avg_.size());
   const AdamWOptions& o = options_;
   float* m = exp_avg_.data();
   float* v = exp_avg_sq_.data();
@@ -31,8 +32,10 @@ void AdamW::step(std::span<float> params, std::span<const float> grads) {
     const int64_t t = ++steps_[s];
     // In double, as torch (Python floats): 1 - beta2^t cancels catastrophically in float32
     // (relative error ~1e-5 for small t, e.g. t = 2), which would move every update by as much.
-    const double bias_correction1 = 1.0 - std::pow(static_cast<double>(o.beta1), static_cast<double>(t));
-    const double bias_correction2 = 1.0 - std::pow(static_cast<double>(o.beta2), static_cast<double>(t));
+    const double bias_correction1 =
+        1.0 - std::pow(static_cast<double>(o.beta1), static_cast<double>(t));
+    const double bias_correction2 =
+        1.0 - std::pow(static_cast<double>(o.beta2), static_cast<double>(t));
     const auto step_size = static_cast<float>(o.lr / bias_correction1);
     const auto bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
     const float decay = 1.0f - o.lr * o.weight_decay;
@@ -50,14 +53,16 @@ void AdamW::step(std::span<float> params, std::span<const float> grads) {
 }
 
 SGD::SGD(int64_t size, SGDOptions options) : options_(options) {
-  CHECK(options.lr > 0, "SGD lr = " << options.lr << "; use a positive --lr");
-  CHECK(options.momentum >= 0, "SGD momentum = " << options.momentum << " must be >= 0");
-  CHECK(options.weight_decay >= 0, "weight decay = " << options.weight_decay << "; use --weight-decay >= 0");
+  RZ_CHECK(options.lr > 0, "SGD lr = " << options.lr << "; use a positive --lr");
+  RZ_CHECK(options.momentum >= 0, "SGD momentum = " << options.momentum << " must be >= 0");
+  RZ_CHECK(options.weight_decay >= 0,
+           "weight decay = " << options.weight_decay << "; use --weight-decay >= 0");
   if (options.momentum > 0) momentum_buffer_ = Buffer(size, MemTag::optimizer_state);
 }
 
 void SGD::step(std::span<float> params, std::span<const float> grads) {
-  CHECK(params.size() == grads.size(), "SGD::step: " << params.size() << " params, " << grads.size() << " grads");
+  RZ_CHECK(params.size() == grads.size(),
+           "SGD::step: " << params.size() << " params, " << grads.size() << " grads");
   const SGDOptions& o = options_;
   float* buf = momentum_buffer_.data();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -86,7 +91,7 @@ void scale_in_place(std::span<float> grads, float coef) {
 }
 
 double clip_grad_norm(std::span<float> grads, float max_norm) {
-  CHECK(max_norm > 0, "max grad norm = " << max_norm << "; use --clip-grad-norm > 0");
+  RZ_CHECK(max_norm > 0, "max grad norm = " << max_norm << "; use --clip-grad-norm > 0");
   const double norm = std::sqrt(sum_of_squares(grads));
   const float coef = clip_coefficient(norm, max_norm);
   if (coef < 1.0f) scale_in_place(grads, coef);

@@ -16,7 +16,8 @@ class Rng {
  public:
   /// `stream` separates independent uses of one seed (init, data, shuffle of epoch e, ...).
   explicit Rng(uint64_t seed, uint64_t stream = 0)
-      : state_(seed * 0x9E3779B97F4A7C15ull ^ (stream + 0xD1B54A32D192ED03ull) * 0xBF58476D1CE4E5B9ull) {
+      : state_(seed * 0x9E3779B97F4A7C15ull ^
+               (stream + 0xD1B54A32D192ED03ull) * 0xBF58476D1CE4E5B9ull) {
     next_u64();
   }
 

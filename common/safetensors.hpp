@@ -31,6 +31,7 @@ std::map<std::string, NamedTensor> load_safetensors(const std::string& path);
 std::map<std::string, NamedTensor> state_dict(const Model& model);
 /// Copies a state dict into the model. Errors: a missing name, an unexpected name, a shape
 /// that differs (names the tensor and both shapes).
-void load_state_dict(Model& model, const std::map<std::string, NamedTensor>& tensors, const std::string& source);
+void load_state_dict(Model& model, const std::map<std::string, NamedTensor>& tensors,
+                     const std::string& source);
 
 }  // namespace ringzero

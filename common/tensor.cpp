@@ -17,7 +17,7 @@ std::string shape_str(const Shape& shape) {
 }
 
 Tensor Tensor::zeros(Shape shape, MemTag tag) {
-  for (int64_t d : shape) CHECK(d >= 0, "negative dimension in shape " << shape_str(shape));
+  for (int64_t d : shape) RZ_CHECK(d >= 0, "negative dimension in shape " << shape_str(shape));
   auto storage = std::make_shared<Buffer>(ringzero::numel(shape), tag);
   Tensor t(storage->data(), std::move(shape));
   t.storage_ = std::move(storage);
@@ -25,8 +25,9 @@ Tensor Tensor::zeros(Shape shape, MemTag tag) {
 }
 
 Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
-  CHECK(!shape_.empty() && 0 <= begin && begin <= end && end <= shape_[0],
-        "row slice [" << begin << ", " << end << ") out of range for shape " << shape_str(shape_));
+  RZ_CHECK(
+      !shape_.empty() && 0 <= begin && begin <= end && end <= shape_[0],
+      "row slice [" << begin << ", " << end << ") out of range for shape " << shape_str(shape_));
   const int64_t row_size = shape_[0] == 0 ? 0 : numel() / shape_[0];
   Shape s = shape_;
   s[0] = end - begin;

@@ -19,7 +19,8 @@
 namespace ringzero {
 
 using MatrixMap = Eigen::Map<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
-using ConstMatrixMap = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+using ConstMatrixMap =
+    Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
 using VectorMap = Eigen::Map<Eigen::VectorXf>;
 
 using Shape = std::vector<int64_t>;

@@ -59,7 +59,8 @@ class Tracer {
   void set_epoch_us(double system_clock_us);
 
   /// A span [ts_us, ts_us + dur_us) on `track`. Thread-safe.
-  void complete(std::string name, std::string cat, int track, double ts_us, double dur_us, nlohmann::json args = {});
+  void complete(std::string name, std::string cat, int track, double ts_us, double dur_us,
+                nlohmann::json args = {});
   /// A point in time on `track`, now. Thread-safe.
   void instant(std::string name, std::string cat, int track, nlohmann::json args = {});
 

@@ -10,7 +10,8 @@
 namespace ringzero {
 
 TrainTestData load_data(const TrainConfig& c) {
-  if (c.dataset() == "fashion-mnist") return {load_fashion_mnist(c.data_dir, true), load_fashion_mnist(c.data_dir, false)};
+  if (c.dataset() == "fashion-mnist")
+    return {load_fashion_mnist(c.data_dir, true), load_fashion_mnist(c.data_dir, false)};
   const auto sizes = c.layer_sizes();
   return {make_synthetic(1000, sizes.front(), sizes.back(), c.seed, 1),
           make_synthetic(200, sizes.front(), sizes.back(), c.seed, 2)};
@@ -33,7 +34,8 @@ Batch make_batch(const Dataset& ds, std::span<const int64_t> indices) {
 
 Var forward_loss(Tape& tape, Model& model, const Batch& batch) {
   Var out = model.forward(tape, make_var(batch.x));
-  return batch.labels.empty() ? mse_loss(tape, out, batch.y) : cross_entropy(tape, out, batch.labels);
+  return batch.labels.empty() ? mse_loss(tape, out, batch.y)
+                              : cross_entropy(tape, out, batch.labels);
 }
 
 EvalSums evaluate(Model& model, const Dataset& test, int64_t begin, int64_t end) {
@@ -46,7 +48,8 @@ EvalSums evaluate(Model& model, const Dataset& test, int64_t begin, int64_t end)
     Batch batch = make_batch(test, idx);
     Tape tape;  // recorded and dropped: evaluation never calls backward
     Var out = model.forward(tape, make_var(batch.x));
-    Var loss = batch.labels.empty() ? mse_loss(tape, out, batch.y) : cross_entropy(tape, out, batch.labels);
+    Var loss = batch.labels.empty() ? mse_loss(tape, out, batch.y)
+                                    : cross_entropy(tape, out, batch.labels);
     sums.loss_sum += static_cast<double>(loss->value[0]) * static_cast<double>(e - s);
     sums.count += static_cast<double>(e - s);
     if (!batch.labels.empty()) {
@@ -65,7 +68,8 @@ static std::variant<AdamW, SGD> make_optimizer(const TrainConfig& c, std::vector
   if (c.optimizer == "sgd") {
     int64_t total = 0;
     for (int64_t s : sizes) total += s;
-    return std::variant<AdamW, SGD>(std::in_place_type<SGD>, total, SGDOptions{c.lr, c.momentum, c.weight_decay});
+    return std::variant<AdamW, SGD>(std::in_place_type<SGD>, total,
+                                    SGDOptions{c.lr, c.momentum, c.weight_decay});
   }
   AdamWOptions o;
   o.lr = c.lr;
@@ -87,8 +91,9 @@ std::vector<int64_t> parameter_sizes(const Model& model) {
 }
 
 void check_finite_loss(double loss, int64_t step) {
-  CHECK(std::isfinite(loss), "loss is " << loss << " at step " << step
-                                        << "; training diverged: lower --lr or set --clip-grad-norm (e.g. 1.0)");
+  RZ_CHECK(std::isfinite(loss),
+           "loss is " << loss << " at step " << step
+                      << "; training diverged: lower --lr or set --clip-grad-norm (e.g. 1.0)");
 }
 
 int64_t total_steps(const TrainConfig& c, int64_t steps_per_epoch) {

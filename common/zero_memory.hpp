@@ -63,10 +63,14 @@ inline ModelStateBytes zero_model_state_bytes(int zero_stage, double psi, int wo
 inline std::string zero_formula_text(int zero_stage, StateBytes b = kFp32Adam) {
   auto n = [](double x) { return std::to_string(static_cast<int>(x)); };
   switch (zero_stage) {
-    case 0: return "(" + n(b.param) + " + " + n(b.grad) + " + " + n(b.optimizer) + ")Ψ";
-    case 1: return n(b.param) + "Ψ + " + n(b.grad) + "Ψ + " + n(b.optimizer) + "Ψ/N";
-    case 2: return n(b.param) + "Ψ + (" + n(b.grad) + " + " + n(b.optimizer) + ")Ψ/N";
-    default: return "(" + n(b.param) + " + " + n(b.grad) + " + " + n(b.optimizer) + ")Ψ/N";
+    case 0:
+      return "(" + n(b.param) + " + " + n(b.grad) + " + " + n(b.optimizer) + ")Ψ";
+    case 1:
+      return n(b.param) + "Ψ + " + n(b.grad) + "Ψ + " + n(b.optimizer) + "Ψ/N";
+    case 2:
+      return n(b.param) + "Ψ + (" + n(b.grad) + " + " + n(b.optimizer) + ")Ψ/N";
+    default:
+      return "(" + n(b.param) + " + " + n(b.grad) + " + " + n(b.optimizer) + ")Ψ/N";
   }
 }
 
@@ -78,7 +82,8 @@ inline std::string zero_stage_name(int zero_stage) {
 /// Bytes each rank sends per optimizer step with bandwidth-optimal (ring) collectives, in the
 /// limit where every chunk is Ψ/N: stages 0-2 (N−1)/N·(g + p)Ψ, stage 3 (N−1)/N·(g + 2p)Ψ.
 /// The chapters also compute the exact value from their chunk sizes; this is the paper's.
-inline double zero_bytes_sent_per_rank(int zero_stage, double psi, int world_size, StateBytes b = kFp32Adam) {
+inline double zero_bytes_sent_per_rank(int zero_stage, double psi, int world_size,
+                                       StateBytes b = kFp32Adam) {
   const double N = world_size;
   return (N - 1) / N * (b.grad + (zero_stage == 3 ? 2 : 1) * b.param) * psi;
 }
@@ -107,25 +112,32 @@ inline std::string pad_right(std::string s, size_t width) {
 inline std::string zero_memory_table(double psi, int world_size, StateBytes b = kFp32Adam) {
   char line[256];
   char count[32];
-  std::snprintf(count, sizeof count, psi >= 1e9 ? "%.4g billion" : "%.0f", psi >= 1e9 ? psi / 1e9 : psi);
-  std::snprintf(line, sizeof line, "model states per rank: Ψ = %s parameters, N = %d ranks, %s (p = %g, g = %g, K = %g bytes per parameter)\n",
+  std::snprintf(count, sizeof count, psi >= 1e9 ? "%.4g billion" : "%.0f",
+                psi >= 1e9 ? psi / 1e9 : psi);
+  std::snprintf(line, sizeof line,
+                "model states per rank: Ψ = %s parameters, N = %d ranks, %s (p = %g, g = %g, K = "
+                "%g bytes per parameter)\n",
                 count, world_size, b.name, b.param, b.grad, b.optimizer);
   std::string out = line;
-  std::snprintf(line, sizeof line, "  %-7s | %-20s | %10s | %10s | %10s | %10s\n", "stage", "formula", "parameters",
-                "gradients", "optimizer", "total");
+  std::snprintf(line, sizeof line, "  %-7s | %-20s | %10s | %10s | %10s | %10s\n", "stage",
+                "formula", "parameters", "gradients", "optimizer", "total");
   out += line;
   for (int stage = 0; stage <= 3; ++stage) {
     const ModelStateBytes m = zero_model_state_bytes(stage, psi, world_size, b);
     std::snprintf(line, sizeof line, "  %-7s | %s | %7s GB | %7s GB | %7s GB | %7s GB\n",
-                  zero_stage_name(stage).c_str(), pad_right(zero_formula_text(stage, b), 20).c_str(), gigabytes(m.parameters).c_str(),
-                  gigabytes(m.gradients).c_str(), gigabytes(m.optimizer_state).c_str(), gigabytes(m.total()).c_str());
+                  zero_stage_name(stage).c_str(),
+                  pad_right(zero_formula_text(stage, b), 20).c_str(),
+                  gigabytes(m.parameters).c_str(), gigabytes(m.gradients).c_str(),
+                  gigabytes(m.optimizer_state).c_str(), gigabytes(m.total()).c_str());
     out += line;
   }
   std::snprintf(line, sizeof line,
-                "sent per rank per step (ring): DDP, ZeRO-1, ZeRO-2 (N-1)/N·(g + p)Ψ = %s GB; ZeRO-3 (N-1)/N·(g + 2p)Ψ = %s GB\n",
+                "sent per rank per step (ring): DDP, ZeRO-1, ZeRO-2 (N-1)/N·(g + p)Ψ = %s GB; "
+                "ZeRO-3 (N-1)/N·(g + 2p)Ψ = %s GB\n",
                 gigabytes(zero_bytes_sent_per_rank(0, psi, world_size, b)).c_str(),
                 gigabytes(zero_bytes_sent_per_rank(3, psi, world_size, b)).c_str());
-  return out + line + "(activations, buffers and fragmentation are not model states: see docs/memory.md)\n";
+  return out + line +
+         "(activations, buffers and fragmentation are not model states: see docs/memory.md)\n";
 }
 
 /// Flags of the memory calculator, shared by the ZeRO chapters:
@@ -138,16 +150,22 @@ struct MemoryCalculatorFlags {
 };
 
 inline void add_memory_calculator_flags(CLI::App& app, MemoryCalculatorFlags& f) {
-  auto* group = app.add_option_group("memory calculator", "print the ZeRO memory table and exit (no training, no MPI job needed)");
-  group->add_flag("--memory-calculator", f.enabled, "print model-state bytes per rank of DDP and ZeRO-1/2/3 and exit");
-  group->add_option("--params", f.params, "Ψ, number of parameters (e.g. 7e9)")->check(CLI::Range(1.0, 1e15));
-  group->add_option("--world-size", f.world_size, "N, number of ranks")->check(CLI::Range(1, 1 << 20));
-  group->add_flag("--mixed-precision", f.mixed_precision, "p = g = 2, K = 12 (the ZeRO paper's Figure 1) instead of fp32 + Adam");
+  auto* group = app.add_option_group(
+      "memory calculator", "print the ZeRO memory table and exit (no training, no MPI job needed)");
+  group->add_flag("--memory-calculator", f.enabled,
+                  "print model-state bytes per rank of DDP and ZeRO-1/2/3 and exit");
+  group->add_option("--params", f.params, "Ψ, number of parameters (e.g. 7e9)")
+      ->check(CLI::Range(1.0, 1e15));
+  group->add_option("--world-size", f.world_size, "N, number of ranks")
+      ->check(CLI::Range(1, 1 << 20));
+  group->add_flag("--mixed-precision", f.mixed_precision,
+                  "p = g = 2, K = 12 (the ZeRO paper's Figure 1) instead of fp32 + Adam");
 }
 
 /// The table the flags ask for.
 inline std::string memory_calculator(const MemoryCalculatorFlags& f) {
-  return zero_memory_table(f.params, f.world_size, f.mixed_precision ? kMixedPrecisionAdam : kFp32Adam);
+  return zero_memory_table(f.params, f.world_size,
+                           f.mixed_precision ? kMixedPrecisionAdam : kFp32Adam);
 }
 
 }  // namespace ringzero

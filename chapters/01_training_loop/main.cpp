@@ -16,14 +16,14 @@
 using namespace ringzero;
 
 // One optimizer step on one batch. Returns the batch's mean loss.
-static double train_step(Model& model, Optimizer& optimizer, const Batch& batch, const TrainConfig& config,
-                         int64_t step) {
+static double train_step(Model& model, Optimizer& optimizer, const Batch& batch,
+                         const TrainConfig& config, int64_t step) {
   model.zero_grad();                            // gradients accumulate (+=), so start from zero
   Tape tape;                                    // records what forward did, for backward
   Var loss = forward_loss(tape, model, batch);  // (B, in) -> (B, out) -> scalar
   const double loss_value = loss->value[0];
-  check_finite_loss(loss_value, step);          // stop before a NaN reaches the weights
-  tape.backward(loss);                          // d loss / d every parameter, into grads_memory
+  check_finite_loss(loss_value, step);  // stop before a NaN reaches the weights
+  tape.backward(loss);                  // d loss / d every parameter, into grads_memory
   if (config.clip_grad_norm > 0) clip_grad_norm(model.grads_memory.span(), config.clip_grad_norm);
   optimizer.step(model.params_memory.span(), model.grads_memory.span());
   return loss_value;
@@ -43,9 +43,9 @@ int main(int argc, char** argv) {
     Sampler sampler(data.train.size, config.global_batch_size, config.seed, !config.no_shuffle);
     StepLogger logger(config.metrics, /*rank=*/0, config.log_every);
     const int64_t steps = total_steps(config, sampler.steps_per_epoch());
-    print0("ch01_training_loop | model " + config.model + " | " + std::to_string(model->num_parameters()) +
-           " parameters | global batch " + std::to_string(config.global_batch_size) + " | " +
-           std::to_string(steps) + " steps");
+    print0("ch01_training_loop | model " + config.model + " | " +
+           std::to_string(model->num_parameters()) + " parameters | global batch " +
+           std::to_string(config.global_batch_size) + " | " + std::to_string(steps) + " steps");
 
     StepTimes times;
     double loss = 0, test_loss = 0, test_accuracy = -1;
@@ -57,7 +57,8 @@ int main(int argc, char** argv) {
         Batch batch = make_batch(data.train, sampler.global_batch(t));
         loss = train_step(*model, optimizer, batch, config, ++step);
         times.add(watch.ms());
-        logger.step(step, steps, epoch, loss, config.global_batch_size / (watch.ms() / 1e3), watch.ms());
+        logger.step(step, steps, epoch, loss, config.global_batch_size / (watch.ms() / 1e3),
+                    watch.ms());
       }
       if (config.eval_every_epoch) {
         EvalSums e = evaluate(*model, data.test, 0, data.test.size);
@@ -71,12 +72,19 @@ int main(int argc, char** argv) {
     const double psi = static_cast<double>(model->num_parameters());
     const nlohmann::json ledger = ledger_json();
     print0(format_ledger({ledger}, "formula (one process, fp32 + AdamW): 4Ψ + 4Ψ + 8Ψ = 16Ψ = " +
-                                       human_bytes(16 * psi) + " with Ψ = " + std::to_string(model->num_parameters())));
-    logger.summary({{"chapter", "01_training_loop"}, {"world_size", 1}, {"steps", step}, {"final_loss", loss},
-                    {"test_loss", test_loss}, {"test_accuracy", test_accuracy}, {"ms_per_step", times.median_ms()},
+                                       human_bytes(16 * psi) +
+                                       " with Ψ = " + std::to_string(model->num_parameters())));
+    logger.summary({{"chapter", "01_training_loop"},
+                    {"world_size", 1},
+                    {"steps", step},
+                    {"final_loss", loss},
+                    {"test_loss", test_loss},
+                    {"test_accuracy", test_accuracy},
+                    {"ms_per_step", times.median_ms()},
                     {"num_parameters", model->num_parameters()},
                     {"model_states_bytes_per_rank", ledger["model_states_peak"]},
-                    {"bytes_sent_per_rank_per_step", 0}, {"ledger", {ledger}}});
+                    {"bytes_sent_per_rank_per_step", 0},
+                    {"ledger", {ledger}}});
     return 0;
   });
 }

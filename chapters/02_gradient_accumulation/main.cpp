@@ -18,8 +18,9 @@
 using namespace ringzero;
 
 // One optimizer step on global batch t, in K micro-steps. Returns the global batch's mean loss.
-static double train_step(Model& model, Optimizer& optimizer, const Dataset& train, const Sampler& sampler,
-                         int64_t t, const TrainConfig& config, int64_t step) {
+static double train_step(Model& model, Optimizer& optimizer, const Dataset& train,
+                         const Sampler& sampler, int64_t t, const TrainConfig& config,
+                         int64_t step) {
   const int64_t K = config.grad_accum_steps;
   model.zero_grad();  // once per optimizer step, not per micro-step: that is the whole trick
   double loss_sum = 0;
@@ -28,10 +29,11 @@ static double train_step(Model& model, Optimizer& optimizer, const Dataset& trai
     Tape tape;
     Var loss = forward_loss(tape, model, batch);  // mean over the B/K samples
     loss_sum += loss->value[0];
-    tape.backward(loss, 1.0f / K);                // (loss / K).backward(): grads += dloss/K
+    tape.backward(loss, 1.0f / K);  // (loss / K).backward(): grads += dloss/K
   }
-  const double loss_value = loss_sum / K;  // mean of equal-sized micro-batch means = full-batch mean
-  check_finite_loss(loss_value, step);     // stop before a NaN reaches the weights
+  const double loss_value =
+      loss_sum / K;                     // mean of equal-sized micro-batch means = full-batch mean
+  check_finite_loss(loss_value, step);  // stop before a NaN reaches the weights
   if (config.clip_grad_norm > 0) clip_grad_norm(model.grads_memory.span(), config.clip_grad_norm);
   optimizer.step(model.params_memory.span(), model.grads_memory.span());
   return loss_value;
@@ -51,10 +53,11 @@ int main(int argc, char** argv) {
     Sampler sampler(data.train.size, config.global_batch_size, config.seed, !config.no_shuffle);
     StepLogger logger(config.metrics, /*rank=*/0, config.log_every);
     const int64_t steps = total_steps(config, sampler.steps_per_epoch());
-    print0("ch02_gradient_accumulation | model " + config.model + " | " + std::to_string(model->num_parameters()) +
-           " parameters | global batch " + std::to_string(config.global_batch_size) + " = " +
-           std::to_string(config.grad_accum_steps) + " x " + std::to_string(config.micro_batch_size(1)) + " | " +
-           std::to_string(steps) + " steps");
+    print0("ch02_gradient_accumulation | model " + config.model + " | " +
+           std::to_string(model->num_parameters()) + " parameters | global batch " +
+           std::to_string(config.global_batch_size) + " = " +
+           std::to_string(config.grad_accum_steps) + " x " +
+           std::to_string(config.micro_batch_size(1)) + " | " + std::to_string(steps) + " steps");
 
     StepTimes times;
     double loss = 0, test_loss = 0, test_accuracy = -1;
@@ -65,7 +68,8 @@ int main(int argc, char** argv) {
         Stopwatch watch;
         loss = train_step(*model, optimizer, data.train, sampler, t, config, ++step);
         times.add(watch.ms());
-        logger.step(step, steps, epoch, loss, config.global_batch_size / (watch.ms() / 1e3), watch.ms());
+        logger.step(step, steps, epoch, loss, config.global_batch_size / (watch.ms() / 1e3),
+                    watch.ms());
       }
       if (config.eval_every_epoch) {
         EvalSums e = evaluate(*model, data.test, 0, data.test.size);
@@ -79,12 +83,19 @@ int main(int argc, char** argv) {
     const double psi = static_cast<double>(model->num_parameters());
     const nlohmann::json ledger = ledger_json();
     print0(format_ledger({ledger}, "formula (one process, fp32 + AdamW): 4Ψ + 4Ψ + 8Ψ = 16Ψ = " +
-                                       human_bytes(16 * psi) + " with Ψ = " + std::to_string(model->num_parameters())));
-    logger.summary({{"chapter", "02_gradient_accumulation"}, {"world_size", 1}, {"steps", step}, {"final_loss", loss},
-                    {"test_loss", test_loss}, {"test_accuracy", test_accuracy}, {"ms_per_step", times.median_ms()},
+                                       human_bytes(16 * psi) +
+                                       " with Ψ = " + std::to_string(model->num_parameters())));
+    logger.summary({{"chapter", "02_gradient_accumulation"},
+                    {"world_size", 1},
+                    {"steps", step},
+                    {"final_loss", loss},
+                    {"test_loss", test_loss},
+                    {"test_accuracy", test_accuracy},
+                    {"ms_per_step", times.median_ms()},
                     {"num_parameters", model->num_parameters()},
                     {"model_states_bytes_per_rank", ledger["model_states_peak"]},
-                    {"bytes_sent_per_rank_per_step", 0}, {"ledger", {ledger}}});
+                    {"bytes_sent_per_rank_per_step", 0},
+                    {"ledger", {ledger}}});
     return 0;
   });
 }

@@ -39,7 +39,8 @@ inline void reduce_to_rank0(Communicator& comm, std::span<float> grads, std::spa
     comm.send(grads, /*dest=*/0);
     return;
   }
-  CHECK(scratch.size() >= grads.size(), "reduce_to_rank0: scratch " << scratch.size() << " < " << grads.size());
+  RZ_CHECK(scratch.size() >= grads.size(),
+           "reduce_to_rank0: scratch " << scratch.size() << " < " << grads.size());
   for (int src = 1; src < comm.world_size(); ++src) {
     comm.recv(scratch.first(grads.size()), src);  // blocks until rank `src` has finished backward
     float* __restrict g = grads.data();
@@ -70,8 +71,9 @@ inline TrafficTheory central_reducer_traffic(int world_size, int64_t psi) {
     theory.bytes_received.push_back(bytes);
   }
   theory.formula = "theory (central reducer): rank 0 receives and sends (N-1)·Ψ·4 = " +
-                   human_bytes(static_cast<double>(theory.bytes_sent[0])) + " per step, every other rank Ψ·4 = " +
-                   human_bytes(4.0 * psi) + "; N = " + std::to_string(world_size) + ", Ψ = " + std::to_string(psi);
+                   human_bytes(static_cast<double>(theory.bytes_sent[0])) +
+                   " per step, every other rank Ψ·4 = " + human_bytes(4.0 * psi) +
+                   "; N = " + std::to_string(world_size) + ", Ψ = " + std::to_string(psi);
   return theory;
 }
 

@@ -28,15 +28,17 @@ namespace ringzero {
 
 inline void bench_allreduce(Communicator& comm) {
   const int N = comm.world_size();
-  CHECK(N >= 2, "--bench-allreduce on " << N << " rank: nothing to all-reduce; run it with mpirun -np 2 (or more)");
+  RZ_CHECK(N >= 2, "--bench-allreduce on "
+                       << N << " rank: nothing to all-reduce; run it with mpirun -np 2 (or more)");
   constexpr int64_t kMaxBytes = int64_t{64} << 20;
-  Buffer buf(kMaxBytes / 4, MemTag::comm_buffers);                             // (S / 4) the data, zeros
+  Buffer buf(kMaxBytes / 4, MemTag::comm_buffers);  // (S / 4) the data, zeros
   Buffer scratch(ring_chunk(kMaxBytes / 4, N, 0).size, MemTag::comm_buffers);  // (S / 4N) one chunk
   char line[256];
-  std::snprintf(line, sizeof line, "all-reduce bus bandwidth, float32 sum, %d ranks (busbw = S/t * 2(N-1)/N)", N);
+  std::snprintf(line, sizeof line,
+                "all-reduce bus bandwidth, float32 sum, %d ranks (busbw = S/t * 2(N-1)/N)", N);
   print0(line);
-  std::snprintf(line, sizeof line, "%10s | %12s %10s %10s | %12s %10s %10s | %s", "bytes", "ring us", "algbw",
-                "busbw", "mpi us", "algbw", "busbw", "ring/mpi");
+  std::snprintf(line, sizeof line, "%10s | %12s %10s %10s | %12s %10s %10s | %s", "bytes",
+                "ring us", "algbw", "busbw", "mpi us", "algbw", "busbw", "ring/mpi");
   print0(line);
   for (int64_t bytes = 4096; bytes <= kMaxBytes; bytes *= 4) {
     std::span<float> data = buf.span().first(static_cast<size_t>(bytes / 4));
@@ -46,8 +48,10 @@ inline void bench_allreduce(Communicator& comm) {
       comm.barrier();
       const double t0 = MPI_Wtime();
       for (int i = 0; i < iters; ++i) {
-        if (ring) ring_all_reduce(comm, data, scratch.span());
-        else comm.all_reduce(data);
+        if (ring)
+          ring_all_reduce(comm, data, scratch.span());
+        else
+          comm.all_reduce(data);
       }
       return (MPI_Wtime() - t0) / iters;
     };
@@ -59,8 +63,9 @@ inline void bench_allreduce(Communicator& comm) {
     }
     const double bus = 2.0 * (N - 1) / N, S = static_cast<double>(bytes);
     std::snprintf(line, sizeof line, "%10lld | %12.1f %10.2f %10.2f | %12.1f %10.2f %10.2f | %.2f",
-                  static_cast<long long>(bytes), best_ring * 1e6, S / best_ring / 1e9, S / best_ring / 1e9 * bus,
-                  best_mpi * 1e6, S / best_mpi / 1e9, S / best_mpi / 1e9 * bus, best_mpi / best_ring);
+                  static_cast<long long>(bytes), best_ring * 1e6, S / best_ring / 1e9,
+                  S / best_ring / 1e9 * bus, best_mpi * 1e6, S / best_mpi / 1e9,
+                  S / best_mpi / 1e9 * bus, best_mpi / best_ring);
     print0(line);
   }
   print0("(GB/s, decimal; ring/mpi > 1 means ours is faster)");

@@ -27,28 +27,32 @@ using namespace ringzero;
 // One all-reduce per parameter, in registration order, as the seeds' DDP wrapper does.
 static void all_reduce_gradients(Communicator& comm, Model& model, bool ring, Buffer& scratch) {
   for (size_t p = 0; p < model.parameters().size(); ++p) {
-    std::span<float> grad = model.grads_memory.span().subspan(model.offsets()[p], model.parameters()[p]->numel());
-    if (ring) ring_all_reduce(comm, grad, scratch.span());
-    else comm.all_reduce(grad);                  // MPI_Allreduce: the library's algorithm
+    std::span<float> grad =
+        model.grads_memory.span().subspan(model.offsets()[p], model.parameters()[p]->numel());
+    if (ring)
+      ring_all_reduce(comm, grad, scratch.span());
+    else
+      comm.all_reduce(grad);  // MPI_Allreduce: the library's algorithm
     for (float& g : grad) g /= comm.world_size();
   }
 }
 
 // One optimizer step on global batch t: K micro-steps on this rank's share, the all-reduce, and
 // the same optimizer step on every rank. Returns the global batch's mean loss (on every rank).
-static double train_step(Communicator& comm, Model& model, Optimizer& optimizer, bool ring, Buffer& scratch,
-                         const Dataset& train, const Sampler& sampler, int64_t t, const TrainConfig& config,
-                         int64_t step) {
+static double train_step(Communicator& comm, Model& model, Optimizer& optimizer, bool ring,
+                         Buffer& scratch, const Dataset& train, const Sampler& sampler, int64_t t,
+                         const TrainConfig& config, int64_t step) {
   const int64_t K = config.grad_accum_steps;
   const int N = comm.world_size();
   model.zero_grad();
   double loss_sum = 0;
   for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
-    Batch batch = make_batch(train, rank_micro_batch(sampler, t, comm.rank(), N, K, micro_step));  // (B/(N K), in)
+    Batch batch = make_batch(
+        train, rank_micro_batch(sampler, t, comm.rank(), N, K, micro_step));  // (B/(N K), in)
     Tape tape;
     Var loss = forward_loss(tape, model, batch);  // mean over this micro-batch
     loss_sum += loss->value[0];
-    tape.backward(loss, 1.0f / K);                // grads += dloss/K: the mean over this rank's share
+    tape.backward(loss, 1.0f / K);  // grads += dloss/K: the mean over this rank's share
   }
   const double loss_value = global_mean(comm, loss_sum / K);  // equal shares: mean of means
   check_finite_loss(loss_value, step);  // every rank sees the same value, so all stop together
@@ -68,7 +72,8 @@ int main(int argc, char** argv) {
   bool bench = false;
   app.add_option("--collectives", collectives, "ring (ours, ring.hpp) | mpi (MPI_Allreduce)")
       ->check(CLI::IsMember({"ring", "mpi"}));
-  app.add_flag("--bench-allreduce", bench, "print a bus-bandwidth table, ours vs MPI_Allreduce, 4 KiB to 64 MiB");
+  app.add_flag("--bench-allreduce", bench,
+               "print a bus-bandwidth table, ours vs MPI_Allreduce, 4 KiB to 64 MiB");
   if (int rc = parse_flags_on_every_rank(comm, app, argc, argv); rc >= 0) return rc;
 
   return run_main([&] {
@@ -78,19 +83,21 @@ int main(int argc, char** argv) {
     validate(config, N);
     TrainTestData data = load_data(config);
     std::unique_ptr<Model> model = build_model(config);
-    broadcast_and_verify_parameters(comm, *model);  // same start on every rank, or stop here
+    broadcast_and_verify_parameters(comm, *model);         // same start on every rank, or stop here
     Optimizer optimizer(config, parameter_sizes(*model));  // every rank: replicated optimizer state
     int64_t largest = 0;
     for (int64_t n : parameter_sizes(*model)) largest = std::max(largest, n);
-    Buffer scratch(ring_chunk(largest, N, 0).size, MemTag::comm_buffers);  // (ceil(Ψ_p / N)) one incoming chunk
+    Buffer scratch(ring_chunk(largest, N, 0).size,
+                   MemTag::comm_buffers);  // (ceil(Ψ_p / N)) one incoming chunk
     Sampler sampler(data.train.size, config.global_batch_size, config.seed, !config.no_shuffle);
     StepLogger logger(config.metrics, comm.rank(), config.log_every);
     const int64_t steps = total_steps(config, sampler.steps_per_epoch());
-    print0("ch04_ring_allreduce | model " + config.model + " | " + std::to_string(model->num_parameters()) +
-           " parameters | global batch " + std::to_string(config.global_batch_size) + " = " + std::to_string(N) +
-           " ranks x " + std::to_string(config.grad_accum_steps) + " x " +
-           std::to_string(config.micro_batch_size(N)) + " | " + std::to_string(steps) + " steps | collectives " +
-           collectives);
+    print0("ch04_ring_allreduce | model " + config.model + " | " +
+           std::to_string(model->num_parameters()) + " parameters | global batch " +
+           std::to_string(config.global_batch_size) + " = " + std::to_string(N) + " ranks x " +
+           std::to_string(config.grad_accum_steps) + " x " +
+           std::to_string(config.micro_batch_size(N)) + " | " + std::to_string(steps) +
+           " steps | collectives " + collectives);
     const nlohmann::json startup = finish_setup(comm);
 
     StepTimes times;
@@ -100,9 +107,11 @@ int main(int argc, char** argv) {
       sampler.set_epoch(epoch - 1);
       for (int64_t t = 0; t < sampler.steps_per_epoch() && step < steps; ++t) {
         Stopwatch watch;
-        loss = train_step(comm, *model, optimizer, collectives == "ring", scratch, data.train, sampler, t, config, ++step);
+        loss = train_step(comm, *model, optimizer, collectives == "ring", scratch, data.train,
+                          sampler, t, config, ++step);
         times.add(watch.ms());
-        logger.step(step, steps, epoch, loss, config.global_batch_size / (watch.ms() / 1e3), watch.ms());
+        logger.step(step, steps, epoch, loss, config.global_batch_size / (watch.ms() / 1e3),
+                    watch.ms());
       }
       if (config.eval_every_epoch) {
         EvalResult e = evaluate_distributed(comm, *model, data.test);
@@ -112,19 +121,28 @@ int main(int argc, char** argv) {
       }
     }
 
-    if (!config.save_final.empty() && comm.rank() == 0) save_safetensors(config.save_final, state_dict(*model));
+    if (!config.save_final.empty() && comm.rank() == 0)
+      save_safetensors(config.save_final, state_dict(*model));
     const int64_t psi = model->num_parameters();
     TrafficTheory theory = ring_all_reduce_traffic(parameter_sizes(*model), N);
     if (collectives == "mpi")  // MPI does not report its wire traffic, only what we hand it
       theory = {std::vector<int64_t>(N, 4 * psi), std::vector<int64_t>(N, 4 * psi),
-                "MPI_Allreduce: the counters show the Ψ·4 = " + human_bytes(4.0 * psi) + " handed to MPI per step"};
-    const std::string ledger_formula = "formula (fp32 + AdamW, every rank): 4Ψ + 4Ψ + 8Ψ = 16Ψ = " +
-                                       human_bytes(16.0 * psi) + "; comm_buffers: one chunk of the largest parameter";
+                "MPI_Allreduce: the counters show the Ψ·4 = " + human_bytes(4.0 * psi) +
+                    " handed to MPI per step"};
+    const std::string ledger_formula =
+        "formula (fp32 + AdamW, every rank): 4Ψ + 4Ψ + 8Ψ = 16Ψ = " + human_bytes(16.0 * psi) +
+        "; comm_buffers: one chunk of the largest parameter";
     nlohmann::json summary = end_of_run_report(comm, step, startup, ledger_formula, theory);
     if (comm.rank() == 0) {
-      summary.update({{"chapter", "04_ring_allreduce"}, {"world_size", N}, {"steps", step}, {"final_loss", loss},
-                      {"test_loss", test_loss}, {"test_accuracy", test_accuracy},
-                      {"ms_per_step", times.median_ms()}, {"num_parameters", psi}, {"collectives", collectives}});
+      summary.update({{"chapter", "04_ring_allreduce"},
+                      {"world_size", N},
+                      {"steps", step},
+                      {"final_loss", loss},
+                      {"test_loss", test_loss},
+                      {"test_accuracy", test_accuracy},
+                      {"ms_per_step", times.median_ms()},
+                      {"num_parameters", psi},
+                      {"collectives", collectives}});
       logger.summary(summary);
     }
     return 0;

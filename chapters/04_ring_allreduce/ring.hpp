@@ -49,7 +49,9 @@ inline Chunk ring_chunk(int64_t n, int world_size, int i) {
   return {begin, std::min(n, begin + s) - begin};
 }
 
-inline int ring_mod(int a, int n) { return ((a % n) + n) % n; }
+inline int ring_mod(int a, int n) {
+  return ((a % n) + n) % n;
+}
 
 /// Elements rank r sends (and receives) per phase, for the counters' theory: the reduce-scatter
 /// sends every chunk but r (and receives every chunk but r − 1), the all-gather sends every
@@ -72,7 +74,8 @@ inline int64_t ring_all_gather_received(int64_t n, int world_size, int r) {
 /// with the same n. `scratch` receives the incoming chunk: at least ring_chunk(n, N, 0).size
 /// elements (pass a buffer kept across calls to avoid allocating and zeroing one every call;
 /// empty: allocate one here). Traffic per rank: (N − 1) chunks sent, (N − 1) received.
-inline void ring_reduce_scatter(Communicator& comm, std::span<float> buf, std::span<float> scratch = {}) {
+inline void ring_reduce_scatter(Communicator& comm, std::span<float> buf,
+                                std::span<float> scratch = {}) {
   const int N = comm.world_size(), r = comm.rank();
   const auto n = static_cast<int64_t>(buf.size());
   comm.count_call("ring_reduce_scatter");
@@ -84,8 +87,9 @@ inline void ring_reduce_scatter(Communicator& comm, std::span<float> buf, std::s
     owned = Buffer(s, MemTag::comm_buffers);
     scratch = owned.span();
   }
-  CHECK(static_cast<int64_t>(scratch.size()) >= s,
-        "ring_reduce_scatter: scratch has " << scratch.size() << " elements, the chunk needs " << s);
+  RZ_CHECK(static_cast<int64_t>(scratch.size()) >= s, "ring_reduce_scatter: scratch has "
+                                                          << scratch.size()
+                                                          << " elements, the chunk needs " << s);
   for (int k = 0; k < N - 1; ++k) {
     const Chunk send = ring_chunk(n, N, ring_mod(r - k - 1, N));
     const Chunk recv = ring_chunk(n, N, ring_mod(r - k - 2, N));
@@ -108,14 +112,15 @@ inline void ring_all_gather(Communicator& comm, std::span<float> buf) {
   for (int k = 0; k < N - 1; ++k) {
     const Chunk send = ring_chunk(n, N, ring_mod(r - k, N));
     const Chunk recv = ring_chunk(n, N, ring_mod(r - k - 1, N));
-    comm.sendrecv(buf.subspan(send.offset, send.size), ring_mod(r + 1, N), buf.subspan(recv.offset, recv.size),
-                  ring_mod(r - 1, N));
+    comm.sendrecv(buf.subspan(send.offset, send.size), ring_mod(r + 1, N),
+                  buf.subspan(recv.offset, recv.size), ring_mod(r - 1, N));
   }
 }
 
 /// Sum over ranks, in place, on every rank: reduce-scatter then all-gather. `scratch` as for
 /// ring_reduce_scatter.
-inline void ring_all_reduce(Communicator& comm, std::span<float> buf, std::span<float> scratch = {}) {
+inline void ring_all_reduce(Communicator& comm, std::span<float> buf,
+                            std::span<float> scratch = {}) {
   ring_reduce_scatter(comm, buf, scratch);
   ring_all_gather(comm, buf);
 }
@@ -131,15 +136,17 @@ inline TrafficTheory ring_all_reduce_traffic(const std::vector<int64_t>& sizes, 
     int64_t sent = 0, received = 0;
     for (int64_t n : sizes) {
       sent += ring_reduce_scatter_sent(n, world_size, r) + ring_all_gather_sent(n, world_size, r);
-      received += ring_reduce_scatter_received(n, world_size, r) + ring_all_gather_received(n, world_size, r);
+      received += ring_reduce_scatter_received(n, world_size, r) +
+                  ring_all_gather_received(n, world_size, r);
     }
     theory.bytes_sent.push_back(4 * sent);
     theory.bytes_received.push_back(4 * received);
   }
-  theory.formula = "theory (ring all-reduce): every rank sends and receives 2(N-1)/N·Ψ·4 = " +
-                   human_bytes(2.0 * (world_size - 1) / world_size * psi * 4) +
-                   " per step, independent of N (exactly: per parameter, every chunk but one, twice); N = " +
-                   std::to_string(world_size) + ", Ψ = " + std::to_string(psi);
+  theory.formula =
+      "theory (ring all-reduce): every rank sends and receives 2(N-1)/N·Ψ·4 = " +
+      human_bytes(2.0 * (world_size - 1) / world_size * psi * 4) +
+      " per step, independent of N (exactly: per parameter, every chunk but one, twice); N = " +
+      std::to_string(world_size) + ", Ψ = " + std::to_string(psi);
   return theory;
 }
 

@@ -54,9 +54,11 @@ struct Bucket {
 inline int64_t mib_to_bytes(double mib) {
   // Checked here, in MiB, so the message shows what the user typed (a NaN or 1e30 would
   // otherwise reach the int64 conversion, which is undefined behaviour).
-  CHECK(std::isfinite(mib) && mib * 1024.0 * 1024.0 >= 1.0 && mib <= 1024.0 * 1024.0,
-        "--bucket-cap-mb / --first-bucket-cap-mb " << mib << " must be a finite size from 1 byte (9.6e-07) to 1 TiB "
-                                                   "(1048576); PyTorch's default is 25");
+  RZ_CHECK(std::isfinite(mib) && mib * 1024.0 * 1024.0 >= 1.0 && mib <= 1024.0 * 1024.0,
+           "--bucket-cap-mb / --first-bucket-cap-mb "
+               << mib
+               << " must be a finite size from 1 byte (9.6e-07) to 1 TiB "
+                  "(1048576); PyTorch's default is 25");
   return static_cast<int64_t>(mib * 1024.0 * 1024.0);
 }
 
@@ -64,14 +66,15 @@ inline int64_t mib_to_bytes(double mib) {
 /// they are all-reduced. Limits in bytes of float32: the first bucket closes at
 /// min(first_bucket_cap_bytes, bucket_cap_bytes), the others at bucket_cap_bytes.
 /// Errors: a non-positive limit, a parameter with no elements.
-inline std::vector<Bucket> plan_buckets(std::span<const int64_t> param_sizes, int64_t bucket_cap_bytes,
-                                        int64_t first_bucket_cap_bytes) {
-  CHECK(bucket_cap_bytes > 0 && first_bucket_cap_bytes > 0,
-        "bucket caps must be positive (got " << bucket_cap_bytes << " and " << first_bucket_cap_bytes
-                                             << " bytes); use --bucket-cap-mb > 0");
+inline std::vector<Bucket> plan_buckets(std::span<const int64_t> param_sizes,
+                                        int64_t bucket_cap_bytes, int64_t first_bucket_cap_bytes) {
+  RZ_CHECK(bucket_cap_bytes > 0 && first_bucket_cap_bytes > 0,
+           "bucket caps must be positive (got " << bucket_cap_bytes << " and "
+                                                << first_bucket_cap_bytes
+                                                << " bytes); use --bucket-cap-mb > 0");
   std::vector<int64_t> offsets(param_sizes.size() + 1, 0);  // (P + 1) element offsets
   for (size_t i = 0; i < param_sizes.size(); ++i) {
-    CHECK(param_sizes[i] > 0, "parameter " << i << " has " << param_sizes[i] << " elements");
+    RZ_CHECK(param_sizes[i] > 0, "parameter " << i << " has " << param_sizes[i] << " elements");
     offsets[i + 1] = offsets[i] + param_sizes[i];
   }
   std::vector<Bucket> plan;
@@ -103,21 +106,25 @@ inline std::vector<int64_t> bucket_sizes(const std::vector<Bucket>& plan) {
 }
 
 /// The --explain-buckets table: one line per bucket, in all-reduce order.
-inline std::string explain_buckets(const std::vector<Bucket>& plan, const Model& model, double bucket_cap_mb,
-                                   double first_bucket_cap_mb) {
+inline std::string explain_buckets(const std::vector<Bucket>& plan, const Model& model,
+                                   double bucket_cap_mb, double first_bucket_cap_mb) {
   char line[512];
-  std::snprintf(line, sizeof line,
-                "bucket plan: %zu parameters in %zu buckets (--bucket-cap-mb %g, first bucket %g MiB), "
-                "all-reduced in this order:\n",
-                model.parameters().size(), plan.size(), bucket_cap_mb, std::min(first_bucket_cap_mb, bucket_cap_mb));
+  std::snprintf(
+      line, sizeof line,
+      "bucket plan: %zu parameters in %zu buckets (--bucket-cap-mb %g, first bucket %g MiB), "
+      "all-reduced in this order:\n",
+      model.parameters().size(), plan.size(), bucket_cap_mb,
+      std::min(first_bucket_cap_mb, bucket_cap_mb));
   std::string out = line;
   for (size_t b = 0; b < plan.size(); ++b) {
     std::string names;
-    for (int p : plan[b].params) names += (names.empty() ? "" : ", ") + model.parameters()[p]->name();
-    std::snprintf(line, sizeof line, "  bucket %-3zu | %10lld elements | %9s | grads_memory[%lld, %lld) | %s\n", b,
+    for (int p : plan[b].params)
+      names += (names.empty() ? "" : ", ") + model.parameters()[p]->name();
+    std::snprintf(line, sizeof line,
+                  "  bucket %-3zu | %10lld elements | %9s | grads_memory[%lld, %lld) | %s\n", b,
                   static_cast<long long>(plan[b].size), human_bytes(4.0 * plan[b].size).c_str(),
-                  static_cast<long long>(plan[b].offset), static_cast<long long>(plan[b].offset + plan[b].size),
-                  names.c_str());
+                  static_cast<long long>(plan[b].offset),
+                  static_cast<long long>(plan[b].offset + plan[b].size), names.c_str());
     out += line;
   }
   return out;
@@ -140,19 +147,22 @@ inline void check_bucket_plans_match(Communicator& comm, const std::vector<Bucke
   }
   comm.all_reduce_metrics(all);
   auto describe = [&](int q) {
-    std::string s = "rank " + std::to_string(q) + ": " + std::to_string(static_cast<int64_t>(counts[q])) + " buckets [";
+    std::string s = "rank " + std::to_string(q) + ": " +
+                    std::to_string(static_cast<int64_t>(counts[q])) + " buckets [";
     for (size_t b = 0; b < static_cast<size_t>(counts[q]); ++b)
-      s += (b ? ", " : "") + std::to_string(static_cast<int64_t>(all[(q * width + b) * 2])) + " elements/" +
-           std::to_string(static_cast<int64_t>(all[(q * width + b) * 2 + 1])) + " params";
+      s += (b ? ", " : "") + std::to_string(static_cast<int64_t>(all[(q * width + b) * 2])) +
+           " elements/" + std::to_string(static_cast<int64_t>(all[(q * width + b) * 2 + 1])) +
+           " params";
     return s + "]";
   };
   for (int q = 1; q < N; ++q) {
-    const bool same = counts[q] == counts[0] &&
-                      std::equal(all.begin() + q * width * 2, all.begin() + (q + 1) * width * 2, all.begin());
-    CHECK(same, "the bucket plans differ across ranks, so their all-reduces would not match: "
-                    << describe(0) << "; " << describe(q)
-                    << ". Every rank must run the same model with the same --bucket-cap-mb and "
-                    << "--first-bucket-cap-mb: launch all ranks with the same command line");
+    const bool same =
+        counts[q] == counts[0] &&
+        std::equal(all.begin() + q * width * 2, all.begin() + (q + 1) * width * 2, all.begin());
+    RZ_CHECK(same, "the bucket plans differ across ranks, so their all-reduces would not match: "
+                       << describe(0) << "; " << describe(q)
+                       << ". Every rank must run the same model with the same --bucket-cap-mb and "
+                       << "--first-bucket-cap-mb: launch all ranks with the same command line");
   }
 }
 

@@ -45,17 +45,20 @@ namespace ringzero {
 class DDP {
  public:
   struct Options {
-    double bucket_cap_mb = 25.0;        ///< PyTorch's default
-    double first_bucket_cap_mb = 1.0;   ///< PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES
+    double bucket_cap_mb = 25.0;       ///< PyTorch's default
+    double first_bucket_cap_mb = 1.0;  ///< PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES
     bool find_unused_parameters = false;
-    std::string collectives = "ring";   ///< ring (chapter 04's) | mpi (MPI_Allreduce, which spins while it waits)
-    Tracer* tracer = nullptr;           ///< optional: launch and all-reduce events
+    std::string collectives =
+        "ring";  ///< ring (chapter 04's) | mpi (MPI_Allreduce, which spins while it waits)
+    Tracer* tracer = nullptr;  ///< optional: launch and all-reduce events
   };
 
   /// Plans the buckets, checks the plan is the same on every rank (collective), and hooks
   /// every parameter of `model`. comm and model must outlive the DDP.
   DDP(Communicator& comm, Model& model, Options options)
-      : comm_(comm), model_(model), options_(options),
+      : comm_(comm),
+        model_(model),
+        options_(options),
         buckets_(plan_buckets(parameter_sizes(model), mib_to_bytes(options.bucket_cap_mb),
                               mib_to_bytes(options.first_bucket_cap_mb))) {
     check_bucket_plans_match(comm, buckets_);
@@ -64,7 +67,8 @@ class DDP {
     int64_t largest_chunk = 0;
     for (size_t b = 0; b < buckets_.size(); ++b) {
       for (int p : buckets_[b].params) bucket_of_[p] = static_cast<int>(b);
-      largest_chunk = std::max(largest_chunk, ring_chunk(buckets_[b].size, comm.world_size(), 0).size);
+      largest_chunk =
+          std::max(largest_chunk, ring_chunk(buckets_[b].size, comm.world_size(), 0).size);
     }
     scratch_ = Buffer(largest_chunk, MemTag::comm_buffers);  // (s) the ring's incoming chunk
     reset();
@@ -115,10 +119,14 @@ class DDP {
     } else if (!unused.empty()) {
       comm_thread_.wait_all();  // the buckets launched so far: every rank launched them too
       reset();
-      CHECK(false, "parameters that received no gradient in this backward: "
-                       << unused << ". Their buckets can never be all-reduced, and every rank would wait for them "
-                       << "forever. Make every parameter take part in the loss, or pass --find-unused-parameters "
-                       << "(PyTorch: find_unused_parameters=True) to count a missing gradient as zero");
+      RZ_CHECK(
+          false,
+          "parameters that received no gradient in this backward: "
+              << unused
+              << ". Their buckets can never be all-reduced, and every rank would wait for them "
+              << "forever. Make every parameter take part in the loss, or pass "
+                 "--find-unused-parameters "
+              << "(PyTorch: find_unused_parameters=True) to count a missing gradient as zero");
     }
     comm_thread_.wait_all();
     reset();
@@ -140,12 +148,15 @@ class DDP {
   // The gradient-ready hook of parameter i (main thread, during backward).
   void mark_ready(int i) {
     if (!require_sync_) return;
-    CHECK(!ready_[i], "parameter " << model_.parameters()[i]->name() << " became ready twice in one backward; "
-                                   << "call finalize_backward() after every backward that is not inside no_sync()");
+    RZ_CHECK(!ready_[i],
+             "parameter "
+                 << model_.parameters()[i]->name() << " became ready twice in one backward; "
+                 << "call finalize_backward() after every backward that is not inside no_sync()");
     ready_[i] = 1;
     ready_order_.push_back(i);
     --pending_[bucket_of_[i]];
-    while (next_bucket_ < static_cast<int>(buckets_.size()) && pending_[next_bucket_] == 0) launch(next_bucket_++);
+    while (next_bucket_ < static_cast<int>(buckets_.size()) && pending_[next_bucket_] == 0)
+      launch(next_bucket_++);
   }
 
   // Queues bucket b's all-reduce on the communication thread; returns at once.
@@ -155,14 +166,19 @@ class DDP {
     if (tracer) tracer->instant("launch bucket " + std::to_string(b), "ddp", Tracer::kMainTrack);
     comm_thread_.submit([this, b, tracer, launched] {
       const double start = tracer ? tracer->now_us() : 0;
-      std::span<float> grads = model_.grads_memory.span().subspan(buckets_[b].offset, buckets_[b].size);
-      if (options_.collectives == "ring") ring_all_reduce(comm_, grads, scratch_.span());  // chapter 04's ring
-      else comm_.all_reduce(grads);
-      for (float& g : grads) g /= static_cast<float>(comm_.world_size());  // as chapter 04: the mean
+      std::span<float> grads =
+          model_.grads_memory.span().subspan(buckets_[b].offset, buckets_[b].size);
+      if (options_.collectives == "ring")
+        ring_all_reduce(comm_, grads, scratch_.span());  // chapter 04's ring
+      else
+        comm_.all_reduce(grads);
+      for (float& g : grads)
+        g /= static_cast<float>(comm_.world_size());  // as chapter 04: the mean
       if (tracer)
-        tracer->complete("all_reduce bucket " + std::to_string(b), "comm", Tracer::kCommTrack, start,
-                         tracer->now_us() - start,
-                         {{"bytes", 4 * buckets_[b].size}, {"params", buckets_[b].params.size()},
+        tracer->complete("all_reduce bucket " + std::to_string(b), "comm", Tracer::kCommTrack,
+                         start, tracer->now_us() - start,
+                         {{"bytes", 4 * buckets_[b].size},
+                          {"params", buckets_[b].params.size()},
                           {"queued_us", start - launched}});
     });
   }
@@ -175,10 +191,10 @@ class DDP {
   std::vector<int> pending_;    // (buckets) parameters not ready yet in this backward
   std::vector<char> ready_;     // (P) 1 once the parameter's gradient is final
   std::vector<int> ready_order_, last_ready_order_;
-  int next_bucket_ = 0;         // the next bucket to launch: launches happen in plan order
+  int next_bucket_ = 0;  // the next bucket to launch: launches happen in plan order
   bool require_sync_ = true;
   Buffer scratch_;
-  CommThread comm_thread_;      // last: destroyed (drained) first, while everything above lives
+  CommThread comm_thread_;  // last: destroyed (drained) first, while everything above lives
 };
 
 }  // namespace ringzero

@@ -55,9 +55,11 @@ struct BucketShard {
   int64_t padding = 0;        ///< (N − n mod N) mod N
   int64_t padded_offset = 0;  ///< first element in the padded flat buffer
   int64_t shard_size = 0;     ///< s = (n + padding) / N, the same on every rank
-  int64_t shard_offset = 0;   ///< this bucket's shard in a rank's shard buffer (Σ s of earlier buckets)
-  int64_t real = 0;           ///< real elements in this rank's shard: clamp(n − r s, 0, s)
-  std::vector<int64_t> segments;  ///< sizes of the parameter pieces in [r s, r s + real), memory order
+  int64_t shard_offset =
+      0;             ///< this bucket's shard in a rank's shard buffer (Σ s of earlier buckets)
+  int64_t real = 0;  ///< real elements in this rank's shard: clamp(n − r s, 0, s)
+  std::vector<int64_t>
+      segments;  ///< sizes of the parameter pieces in [r s, r s + real), memory order
   std::vector<int> segment_params;  ///< the parameter index of each segment
   int64_t padded_size() const { return size + padding; }
 };
@@ -73,14 +75,16 @@ struct ShardLayout {
 };
 
 /// The layout of `plan` (chapter 05's buckets of `model`) for `rank` of `world_size`.
-inline ShardLayout plan_shards(const Model& model, const std::vector<Bucket>& plan, int rank, int world_size) {
+inline ShardLayout plan_shards(const Model& model, const std::vector<Bucket>& plan, int rank,
+                               int world_size) {
   const int64_t N = world_size;
   ShardLayout layout;
   // Padding goes right after each bucket, so a bucket's padded offset grows by the padding of
   // every bucket below it in memory (buckets run in reverse memory order).
   std::vector<size_t> by_memory(plan.size());
   for (size_t b = 0; b < plan.size(); ++b) by_memory[b] = b;
-  std::sort(by_memory.begin(), by_memory.end(), [&](size_t a, size_t b) { return plan[a].offset < plan[b].offset; });
+  std::sort(by_memory.begin(), by_memory.end(),
+            [&](size_t a, size_t b) { return plan[a].offset < plan[b].offset; });
   std::vector<int64_t> padding_below(plan.size(), 0);
   for (size_t b : by_memory) {
     padding_below[b] = layout.padding_total;
@@ -96,10 +100,12 @@ inline ShardLayout plan_shards(const Model& model, const std::vector<Bucket>& pl
     s.shard_size = s.padded_size() / N;
     s.shard_offset = layout.shard_total;
     s.real = std::clamp(s.size - rank * s.shard_size, int64_t{0}, s.shard_size);
-    const int64_t lo = rank * s.shard_size, hi = lo + s.real;  // this rank's real elements, bucket-local
+    const int64_t lo = rank * s.shard_size,
+                  hi = lo + s.real;  // this rank's real elements, bucket-local
     for (auto it = plan[b].params.rbegin(); it != plan[b].params.rend(); ++it) {  // memory order
       const int p = *it;
-      const int64_t begin = model.offsets()[p] - s.offset, end = begin + model.parameters()[p]->numel();
+      const int64_t begin = model.offsets()[p] - s.offset,
+                    end = begin + model.parameters()[p]->numel();
       layout.param_offset[p] = s.padded_offset + begin;
       if (std::max(begin, lo) < std::min(end, hi)) {
         s.segments.push_back(std::min(end, hi) - std::max(begin, lo));
@@ -120,7 +126,8 @@ inline ShardLayout plan_shards(const Model& model, const std::vector<Bucket>& pl
 /// arithmetic, so any rank can compute every rank's share (for the ledger's formula line).
 inline int64_t shard_real_of(const ShardLayout& layout, int rank) {
   int64_t real = 0;
-  for (const BucketShard& b : layout.buckets) real += std::clamp(b.size - rank * b.shard_size, int64_t{0}, b.shard_size);
+  for (const BucketShard& b : layout.buckets)
+    real += std::clamp(b.size - rank * b.shard_size, int64_t{0}, b.shard_size);
   return real;
 }
 
@@ -136,7 +143,8 @@ class PaddedBuffer {
     Ledger::get().add(MemTag::padding, 4 * padding);  // ... of which `padding` are padding
   }
   ~PaddedBuffer() { release(); }
-  PaddedBuffer(PaddedBuffer&& o) noexcept : buffer_(std::move(o.buffer_)), padding_(std::exchange(o.padding_, 0)) {}
+  PaddedBuffer(PaddedBuffer&& o) noexcept
+      : buffer_(std::move(o.buffer_)), padding_(std::exchange(o.padding_, 0)) {}
   PaddedBuffer& operator=(PaddedBuffer&& o) noexcept {
     if (this != &o) {
       release();
@@ -180,24 +188,30 @@ inline TrafficTheory zero_traffic_theory(const ShardLayout& layout, int world_si
     int64_t sent = 0, received = 0;
     for (const BucketShard& b : layout.buckets) {
       const int64_t n = b.padded_size(), s = b.shard_size;
-      sent += ring ? ring_reduce_scatter_sent(n, world_size, r) + ring_all_gather_sent(n, world_size, r)
-                   : (world_size - 1) * s + s;
-      received += ring ? ring_reduce_scatter_received(n, world_size, r) + ring_all_gather_received(n, world_size, r)
+      sent +=
+          ring ? ring_reduce_scatter_sent(n, world_size, r) + ring_all_gather_sent(n, world_size, r)
+               : (world_size - 1) * s + s;
+      received += ring ? ring_reduce_scatter_received(n, world_size, r) +
+                             ring_all_gather_received(n, world_size, r)
                        : s + (world_size - 1) * s;
     }
     theory.bytes_sent.push_back(4 * sent);
     theory.bytes_received.push_back(4 * received);
   }
   const double N = world_size;
-  const std::string counts = "; N = " + std::to_string(world_size) + ", Ψ = " + std::to_string(psi) +
+  const std::string counts = "; N = " + std::to_string(world_size) +
+                             ", Ψ = " + std::to_string(psi) +
                              ", padding = " + std::to_string(layout.padding_total);
-  theory.formula =
-      ring ? "theory (ring reduce-scatter of gradients + ring all-gather of parameters, per bucket): every rank "
-             "sends 2(N-1)/N·4Ψ = " + human_bytes(2 * (N - 1) / N * 4.0 * static_cast<double>(psi)) +
-                 " per step, as DDP; exactly 2(N-1)/N·4(Ψ + padding) = " +
-                 human_bytes(static_cast<double>(theory.bytes_sent[0])) + counts
-           : "MPI_Reduce_scatter_block + MPI_Allgather: counters show the payload handed to MPI, 4(Ψ + padding) = " +
-                 human_bytes(static_cast<double>(theory.bytes_sent[0])) + " per step, not its wire traffic" + counts;
+  theory.formula = ring ? "theory (ring reduce-scatter of gradients + ring all-gather of "
+                          "parameters, per bucket): every rank "
+                          "sends 2(N-1)/N·4Ψ = " +
+                              human_bytes(2 * (N - 1) / N * 4.0 * static_cast<double>(psi)) +
+                              " per step, as DDP; exactly 2(N-1)/N·4(Ψ + padding) = " +
+                              human_bytes(static_cast<double>(theory.bytes_sent[0])) + counts
+                        : "MPI_Reduce_scatter_block + MPI_Allgather: counters show the payload "
+                          "handed to MPI, 4(Ψ + padding) = " +
+                              human_bytes(static_cast<double>(theory.bytes_sent[0])) +
+                              " per step, not its wire traffic" + counts;
   return theory;
 }
 
@@ -205,12 +219,13 @@ inline TrafficTheory zero_traffic_theory(const ShardLayout& layout, int world_si
 /// this rank's shard, bucket[r s, (r+1) s), which then holds the sum over ranks (the rest of
 /// the bucket holds partial sums). collectives "ring": chapter 04's first half, in place;
 /// "mpi": MPI_Reduce_scatter_block, which wants the output apart, through `scratch` (≥ s).
-inline std::span<float> reduce_scatter_bucket(Communicator& comm, std::span<float> bucket, int64_t shard_size,
-                                              std::span<float> scratch, const std::string& collectives) {
+inline std::span<float> reduce_scatter_bucket(Communicator& comm, std::span<float> bucket,
+                                              int64_t shard_size, std::span<float> scratch,
+                                              const std::string& collectives) {
   std::span<float> shard = bucket.subspan(comm.rank() * shard_size, shard_size);
   if (collectives == "ring") {
     ring_reduce_scatter(comm, bucket, scratch);  // chapter 04's first half: our chunk is summed
-  } else {  // MPI wants the output apart from the input
+  } else {                                       // MPI wants the output apart from the input
     comm.reduce_scatter(bucket, scratch.first(shard_size));
     std::copy_n(scratch.data(), shard_size, shard.begin());
   }
@@ -224,7 +239,7 @@ inline void all_gather_bucket(Communicator& comm, std::span<float> bucket, int64
                               std::span<float> scratch, const std::string& collectives) {
   if (collectives == "ring") {
     ring_all_gather(comm, bucket);  // chapter 04's second half
-  } else {  // MPI wants the input apart from the output
+  } else {                          // MPI wants the input apart from the output
     std::span<float> shard = bucket.subspan(comm.rank() * shard_size, shard_size);
     std::copy(shard.begin(), shard.end(), scratch.data());
     comm.all_gather(scratch.first(shard_size), bucket);
@@ -239,7 +254,8 @@ inline void all_gather_bucket(Communicator& comm, std::span<float> bucket, int64
 /// unsharded norm up to float64 rounding (another summation order, ~1e-16 relative); the float
 /// clip coefficient is then the same bit for bit unless that rounding straddles a float
 /// boundary. Padding is zero and left out, so each element counts once. Chapters 06-08.
-inline double clip_sharded_grad_norm(Communicator& comm, const std::vector<std::span<float>>& shards, float max_norm) {
+inline double clip_sharded_grad_norm(Communicator& comm,
+                                     const std::vector<std::span<float>>& shards, float max_norm) {
   std::vector<double> sums(static_cast<size_t>(comm.world_size()), 0.0);  // (N) each rank's Σ g²
   for (std::span<float> shard : shards) sums[comm.rank()] += sum_of_squares(shard);
   comm.all_reduce_metrics(sums);
@@ -257,9 +273,9 @@ inline double clip_sharded_grad_norm(Communicator& comm, const std::vector<std::
 /// into the unpadded names and shapes, as "<param>.exp_avg", "<param>.exp_avg_sq" and
 /// "<param>.step" (shape (1)). Errors: an optimizer that is not AdamW; pieces of a parameter
 /// whose step counts differ.
-inline std::map<std::string, NamedTensor> gather_optimizer_state(Communicator& comm, const Model& model,
-                                                                 const ShardLayout& layout,
-                                                                 const std::vector<Optimizer>& optimizers) {
+inline std::map<std::string, NamedTensor> gather_optimizer_state(
+    Communicator& comm, const Model& model, const ShardLayout& layout,
+    const std::vector<Optimizer>& optimizers) {
   const auto& params = model.parameters();
   std::map<std::string, NamedTensor> out;
   std::vector<double> steps(3 * params.size(), 0.0);  // (P, 3) Σ step, Σ step², pieces
@@ -268,9 +284,10 @@ inline std::map<std::string, NamedTensor> gather_optimizer_state(Communicator& c
     for (size_t b = 0; b < layout.buckets.size(); ++b) {
       const BucketShard& s = layout.buckets[b];
       const AdamW* adamw = optimizers[b].adamw();
-      CHECK(adamw != nullptr, "optimizer state is saved for --optimizer adamw only");
+      RZ_CHECK(adamw != nullptr, "optimizer state is saved for --optimizer adamw only");
       std::span<const float> state = which == 0 ? adamw->exp_avg() : adamw->exp_avg_sq();
-      std::copy(state.begin(), state.end(), full.data() + s.padded_offset + comm.rank() * s.shard_size);
+      std::copy(state.begin(), state.end(),
+                full.data() + s.padded_offset + comm.rank() * s.shard_size);
       ring_all_gather(comm, full.span().subspan(s.padded_offset, s.padded_size()));
       for (size_t k = 0; which == 0 && k < adamw->segment_steps().size(); ++k) {
         const auto t = static_cast<double>(adamw->segment_steps()[k]);
@@ -280,14 +297,15 @@ inline std::map<std::string, NamedTensor> gather_optimizer_state(Communicator& c
     }
     for (size_t i = 0; i < params.size(); ++i) {
       const float* v = full.data() + layout.param_offset[i];
-      out[params[i]->name() + (which == 0 ? ".exp_avg" : ".exp_avg_sq")] = {params[i]->shape(),
-                                                                            {v, v + params[i]->numel()}};
+      out[params[i]->name() + (which == 0 ? ".exp_avg" : ".exp_avg_sq")] = {
+          params[i]->shape(), {v, v + params[i]->numel()}};
     }
   }
   comm.all_reduce_metrics(steps);
   for (size_t i = 0; i < params.size(); ++i) {
     const double* st = &steps[3 * i];
-    CHECK(st[1] * st[2] == st[0] * st[0], "the pieces of " << params[i]->name() << " took different numbers of steps");
+    RZ_CHECK(st[1] * st[2] == st[0] * st[0],
+             "the pieces of " << params[i]->name() << " took different numbers of steps");
     out[params[i]->name() + ".step"] = {{1}, {static_cast<float>(st[0] / st[2])}};
   }
   return out;

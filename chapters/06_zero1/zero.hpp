@@ -8,8 +8,9 @@
 // already holds the summed gradient of exactly its shard, so the all-gather moves from the
 // gradients to the updated parameters:
 //
-//   main thread:  backward 4 ─▶ backward 2 ─────────▶ backward 0 ─▶ finalize ▶ step b0 ▶ step b1 ▶ wait
-//   comm thread:            └ reduce_scatter b0 ┘              └ reduce_scatter b1 ┘ └ all_gather b0 ┘ └ all_gather b1 ┘
+//   main thread:  backward 4 ─▶ backward 2 ─────────▶ backward 0 ─▶ finalize ▶ step b0 ▶ step b1 ▶
+//   wait comm thread:            └ reduce_scatter b0 ┘              └ reduce_scatter b1 ┘ └
+//   all_gather b0 ┘ └ all_gather b1 ┘
 //
 // The same bytes on the wire as DDP (2(N−1)/N·4Ψ per rank per step), the same sums in the same
 // order (bit for bit, shard.hpp), 1/N of the optimizer state and of the optimizer's work:
@@ -57,11 +58,12 @@ namespace ringzero {
 class ZeRO {
  public:
   struct Options {
-    double bucket_cap_mb = 25.0;        ///< PyTorch's default
-    double first_bucket_cap_mb = 1.0;   ///< PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES
+    double bucket_cap_mb = 25.0;       ///< PyTorch's default
+    double first_bucket_cap_mb = 1.0;  ///< PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES
     bool find_unused_parameters = false;
-    std::string collectives = "ring";   ///< ring (chapter 04's) | mpi (MPI_Reduce_scatter_block, MPI_Allgather)
-    Tracer* tracer = nullptr;           ///< optional: launch, reduce-scatter and all-gather events
+    std::string collectives =
+        "ring";  ///< ring (chapter 04's) | mpi (MPI_Reduce_scatter_block, MPI_Allgather)
+    Tracer* tracer = nullptr;  ///< optional: launch, reduce-scatter and all-gather events
   };
 
   /// Plans the buckets and their shards, checks the plan is the same on every rank
@@ -70,7 +72,9 @@ class ZeRO {
   /// optimizer for its shard (--optimizer of `config`) and hooks every parameter. comm and
   /// model must outlive the ZeRO.
   ZeRO(Communicator& comm, Model& model, const TrainConfig& config, Options options)
-      : comm_(comm), model_(model), options_(options),
+      : comm_(comm),
+        model_(model),
+        options_(options),
         buckets_(plan_buckets(parameter_sizes(model), mib_to_bytes(options.bucket_cap_mb),
                               mib_to_bytes(options.first_bucket_cap_mb))),
         layout_(plan_shards(model, buckets_, comm.rank(), comm.world_size())),
@@ -97,7 +101,8 @@ class ZeRO {
     }
     model.params_memory.release();
     optimizers_.reserve(layout_.buckets.size());
-    for (const BucketShard& s : layout_.buckets) optimizers_.emplace_back(config, s.segments);  // (real) each
+    for (const BucketShard& s : layout_.buckets)
+      optimizers_.emplace_back(config, s.segments);  // (real) each
     reset();
     for (size_t i = 0; i < params.size(); ++i)
       params[i]->add_grad_ready_hook([this, i](Parameter&) { mark_ready(static_cast<int>(i)); });
@@ -128,7 +133,8 @@ class ZeRO {
   /// (PyTorch's `with ddp.no_sync():`).
   class NoSync {
    public:
-    explicit NoSync(ZeRO& zero) : zero_(zero), previous_(std::exchange(zero.require_sync_, false)) {}
+    explicit NoSync(ZeRO& zero)
+        : zero_(zero), previous_(std::exchange(zero.require_sync_, false)) {}
     ~NoSync() { zero_.require_sync_ = previous_; }
     NoSync(const NoSync&) = delete;
     NoSync& operator=(const NoSync&) = delete;
@@ -157,10 +163,14 @@ class ZeRO {
     } else if (!unused.empty()) {
       comm_thread_.wait_all();  // the buckets launched so far: every rank launched them too
       reset();
-      CHECK(false, "parameters that received no gradient in this backward: "
-                       << unused << ". Their buckets can never be reduce-scattered, and every rank would wait for "
-                       << "them forever. Make every parameter take part in the loss, or pass --find-unused-parameters "
-                       << "(PyTorch: find_unused_parameters=True) to count a missing gradient as zero");
+      RZ_CHECK(
+          false,
+          "parameters that received no gradient in this backward: "
+              << unused
+              << ". Their buckets can never be reduce-scattered, and every rank would wait for "
+              << "them forever. Make every parameter take part in the loss, or pass "
+                 "--find-unused-parameters "
+              << "(PyTorch: find_unused_parameters=True) to count a missing gradient as zero");
     }
     comm_thread_.wait_all();
     reset();
@@ -187,16 +197,18 @@ class ZeRO {
         const double start = tracer ? tracer->now_us() : 0;
         const BucketShard& s = layout_.buckets[b];
         std::span<float> bucket = params_.span().subspan(s.padded_offset, s.padded_size());
-        all_gather_bucket(comm_, bucket, s.shard_size, scratch_.span(), options_.collectives);  // shard.hpp
+        all_gather_bucket(comm_, bucket, s.shard_size, scratch_.span(),
+                          options_.collectives);  // shard.hpp
         if (tracer)
-          tracer->complete("all_gather bucket " + std::to_string(b), "comm", Tracer::kCommTrack, start,
-                           tracer->now_us() - start, {{"bytes", 4 * s.padded_size()}});
+          tracer->complete("all_gather bucket " + std::to_string(b), "comm", Tracer::kCommTrack,
+                           start, tracer->now_us() - start, {{"bytes", 4 * s.padded_size()}});
       });
     }
     comm_thread_.wait_all();
   }
 
-  /// Collective, for the equivalence tests: AdamW's state gathered from every rank's shards (zero_io.hpp).
+  /// Collective, for the equivalence tests: AdamW's state gathered from every rank's shards
+  /// (zero_io.hpp).
   std::map<std::string, NamedTensor> optimizer_state_dict();
   /// Elements of the padding that are not zero: must be 0 (zero_io.hpp).
   int64_t nonzero_padding() const;
@@ -220,11 +232,14 @@ class ZeRO {
   // The gradient-ready hook of parameter i (main thread, during backward).
   void mark_ready(int i) {
     if (!require_sync_) return;
-    CHECK(!ready_[i], "parameter " << model_.parameters()[i]->name() << " became ready twice in one backward; "
-                                   << "call finalize_backward() after every backward that is not inside no_sync()");
+    RZ_CHECK(!ready_[i],
+             "parameter "
+                 << model_.parameters()[i]->name() << " became ready twice in one backward; "
+                 << "call finalize_backward() after every backward that is not inside no_sync()");
     ready_[i] = 1;
     --pending_[bucket_of_[i]];
-    while (next_bucket_ < static_cast<int>(buckets_.size()) && pending_[next_bucket_] == 0) launch(next_bucket_++);
+    while (next_bucket_ < static_cast<int>(buckets_.size()) && pending_[next_bucket_] == 0)
+      launch(next_bucket_++);
   }
 
   // Queues bucket b's reduce-scatter on the communication thread; returns at once.
@@ -236,13 +251,16 @@ class ZeRO {
       const double start = tracer ? tracer->now_us() : 0;
       const BucketShard& s = layout_.buckets[b];
       std::span<float> bucket = grads_.span().subspan(s.padded_offset, s.padded_size());
-      std::span<float> shard = reduce_scatter_bucket(comm_, bucket, s.shard_size, scratch_.span(),
-                                                     options_.collectives);  // shard.hpp: ours holds the sum
-      for (float& g : shard) g /= static_cast<float>(comm_.world_size());  // as chapter 05: the mean
+      std::span<float> shard =
+          reduce_scatter_bucket(comm_, bucket, s.shard_size, scratch_.span(),
+                                options_.collectives);  // shard.hpp: ours holds the sum
+      for (float& g : shard)
+        g /= static_cast<float>(comm_.world_size());  // as chapter 05: the mean
       if (tracer)
-        tracer->complete("reduce_scatter bucket " + std::to_string(b), "comm", Tracer::kCommTrack, start,
-                         tracer->now_us() - start,
-                         {{"bytes", 4 * s.padded_size()}, {"params", buckets_[b].params.size()},
+        tracer->complete("reduce_scatter bucket " + std::to_string(b), "comm", Tracer::kCommTrack,
+                         start, tracer->now_us() - start,
+                         {{"bytes", 4 * s.padded_size()},
+                          {"params", buckets_[b].params.size()},
                           {"queued_us", start - launched}});
     });
   }
@@ -252,17 +270,17 @@ class ZeRO {
   Options options_;
   std::vector<Bucket> buckets_;
   ShardLayout layout_;
-  int64_t psi_;                         // Ψ
-  PaddedBuffer params_;                 // (Ψ + padding) every parameter, padded per bucket
-  PaddedBuffer grads_;                  // (Ψ + padding) every gradient, same layout
-  std::vector<Optimizer> optimizers_;   // (buckets) each over this rank's real shard elements
-  std::vector<int> bucket_of_;  // (P) bucket of each parameter
-  std::vector<int> pending_;    // (buckets) parameters not ready yet in this backward
-  std::vector<char> ready_;     // (P) 1 once the parameter's gradient is final
-  int next_bucket_ = 0;         // the next bucket to launch: launches happen in plan order
+  int64_t psi_;                        // Ψ
+  PaddedBuffer params_;                // (Ψ + padding) every parameter, padded per bucket
+  PaddedBuffer grads_;                 // (Ψ + padding) every gradient, same layout
+  std::vector<Optimizer> optimizers_;  // (buckets) each over this rank's real shard elements
+  std::vector<int> bucket_of_;         // (P) bucket of each parameter
+  std::vector<int> pending_;           // (buckets) parameters not ready yet in this backward
+  std::vector<char> ready_;            // (P) 1 once the parameter's gradient is final
+  int next_bucket_ = 0;                // the next bucket to launch: launches happen in plan order
   bool require_sync_ = true;
   Buffer scratch_;
-  CommThread comm_thread_;      // last: destroyed (drained) first, while everything above lives
+  CommThread comm_thread_;  // last: destroyed (drained) first, while everything above lives
 };
 
 }  // namespace ringzero

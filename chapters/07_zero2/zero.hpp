@@ -1,12 +1,14 @@
-// ZeRO-2: chapter 06's ZeRO-1 with the gradients sharded too (Rajbhandari et al. 2020, §5.2, Pos+g).
+// ZeRO-2: chapter 06's ZeRO-1 with the gradients sharded too (Rajbhandari et al. 2020, §5.2,
+// Pos+g).
 //
 // After chapter 06's reduce-scatter a rank reads only its shard of a bucket's gradient; the
 // rest of the bucket holds partial sums nobody needs. ZeRO-2 keeps only the shard: a bucket's
 // full gradient exists from the backward of its first parameter until its reduce-scatter is
 // done, and then its memory is freed. What stays is this rank's gradient shard (4Ψ/N):
 //
-//   main thread:  alloc b0 ▶ backward 4 ─▶ alloc b1 ▶ backward 2 ──▶ backward 0 ─▶ finalize ▶ free b1 ▶ step
-//   comm thread:                        └ reduce_scatter b0 → shard ┘            └ reduce_scatter b1 → shard ┘
+//   main thread:  alloc b0 ▶ backward 4 ─▶ alloc b1 ▶ backward 2 ──▶ backward 0 ─▶ finalize ▶ free
+//   b1 ▶ step comm thread:                        └ reduce_scatter b0 → shard ┘            └
+//   reduce_scatter b1 → shard ┘
 //
 // A bucket's gradient is allocated (zeros) by the pre-backward hook of the first layer that
 // writes into it, and the parameters' grad views point into it. Its reduce-scatter copies this
@@ -64,11 +66,12 @@ namespace ringzero {
 class ZeRO {
  public:
   struct Options {
-    double bucket_cap_mb = 25.0;        ///< PyTorch's default
-    double first_bucket_cap_mb = 1.0;   ///< PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES
+    double bucket_cap_mb = 25.0;       ///< PyTorch's default
+    double first_bucket_cap_mb = 1.0;  ///< PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES
     bool find_unused_parameters = false;
-    std::string collectives = "ring";   ///< ring (chapter 04's) | mpi (MPI_Reduce_scatter_block, MPI_Allgather)
-    Tracer* tracer = nullptr;           ///< optional: launch, reduce-scatter and all-gather events
+    std::string collectives =
+        "ring";  ///< ring (chapter 04's) | mpi (MPI_Reduce_scatter_block, MPI_Allgather)
+    Tracer* tracer = nullptr;  ///< optional: launch, reduce-scatter and all-gather events
   };
 
   /// Plans the buckets and their shards, checks the plan is the same on every rank
@@ -78,7 +81,9 @@ class ZeRO {
   /// every Linear layer (pre-backward: allocate its buckets). comm and model must outlive the
   /// ZeRO; the layer hooks stay on the model but do nothing once the ZeRO is gone.
   ZeRO(Communicator& comm, Model& model, const TrainConfig& config, Options options)
-      : comm_(comm), model_(model), options_(options),
+      : comm_(comm),
+        model_(model),
+        options_(options),
         buckets_(plan_buckets(parameter_sizes(model), mib_to_bytes(options.bucket_cap_mb),
                               mib_to_bytes(options.first_bucket_cap_mb))),
         layout_(plan_shards(model, buckets_, comm.rank(), comm.world_size())),
@@ -95,7 +100,8 @@ class ZeRO {
     // Every parameter moves to its padded place. The gradients are zero: free them first; a
     // parameter has gradient storage only while its bucket is in flight.
     model.grads_memory.release();
-    grad_shard_ = PaddedBuffer(layout_.shard_total, layout_.shard_total - layout_.shard_real, MemTag::gradients);
+    grad_shard_ = PaddedBuffer(layout_.shard_total, layout_.shard_total - layout_.shard_real,
+                               MemTag::gradients);
     params_ = PaddedBuffer(layout_.padded_total, layout_.padded_total - psi_, MemTag::parameters);
     for (size_t i = 0; i < params.size(); ++i) {
       Parameter& p = *params[i];
@@ -110,14 +116,16 @@ class ZeRO {
     for (Linear* layer : model.linear_layers()) {  // a layer's backward needs its buckets' memory
       std::vector<int> mine;
       for (Parameter* p : layer->parameters())
-        mine.push_back(static_cast<int>(std::find(params.begin(), params.end(), p) - params.begin()));
+        mine.push_back(
+            static_cast<int>(std::find(params.begin(), params.end(), p) - params.begin()));
       layer->add_pre_backward_hook([alive = alive_, mine](Module&) {
         if (*alive)
           for (int i : mine) (*alive)->allocate_bucket((*alive)->bucket_of_[i]);
       });
     }
     optimizers_.reserve(layout_.buckets.size());
-    for (const BucketShard& s : layout_.buckets) optimizers_.emplace_back(config, s.segments);  // (real) each
+    for (const BucketShard& s : layout_.buckets)
+      optimizers_.emplace_back(config, s.segments);  // (real) each
     reset();
     for (size_t i = 0; i < params.size(); ++i)
       params[i]->add_grad_ready_hook([this, i](Parameter&) { mark_ready(static_cast<int>(i)); });
@@ -151,7 +159,8 @@ class ZeRO {
   /// (PyTorch's `with ddp.no_sync():`).
   class NoSync {
    public:
-    explicit NoSync(ZeRO& zero) : zero_(zero), previous_(std::exchange(zero.require_sync_, false)) {}
+    explicit NoSync(ZeRO& zero)
+        : zero_(zero), previous_(std::exchange(zero.require_sync_, false)) {}
     ~NoSync() { zero_.require_sync_ = previous_; }
     NoSync(const NoSync&) = delete;
     NoSync& operator=(const NoSync&) = delete;
@@ -184,13 +193,18 @@ class ZeRO {
     } else if (!unused.empty()) {
       comm_thread_.wait_all();  // the buckets launched so far: every rank launched them too
       reset();
-      CHECK(false, "parameters that received no gradient in this backward: "
-                       << unused << ". Their buckets can never be reduce-scattered, and every rank would wait for "
-                       << "them forever. Make every parameter take part in the loss, or pass --find-unused-parameters "
-                       << "(PyTorch: find_unused_parameters=True) to count a missing gradient as zero");
+      RZ_CHECK(
+          false,
+          "parameters that received no gradient in this backward: "
+              << unused
+              << ". Their buckets can never be reduce-scattered, and every rank would wait for "
+              << "them forever. Make every parameter take part in the loss, or pass "
+                 "--find-unused-parameters "
+              << "(PyTorch: find_unused_parameters=True) to count a missing gradient as zero");
     }
     comm_thread_.wait_all();
-    for (size_t b = 0; b < bucket_grads_.size(); ++b) free_bucket(b);  // reduced: only the shard stays
+    for (size_t b = 0; b < bucket_grads_.size(); ++b)
+      free_bucket(b);  // reduced: only the shard stays
     reset();
   }
 
@@ -215,16 +229,18 @@ class ZeRO {
         const double start = tracer ? tracer->now_us() : 0;
         const BucketShard& s = layout_.buckets[b];
         std::span<float> bucket = params_.span().subspan(s.padded_offset, s.padded_size());
-        all_gather_bucket(comm_, bucket, s.shard_size, scratch_.span(), options_.collectives);  // shard.hpp
+        all_gather_bucket(comm_, bucket, s.shard_size, scratch_.span(),
+                          options_.collectives);  // shard.hpp
         if (tracer)
-          tracer->complete("all_gather bucket " + std::to_string(b), "comm", Tracer::kCommTrack, start,
-                           tracer->now_us() - start, {{"bytes", 4 * s.padded_size()}});
+          tracer->complete("all_gather bucket " + std::to_string(b), "comm", Tracer::kCommTrack,
+                           start, tracer->now_us() - start, {{"bytes", 4 * s.padded_size()}});
       });
     }
     comm_thread_.wait_all();
   }
 
-  /// Collective, for the equivalence tests: AdamW's state gathered from every rank's shards (zero_io.hpp).
+  /// Collective, for the equivalence tests: AdamW's state gathered from every rank's shards
+  /// (zero_io.hpp).
   std::map<std::string, NamedTensor> optimizer_state_dict();
   /// Elements of the padding that are not zero: must be 0 (zero_io.hpp).
   int64_t nonzero_padding() const;
@@ -250,7 +266,8 @@ class ZeRO {
     bucket_grads_[b] = PaddedBuffer(s.padded_size(), s.padding, MemTag::gradients);
     for (int p : buckets_[b].params) {
       Parameter& param = *model_.parameters()[p];
-      param.grad = Tensor(bucket_grads_[b].data() + (model_.offsets()[p] - s.offset), param.shape());
+      param.grad =
+          Tensor(bucket_grads_[b].data() + (model_.offsets()[p] - s.offset), param.shape());
     }
   }
 
@@ -273,11 +290,14 @@ class ZeRO {
   // The gradient-ready hook of parameter i (main thread, during backward).
   void mark_ready(int i) {
     if (!require_sync_) return;
-    CHECK(!ready_[i], "parameter " << model_.parameters()[i]->name() << " became ready twice in one backward; "
-                                   << "call finalize_backward() after every backward that is not inside no_sync()");
+    RZ_CHECK(!ready_[i],
+             "parameter "
+                 << model_.parameters()[i]->name() << " became ready twice in one backward; "
+                 << "call finalize_backward() after every backward that is not inside no_sync()");
     ready_[i] = 1;
     --pending_[bucket_of_[i]];
-    while (next_bucket_ < static_cast<int>(buckets_.size()) && pending_[next_bucket_] == 0) launch(next_bucket_++);
+    while (next_bucket_ < static_cast<int>(buckets_.size()) && pending_[next_bucket_] == 0)
+      launch(next_bucket_++);
   }
 
   // Queues bucket b's reduce-scatter on the communication thread; returns at once.
@@ -290,14 +310,17 @@ class ZeRO {
       const double start = tracer ? tracer->now_us() : 0;
       const BucketShard& s = layout_.buckets[b];
       std::span<float> bucket = bucket_grads_[b].span();
-      std::span<float> shard = reduce_scatter_bucket(comm_, bucket, s.shard_size, scratch_.span(),
-                                                     options_.collectives);  // shard.hpp: ours holds the sum
-      for (float& g : shard) g /= static_cast<float>(comm_.world_size());  // as chapter 05: the mean
+      std::span<float> shard =
+          reduce_scatter_bucket(comm_, bucket, s.shard_size, scratch_.span(),
+                                options_.collectives);  // shard.hpp: ours holds the sum
+      for (float& g : shard)
+        g /= static_cast<float>(comm_.world_size());  // as chapter 05: the mean
       std::copy(shard.begin(), shard.end(), grad_shard_.data() + s.shard_offset);  // all we keep
       if (tracer)
-        tracer->complete("reduce_scatter bucket " + std::to_string(b), "comm", Tracer::kCommTrack, start,
-                         tracer->now_us() - start,
-                         {{"bytes", 4 * s.padded_size()}, {"params", buckets_[b].params.size()},
+        tracer->complete("reduce_scatter bucket " + std::to_string(b), "comm", Tracer::kCommTrack,
+                         start, tracer->now_us() - start,
+                         {{"bytes", 4 * s.padded_size()},
+                          {"params", buckets_[b].params.size()},
                           {"queued_us", start - launched}});
     });
   }
@@ -307,20 +330,21 @@ class ZeRO {
   Options options_;
   std::vector<Bucket> buckets_;
   ShardLayout layout_;
-  int64_t psi_;                         // Ψ
-  PaddedBuffer params_;                 // (Ψ + padding) every parameter, padded per bucket
-  PaddedBuffer grad_shard_;             // (Σ s) this rank's shard of every bucket's gradient
+  int64_t psi_;                             // Ψ
+  PaddedBuffer params_;                     // (Ψ + padding) every parameter, padded per bucket
+  PaddedBuffer grad_shard_;                 // (Σ s) this rank's shard of every bucket's gradient
   std::vector<PaddedBuffer> bucket_grads_;  // (buckets) a bucket's full gradient, while in flight
-  std::vector<uint64_t> tickets_;       // (buckets) its reduce-scatter's comm-thread ticket; 0: none
-  std::vector<Optimizer> optimizers_;   // (buckets) each over this rank's real shard elements
-  std::vector<int> bucket_of_;  // (P) bucket of each parameter
-  std::vector<int> pending_;    // (buckets) parameters not ready yet in this backward
-  std::vector<char> ready_;     // (P) 1 once the parameter's gradient is final
-  int next_bucket_ = 0;         // the next bucket to launch: launches happen in plan order
+  std::vector<uint64_t> tickets_;      // (buckets) its reduce-scatter's comm-thread ticket; 0: none
+  std::vector<Optimizer> optimizers_;  // (buckets) each over this rank's real shard elements
+  std::vector<int> bucket_of_;         // (P) bucket of each parameter
+  std::vector<int> pending_;           // (buckets) parameters not ready yet in this backward
+  std::vector<char> ready_;            // (P) 1 once the parameter's gradient is final
+  int next_bucket_ = 0;                // the next bucket to launch: launches happen in plan order
   bool require_sync_ = true;
   Buffer scratch_;
-  std::shared_ptr<ZeRO*> alive_ = std::make_shared<ZeRO*>(this);  // what the layer hooks reach us by
-  CommThread comm_thread_;      // last: destroyed (drained) first, while everything above lives
+  std::shared_ptr<ZeRO*> alive_ =
+      std::make_shared<ZeRO*>(this);  // what the layer hooks reach us by
+  CommThread comm_thread_;  // last: destroyed (drained) first, while everything above lives
 };
 
 }  // namespace ringzero

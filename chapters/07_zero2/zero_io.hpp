@@ -20,7 +20,8 @@ namespace ringzero {
 inline std::vector<int64_t> ZeRO::model_states_bytes() const {
   std::vector<int64_t> bytes;
   for (int r = 0; r < comm_.world_size(); ++r)
-    bytes.push_back(4 * layout_.padded_total + 4 * layout_.shard_total + 8 * shard_real_of(layout_, r));
+    bytes.push_back(4 * layout_.padded_total + 4 * layout_.shard_total +
+                    8 * shard_real_of(layout_, r));
   return bytes;
 }
 
@@ -29,18 +30,22 @@ inline std::vector<int64_t> ZeRO::model_states_bytes() const {
 inline int64_t ZeRO::buckets_in_flight_bytes() const {
   int64_t most = 4 * layout_.buckets[0].padded_size();
   for (size_t b = 1; b < layout_.buckets.size(); ++b)
-    most = std::max(most, 4 * (layout_.buckets[b - 1].padded_size() + layout_.buckets[b].padded_size()));
+    most = std::max(most,
+                    4 * (layout_.buckets[b - 1].padded_size() + layout_.buckets[b].padded_size()));
   return most;
 }
 
 inline std::string ZeRO::ledger_formula() const {
-  const ModelStateBytes f = zero_model_state_bytes(2, static_cast<double>(psi_), comm_.world_size());
+  const ModelStateBytes f =
+      zero_model_state_bytes(2, static_cast<double>(psi_), comm_.world_size());
   std::string exact;
   for (int64_t b : model_states_bytes()) exact += (exact.empty() ? "" : ", ") + std::to_string(b);
-  return "formula (ZeRO-2, fp32 + AdamW): " + zero_formula_text(2) + " = " + human_bytes(f.total()) +
-         " per rank, + at most two buckets in flight = " + human_bytes(static_cast<double>(buckets_in_flight_bytes())) +
-         " (DDP: 16Ψ = " + human_bytes(16.0 * static_cast<double>(psi_)) + "); exactly, with padding " +
-         std::to_string(layout_.padding_total) + ": 4(Ψ + padding) + 4·(shard) + 8·(real shard) = " + exact +
+  return "formula (ZeRO-2, fp32 + AdamW): " + zero_formula_text(2) + " = " +
+         human_bytes(f.total()) + " per rank, + at most two buckets in flight = " +
+         human_bytes(static_cast<double>(buckets_in_flight_bytes())) +
+         " (DDP: 16Ψ = " + human_bytes(16.0 * static_cast<double>(psi_)) +
+         "); exactly, with padding " + std::to_string(layout_.padding_total) +
+         ": 4(Ψ + padding) + 4·(shard) + 8·(real shard) = " + exact +
          " B on ranks 0..N-1 between steps, + " + std::to_string(buckets_in_flight_bytes()) +
          " B in flight at the peak (K = 1; with K > 1 every bucket stays through accumulation)";
 }

@@ -47,12 +47,16 @@ inline void check_in_step(Communicator& comm, const CollectiveHeader& mine,
   comm.count_call("desync_check");
   Communicator::Scope scope(comm, "desync_check");
   std::array<float, 4> received{};  // the header's bytes; MPI copies them as they are
-  comm.sendrecv(std::bit_cast<std::array<float, 4>>(mine), ring_mod(r + 1, N), received, ring_mod(r - 1, N));
+  comm.sendrecv(std::bit_cast<std::array<float, 4>>(mine), ring_mod(r + 1, N), received,
+                ring_mod(r - 1, N));
   const auto left = std::bit_cast<CollectiveHeader>(received);
-  CHECK(left == mine, "ranks out of step: " << describe(mine) << " on this rank, but " << describe(left) << " on rank "
-                          << ring_mod(r - 1, N) << ". Every rank must run the same layers in the same order: a "
-                          << "layer run on some ranks only (a branch on one rank's data, a layer called twice) "
-                          << "pairs different collectives across ranks, a hang or silently wrong weights");
+  RZ_CHECK(
+      left == mine,
+      "ranks out of step: "
+          << describe(mine) << " on this rank, but " << describe(left) << " on rank "
+          << ring_mod(r - 1, N) << ". Every rank must run the same layers in the same order: a "
+          << "layer run on some ranks only (a branch on one rank's data, a layer called twice) "
+          << "pairs different collectives across ranks, a hang or silently wrong weights");
 }
 
 }  // namespace ringzero

@@ -42,8 +42,9 @@ struct LayerShard {
   int64_t numel = 0;         ///< Ψ_l, weight + bias
   int64_t shard_size = 0;    ///< s_l = ceil(Ψ_l / N), the same on every rank
   int64_t padded_size = 0;   ///< P_l = N s_l
-  int64_t shard_offset = 0;  ///< this layer's shard in a rank's shard buffers (Σ s of earlier layers)
-  int64_t real = 0;          ///< real elements of this rank's shard: clamp(Ψ_l − r s_l, 0, s_l)
+  int64_t shard_offset =
+      0;             ///< this layer's shard in a rank's shard buffers (Σ s of earlier layers)
+  int64_t real = 0;  ///< real elements of this rank's shard: clamp(Ψ_l − r s_l, 0, s_l)
   std::vector<int64_t> segments;           ///< sizes of the weight and bias pieces among them
   std::vector<Parameter*> segment_params;  ///< the parameter of each segment
 };
@@ -60,9 +61,10 @@ inline LayerLayout plan_layer_shards(const Model& model, int rank, int world_siz
   LayerLayout layout;
   const auto& params = model.parameters();
   for (Linear* layer : model.linear_layers()) {
-    const auto w = static_cast<size_t>(std::find(params.begin(), params.end(), &layer->weight) - params.begin());
-    CHECK(w + 1 < params.size() && params[w + 1] == &layer->bias,
-          "layer " << layer->name() << ": weight and bias must be consecutive parameters");
+    const auto w = static_cast<size_t>(std::find(params.begin(), params.end(), &layer->weight) -
+                                       params.begin());
+    RZ_CHECK(w + 1 < params.size() && params[w + 1] == &layer->bias,
+             "layer " << layer->name() << ": weight and bias must be consecutive parameters");
     LayerShard s;
     s.layer = layer;
     s.offset = model.offsets()[w];
@@ -72,7 +74,8 @@ inline LayerLayout plan_layer_shards(const Model& model, int rank, int world_siz
     s.padded_size = s.shard_size * world_size;
     s.shard_offset = layout.shard_total;
     s.real = std::clamp(s.numel - rank * s.shard_size, int64_t{0}, s.shard_size);
-    const int64_t lo = rank * s.shard_size, hi = lo + s.real;  // this rank's real elements, layer-local
+    const int64_t lo = rank * s.shard_size,
+                  hi = lo + s.real;  // this rank's real elements, layer-local
     for (auto [p, begin, end] : {std::tuple{&layer->weight, int64_t{0}, s.weight_numel},
                                  std::tuple{&layer->bias, s.weight_numel, s.numel}})
       if (std::max(begin, lo) < std::min(end, hi)) {
@@ -89,14 +92,19 @@ inline LayerLayout plan_layer_shards(const Model& model, int rank, int world_siz
 /// The --explain-layers table: one line per layer, in forward order.
 inline std::string explain_layer_shards(const LayerLayout& layout, int world_size) {
   char line[256];
-  std::snprintf(line, sizeof line, "layer plan: %zu layers, each padded to a multiple of N = %d and cut into N shards:\n",
-                layout.layers.size(), world_size);
+  std::snprintf(
+      line, sizeof line,
+      "layer plan: %zu layers, each padded to a multiple of N = %d and cut into N shards:\n",
+      layout.layers.size(), world_size);
   std::string out = line;
   for (const LayerShard& s : layout.layers) {
-    std::snprintf(line, sizeof line, "  layer %-4s | %10lld elements | padding %2lld | shard %9lld elements (%s) | %s, %s\n",
-                  s.layer->name().c_str(), static_cast<long long>(s.numel), static_cast<long long>(s.padded_size - s.numel),
-                  static_cast<long long>(s.shard_size), human_bytes(4.0 * s.shard_size).c_str(),
-                  s.layer->weight.name().c_str(), s.layer->bias.name().c_str());
+    std::snprintf(
+        line, sizeof line,
+        "  layer %-4s | %10lld elements | padding %2lld | shard %9lld elements (%s) | %s, %s\n",
+        s.layer->name().c_str(), static_cast<long long>(s.numel),
+        static_cast<long long>(s.padded_size - s.numel), static_cast<long long>(s.shard_size),
+        human_bytes(4.0 * s.shard_size).c_str(), s.layer->weight.name().c_str(),
+        s.layer->bias.name().c_str());
     out += line;
   }
   return out;
@@ -109,7 +117,9 @@ inline std::string explain_layer_shards(const LayerLayout& layout, int world_siz
 /// 4·max(P_{l−1} + 2 P_l + P_{l+1}) (the forward holds only P_l + P_{l+1}).
 inline int64_t gathered_peak_bytes(const LayerLayout& layout, bool prefetch) {
   const auto& L = layout.layers;
-  auto P = [&](size_t l) { return l < L.size() ? L[l].padded_size : int64_t{0}; };  // l = −1 wraps: 0
+  auto P = [&](size_t l) {
+    return l < L.size() ? L[l].padded_size : int64_t{0};
+  };  // l = −1 wraps: 0
   int64_t peak = 0;
   for (size_t l = 0; l < L.size(); ++l)
     peak = std::max(peak, prefetch ? 4 * (P(l - 1) + 2 * P(l) + P(l + 1)) : 8 * P(l));
@@ -123,10 +133,12 @@ inline int64_t gathered_peak_bytes(const LayerLayout& layout, bool prefetch) {
 /// collectives the counters see the payload handed to MPI: s_l sent and (N − 1) s_l received
 /// per all-gather, the reverse per reduce-scatter.
 inline TrafficTheory zero3_traffic_theory(const LayerLayout& layout, int world_size, int64_t psi,
-                                          int64_t grad_accum_steps, const std::string& collectives) {
+                                          int64_t grad_accum_steps,
+                                          const std::string& collectives) {
   const bool ring = collectives == "ring";
   const int64_t N = world_size, L = static_cast<int64_t>(layout.layers.size());
-  int64_t sent = 0, received = 0;  // elements per micro-step, the same on every rank (every chunk is s_l)
+  int64_t sent = 0,
+          received = 0;  // elements per micro-step, the same on every rank (every chunk is s_l)
   for (const LayerShard& s : layout.layers) {
     sent += ring ? 3 * (N - 1) * s.shard_size : (N + 1) * s.shard_size;
     received += ring ? 3 * (N - 1) * s.shard_size : (2 * N - 1) * s.shard_size;
@@ -137,14 +149,21 @@ inline TrafficTheory zero3_traffic_theory(const LayerLayout& layout, int world_s
   theory.bytes_received.assign(static_cast<size_t>(N), grad_accum_steps * (4 * received + headers));
   const double n = static_cast<double>(N), p = static_cast<double>(psi);
   theory.formula =
-      (ring ? "theory (ZeRO-3: per micro-step and layer, all-gather forward + all-gather backward + reduce-scatter): "
-              "every rank sends 3(N-1)/N·4Ψ = " + human_bytes(3 * (n - 1) / n * 4 * p) + " per micro-step, 1.5x DDP's "
-              "2(N-1)/N·4Ψ = " + human_bytes(2 * (n - 1) / n * 4 * p)
-            : std::string("MPI_Allgather x 2 + MPI_Reduce_scatter_block per layer: counters show the payload handed "
+      (ring ? "theory (ZeRO-3: per micro-step and layer, all-gather forward + all-gather backward "
+              "+ reduce-scatter): "
+              "every rank sends 3(N-1)/N·4Ψ = " +
+                  human_bytes(3 * (n - 1) / n * 4 * p) +
+                  " per micro-step, 1.5x DDP's "
+                  "2(N-1)/N·4Ψ = " +
+                  human_bytes(2 * (n - 1) / n * 4 * p)
+            : std::string("MPI_Allgather x 2 + MPI_Reduce_scatter_block per layer: counters show "
+                          "the payload handed "
                           "to MPI, not its wire traffic")) +
-      "; exactly (padding, 16-byte desync headers, K = " + std::to_string(grad_accum_steps) + " micro-steps): " +
-      human_bytes(static_cast<double>(bytes)) + "; N = " + std::to_string(N) + ", Ψ = " + std::to_string(psi) +
-      ", padding = " + std::to_string(N * layout.shard_total - psi) + ", L = " + std::to_string(L) + " layers";
+      "; exactly (padding, 16-byte desync headers, K = " + std::to_string(grad_accum_steps) +
+      " micro-steps): " + human_bytes(static_cast<double>(bytes)) + "; N = " + std::to_string(N) +
+      ", Ψ = " + std::to_string(psi) +
+      ", padding = " + std::to_string(N * layout.shard_total - psi) + ", L = " + std::to_string(L) +
+      " layers";
   return theory;
 }
 

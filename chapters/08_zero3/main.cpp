@@ -2,7 +2,8 @@
 //
 //   mpirun -np 4 build/bin/ch08_zero3 --epochs 5
 //   mpirun -np 2 build/bin/ch08_zero3 --model toy --explain-layers --trace zero3.json
-//   mpirun -np 2 build/bin/ch08_zero3 --model toy --no-prefetch    # every collective waited for at once
+//   mpirun -np 2 build/bin/ch08_zero3 --model toy --no-prefetch    # every collective waited for at
+//   once
 //
 // Same training as chapter 07, the same numbers (bit for bit where the ring sums in the same
 // order, layer_shard.hpp). What changes is that no rank holds the whole model any more
@@ -35,41 +36,48 @@ static void run_layer_again(Model& model, const std::string& name) {
       (*layer)(tape, make_var(Tensor::zeros({1, layer->weight.shape()[1]}, MemTag::activations)));
       return;
     }
-  CHECK(false, "--debug-desync-layer " << name << " is not a Linear layer (0, 2, 4, ... as state_dict names them)");
+  RZ_CHECK(false, "--debug-desync-layer "
+                      << name << " is not a Linear layer (0, 2, 4, ... as state_dict names them)");
 }
 
 // One optimizer step on global batch t: K micro-steps on this rank's share, each gathering
 // every layer twice and reduce-scattering its gradient, then each rank's step on its shard.
 // Returns the global batch's mean loss (on every rank).
 static double train_step(Communicator& comm, Model& model, ZeRO& zero, Tracer& tracer,
-                         const Dataset& train, const Sampler& sampler, int64_t t, const TrainConfig& config,
-                         int64_t step, std::pair<int, std::string> desync) {
+                         const Dataset& train, const Sampler& sampler, int64_t t,
+                         const TrainConfig& config, int64_t step,
+                         std::pair<int, std::string> desync) {
   Tracer::Span span(tracer, "step " + std::to_string(step), "step");
   const int64_t K = config.grad_accum_steps;
   const int N = comm.world_size();
   zero.zero_grad();
   double loss_sum = 0;
   for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
-    Batch batch = make_batch(train, rank_micro_batch(sampler, t, comm.rank(), N, K, micro_step));  // (B/(N K), in)
+    Batch batch = make_batch(
+        train, rank_micro_batch(sampler, t, comm.rank(), N, K, micro_step));  // (B/(N K), in)
     if (comm.rank() == desync.first && step == 2) run_layer_again(model, desync.second);
     Tape tape;
-    Var loss = forward_loss(tape, model, batch);  // mean over this micro-batch; gathers layer by layer
+    Var loss =
+        forward_loss(tape, model, batch);  // mean over this micro-batch; gathers layer by layer
     loss_sum += loss->value[0];
-    tape.backward(loss, 1.0f / K);                // gathers again; each layer's gradient shard += its mean
+    tape.backward(loss, 1.0f / K);  // gathers again; each layer's gradient shard += its mean
   }
   zero.finalize_backward();  // nothing in flight, no layer gathered: only the shards
   const double loss_value = global_mean(comm, loss_sum / K);  // equal shares: mean of means
   check_finite_loss(loss_value, step);  // every rank sees the same value, so all stop together
 
   Tracer::Span opt(tracer, "optimizer step", "optimizer");
-  if (config.clip_grad_norm > 0) zero.clip_grad_norm(config.clip_grad_norm);  // global norm over the shards
+  if (config.clip_grad_norm > 0)
+    zero.clip_grad_norm(config.clip_grad_norm);  // global norm over the shards
   zero.step();  // each rank updates its shard; the next forward gathers it
   return loss_value;
 }
 
 int main(int argc, char** argv) {
   Communicator comm(argc, argv);  // outlives run_main, so a failure can still MPI_Abort every rank
-  CLI::App app{"RingZero chapter 08: ZeRO-3, optimizer state, gradients and parameters sharded over ranks, under mpirun"};
+  CLI::App app{
+      "RingZero chapter 08: ZeRO-3, optimizer state, gradients and parameters sharded over ranks, "
+      "under mpirun"};
   TrainConfig config;
   add_train_flags(app, config, /*with_grad_accum=*/true);
   ZeRO::Options zero_options;
@@ -82,13 +90,20 @@ int main(int argc, char** argv) {
   app.add_option("--collectives", zero_options.collectives,
                  "ring (ours, chapter 04) | mpi (MPI_Reduce_scatter_block + MPI_Allgather)")
       ->check(CLI::IsMember({"ring", "mpi"}));
-  app.add_flag("--no-prefetch", no_prefetch, "post each all-gather only when its layer needs it; wait for every collective");
-  app.add_flag("--explain-layers", explain, "print the layer plan (elements, padding, shard size per layer)");
-  app.add_option("--debug-desync-rank", desync.first, "tests only: this rank runs a layer once more in step 2");
-  app.add_option("--debug-desync-layer", desync.second, "tests only: the layer it runs again (0, 2, ...)");
-  app.add_option("--trace", trace_path, "write a Chrome trace (ui.perfetto.dev) of the first --trace-steps steps");
-  app.add_option("--trace-steps", trace_steps, "optimizer steps to trace")->check(CLI::Range(1, 1000000));
-  app.add_option("--save-optimizer-state", optimizer_state_path, "write AdamW's state, gathered, to a safetensors file");
+  app.add_flag("--no-prefetch", no_prefetch,
+               "post each all-gather only when its layer needs it; wait for every collective");
+  app.add_flag("--explain-layers", explain,
+               "print the layer plan (elements, padding, shard size per layer)");
+  app.add_option("--debug-desync-rank", desync.first,
+                 "tests only: this rank runs a layer once more in step 2");
+  app.add_option("--debug-desync-layer", desync.second,
+                 "tests only: the layer it runs again (0, 2, ...)");
+  app.add_option("--trace", trace_path,
+                 "write a Chrome trace (ui.perfetto.dev) of the first --trace-steps steps");
+  app.add_option("--trace-steps", trace_steps, "optimizer steps to trace")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--save-optimizer-state", optimizer_state_path,
+                 "write AdamW's state, gathered, to a safetensors file");
   add_memory_calculator_flags(app, calculator);
   if (int rc = parse_flags_on_every_rank(comm, app, argc, argv); rc >= 0) return rc;
 
@@ -104,7 +119,8 @@ int main(int argc, char** argv) {
     Tracer tracer;
     zero_options.tracer = &tracer;
     zero_options.prefetch = !no_prefetch;
-    ZeRO zero(comm, *model, config, zero_options);  // layer shards, this rank's optimizers; the model's buffers go
+    ZeRO zero(comm, *model, config,
+              zero_options);      // layer shards, this rank's optimizers; the model's buffers go
     Ledger::get().reset_peaks();  // the steady state, not the moment the parameters existed in full
     if (explain) print0(explain_layer_shards(zero.layout(), N));
     if (!trace_path.empty()) sync_epoch(comm, tracer);
@@ -112,11 +128,11 @@ int main(int argc, char** argv) {
     StepLogger logger(config.metrics, comm.rank(), config.log_every);
     const int64_t steps = total_steps(config, sampler.steps_per_epoch());
     print0("ch08_zero3 | model " + config.model + " | " + std::to_string(psi) +
-           " parameters | global batch " + std::to_string(config.global_batch_size) + " = " + std::to_string(N) +
-           " ranks x " + std::to_string(config.grad_accum_steps) + " x " +
-           std::to_string(config.micro_batch_size(N)) + " | " + std::to_string(steps) + " steps | " +
-           std::to_string(zero.layout().layers.size()) + " layers | prefetch " + (no_prefetch ? "off" : "on") +
-           " | collectives " + zero_options.collectives);
+           " parameters | global batch " + std::to_string(config.global_batch_size) + " = " +
+           std::to_string(N) + " ranks x " + std::to_string(config.grad_accum_steps) + " x " +
+           std::to_string(config.micro_batch_size(N)) + " | " + std::to_string(steps) +
+           " steps | " + std::to_string(zero.layout().layers.size()) + " layers | prefetch " +
+           (no_prefetch ? "off" : "on") + " | collectives " + zero_options.collectives);
     const nlohmann::json startup = finish_setup(comm);
 
     StepTimes times;
@@ -127,10 +143,12 @@ int main(int argc, char** argv) {
       for (int64_t t = 0; t < sampler.steps_per_epoch() && step < steps; ++t) {
         Stopwatch watch;
         tracer.set_enabled(!trace_path.empty() && step < trace_steps);
-        loss = train_step(comm, *model, zero, tracer, data.train, sampler, t, config, ++step, desync);
+        loss =
+            train_step(comm, *model, zero, tracer, data.train, sampler, t, config, ++step, desync);
         tracer.set_enabled(false);
         times.add(watch.ms());
-        logger.step(step, steps, epoch, loss, config.global_batch_size / (watch.ms() / 1e3), watch.ms());
+        logger.step(step, steps, epoch, loss, config.global_batch_size / (watch.ms() / 1e3),
+                    watch.ms());
       }
       if (config.eval_every_epoch) {
         EvalResult e = zero.evaluate(data.test);  // every rank runs as many forwards: each gathers
@@ -141,13 +159,22 @@ int main(int argc, char** argv) {
     }
 
     if (!trace_path.empty()) write_chrome_trace(comm, tracer, trace_path);
-    const TrafficTheory theory = zero.traffic_theory(config.grad_accum_steps);  // 2 all-gathers + 1 reduce-scatter per layer
+    const TrafficTheory theory =
+        zero.traffic_theory(config.grad_accum_steps);  // 2 all-gathers + 1 reduce-scatter per layer
     nlohmann::json summary = end_of_run_report(comm, step, startup, zero.ledger_formula(), theory);
     if (comm.rank() == 0) {
-      summary.update({{"chapter", "08_zero3"}, {"zero_stage", 3}, {"world_size", N}, {"steps", step}, {"final_loss", loss},
-                      {"test_loss", test_loss}, {"test_accuracy", test_accuracy},
-                      {"ms_per_step", times.median_ms()}, {"num_parameters", psi}, {"collectives", zero_options.collectives},
-                      {"layers", zero.layout().layers.size()}, {"prefetch", !no_prefetch},
+      summary.update({{"chapter", "08_zero3"},
+                      {"zero_stage", 3},
+                      {"world_size", N},
+                      {"steps", step},
+                      {"final_loss", loss},
+                      {"test_loss", test_loss},
+                      {"test_accuracy", test_accuracy},
+                      {"ms_per_step", times.median_ms()},
+                      {"num_parameters", psi},
+                      {"collectives", zero_options.collectives},
+                      {"layers", zero.layout().layers.size()},
+                      {"prefetch", !no_prefetch},
                       {"model_states_exact_bytes", zero.model_states_bytes()},
                       {"padding", N * zero.layout().shard_total - psi},
                       {"layers_in_flight_bytes", zero.layers_in_flight_bytes()},

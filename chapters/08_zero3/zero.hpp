@@ -62,9 +62,10 @@ namespace ringzero {
 class ZeRO {
  public:
   struct Options {
-    std::string collectives = "ring";  ///< ring (chapter 04's) | mpi (MPI_Allgather, MPI_Reduce_scatter_block)
-    bool prefetch = true;              ///< post the next layer's all-gather while this one computes
-    Tracer* tracer = nullptr;          ///< optional: posts, collectives, waits and each layer's compute
+    std::string collectives =
+        "ring";            ///< ring (chapter 04's) | mpi (MPI_Allgather, MPI_Reduce_scatter_block)
+    bool prefetch = true;  ///< post the next layer's all-gather while this one computes
+    Tracer* tracer = nullptr;  ///< optional: posts, collectives, waits and each layer's compute
   };
   /// What a collective is for; part of the desync header.
   enum Kind : uint32_t { kForwardGather, kBackwardGather, kReduceScatter, kStateGather };
@@ -74,19 +75,23 @@ class ZeRO {
   /// optimizers (--optimizer of `config`, one per layer over its real shard elements) and hooks
   /// every Linear. The model keeps no parameters of its own: it runs only through its ZeRO.
   ZeRO(Communicator& comm, Model& model, const TrainConfig& config, Options options)
-      : comm_(comm), model_(model), options_(options), psi_(model.num_parameters()),
+      : comm_(comm),
+        model_(model),
+        options_(options),
+        psi_(model.num_parameters()),
         layout_(plan_layer_shards(model, comm.rank(), comm.world_size())),
         params_(layout_.shard_total, layout_.shard_total - layout_.shard_real, MemTag::parameters),
         grads_(layout_.shard_total, layout_.shard_total - layout_.shard_real, MemTag::gradients) {
     int64_t largest_chunk = 0;
-    for (const LayerShard& s : layout_.layers) {  // this rank's real elements; its padding stays zero
+    for (const LayerShard& s :
+         layout_.layers) {  // this rank's real elements; its padding stays zero
       std::copy_n(model.params_memory.data() + s.offset + comm.rank() * s.shard_size, s.real,
                   params_.data() + s.shard_offset);
       optimizers_.emplace_back(config, s.segments);
       largest_chunk = std::max(largest_chunk, s.shard_size);
     }
     scratch_ = Buffer(largest_chunk, MemTag::comm_buffers);  // (max s_l) the ring's incoming chunk
-    model.params_memory.release();  // at rest: the shards only
+    model.params_memory.release();                           // at rest: the shards only
     model.grads_memory.release();
     for (Parameter* p : model.parameters()) p->data = p->grad = Tensor();
     const int L = static_cast<int>(layout_.layers.size());
@@ -95,10 +100,18 @@ class ZeRO {
     tickets_.assign(L, 0);
     for (int l = 0; l < L; ++l) {  // through alive_, so the hooks go quiet once the ZeRO is gone
       Linear& m = *layout_.layers[l].layer;
-      m.add_pre_forward_hook([alive = alive_, l](Module&) { if (*alive) (*alive)->pre_forward(l); });
-      m.add_post_forward_hook([alive = alive_, l](Module&) { if (*alive) (*alive)->post_forward(l); });
-      m.add_pre_backward_hook([alive = alive_, l](Module&) { if (*alive) (*alive)->pre_backward(l); });
-      m.add_post_backward_hook([alive = alive_, l](Module&) { if (*alive) (*alive)->post_backward(l); });
+      m.add_pre_forward_hook([alive = alive_, l](Module&) {
+        if (*alive) (*alive)->pre_forward(l);
+      });
+      m.add_post_forward_hook([alive = alive_, l](Module&) {
+        if (*alive) (*alive)->post_forward(l);
+      });
+      m.add_pre_backward_hook([alive = alive_, l](Module&) {
+        if (*alive) (*alive)->pre_backward(l);
+      });
+      m.add_post_backward_hook([alive = alive_, l](Module&) {
+        if (*alive) (*alive)->post_backward(l);
+      });
     }
   }
   ~ZeRO() { *alive_ = nullptr; }
@@ -113,18 +126,21 @@ class ZeRO {
   std::vector<int64_t> model_states_bytes() const {
     std::vector<int64_t> bytes;
     for (int r = 0; r < comm_.world_size(); ++r)
-      bytes.push_back(8 * layout_.shard_total + 8 * plan_layer_shards(model_, r, comm_.world_size()).shard_real);
+      bytes.push_back(8 * layout_.shard_total +
+                      8 * plan_layer_shards(model_, r, comm_.world_size()).shard_real);
     return bytes;
   }
   /// The most bytes of full layers (parameters and gradients) alive at once: comm_buffers,
   /// not model states, since they are the collectives' buffers (layer_shard.hpp).
   int64_t layers_in_flight_bytes() const { return gathered_peak_bytes(layout_, options_.prefetch); }
 
-  /// The ledger's formula line: ZeRO-3's formula, the exact bytes of every rank, the layers in flight (zero_io.hpp).
+  /// The ledger's formula line: ZeRO-3's formula, the exact bytes of every rank, the layers in
+  /// flight (zero_io.hpp).
   std::string ledger_formula() const;
   /// What every rank should send and receive per optimizer step (layer_shard.hpp).
   TrafficTheory traffic_theory(int64_t grad_accum_steps) const {
-    return zero3_traffic_theory(layout_, comm_.world_size(), psi_, grad_accum_steps, options_.collectives);
+    return zero3_traffic_theory(layout_, comm_.world_size(), psi_, grad_accum_steps,
+                                options_.collectives);
   }
 
   void zero_grad() { std::fill(grads_.data(), grads_.data() + grads_.size(), 0.0f); }
@@ -136,8 +152,9 @@ class ZeRO {
     finish_reduce_scatter();
     comm_thread_.wait_all();
     for (size_t l = 0; l < tickets_.size(); ++l)
-      CHECK(tickets_[l] == 0, "layer " << name(static_cast<int>(l)) << " is still gathered after backward: "
-                                       << "every forward on the tape must be followed by its backward");
+      RZ_CHECK(tickets_[l] == 0,
+               "layer " << name(static_cast<int>(l)) << " is still gathered after backward: "
+                        << "every forward on the tape must be followed by its backward");
   }
 
   /// Collective, after finalize_backward(): as chapters 06-07, each rank's Σ g² over its shard,
@@ -161,11 +178,12 @@ class ZeRO {
 
   /// Collective: a buffer laid out like the parameter shards, all-gathered one layer at a time
   /// and copied out as "<param><suffix>" with the parameter's shape (zero_io.hpp).
-  std::map<std::string, NamedTensor> gather_full(const std::function<std::span<const float>(size_t)>& of,
-                                                 const std::string& suffix = "");
+  std::map<std::string, NamedTensor> gather_full(
+      const std::function<std::span<const float>(size_t)>& of, const std::string& suffix = "");
   /// Collective: the full parameters, named as state_dict() names them (for --save-final).
   std::map<std::string, NamedTensor> state_dict() {
-    return gather_full([this](size_t l) { return std::span<const float>(shard(params_, layout_.layers[l])); });
+    return gather_full(
+        [this](size_t l) { return std::span<const float>(shard(params_, layout_.layers[l])); });
   }
   /// Collective: AdamW's state, named as chapters 06-07 name it (zero_io.hpp).
   std::map<std::string, NamedTensor> optimizer_state_dict();
@@ -174,7 +192,9 @@ class ZeRO {
   int64_t nonzero_padding() const;
 
  private:
-  static std::span<float> shard(PaddedBuffer& buf, const LayerShard& s) { return buf.span().subspan(s.shard_offset, s.real); }
+  static std::span<float> shard(PaddedBuffer& buf, const LayerShard& s) {
+    return buf.span().subspan(s.shard_offset, s.real);
+  }
   std::string name(int l) const { return layout_.layers[l].layer->name(); }
 
   // The hooks (main thread). Linear l computes between its pre and post hooks.
@@ -192,7 +212,8 @@ class ZeRO {
     use_gathered(l, kBackwardGather);
     if (options_.prefetch && l > 0 && !tickets_[l - 1]) post_all_gather(l - 1, kBackwardGather);
     const LayerShard& s = layout_.layers[l];
-    full_grads_[l] = Buffer(s.padded_size, MemTag::comm_buffers);  // (P_l) zeros: backward accumulates here
+    full_grads_[l] =
+        Buffer(s.padded_size, MemTag::comm_buffers);  // (P_l) zeros: backward accumulates here
     s.layer->weight.grad = Tensor(full_grads_[l].data(), s.layer->weight.shape());
     s.layer->bias.grad = Tensor(full_grads_[l].data() + s.weight_numel, s.layer->bias.shape());
     compute_start_ = now();
@@ -218,8 +239,10 @@ class ZeRO {
   }
   void post_all_gather(int l, Kind kind) {
     const LayerShard& s = layout_.layers[l];
-    gathered_[l] = Buffer::uninitialized(s.padded_size, MemTag::comm_buffers);  // (P_l) the layer: all written by the gather
-    std::copy_n(params_.data() + s.shard_offset, s.shard_size, gathered_[l].data() + comm_.rank() * s.shard_size);
+    gathered_[l] = Buffer::uninitialized(
+        s.padded_size, MemTag::comm_buffers);  // (P_l) the layer: all written by the gather
+    std::copy_n(params_.data() + s.shard_offset, s.shard_size,
+                gathered_[l].data() + comm_.rank() * s.shard_size);
     tickets_[l] = post(l, kind, gathered_[l].data());
   }
   void release_parameters(int l) {
@@ -238,28 +261,36 @@ class ZeRO {
   // returns its ticket. `full` (P_l): for an all-gather, this rank's chunk is in place; for the
   // reduce-scatter, the whole local gradient.
   uint64_t post(int l, Kind kind, float* full) {
-    static const char* labels[] = {"all_gather %s (forward)", "all_gather %s (backward)", "reduce_scatter %s",
-                                   "all_gather %s (state)"};
+    static const char* labels[] = {"all_gather %s (forward)", "all_gather %s (backward)",
+                                   "reduce_scatter %s", "all_gather %s (state)"};
     char label[96];
     std::snprintf(label, sizeof label, labels[kind], name(l).c_str());
     const uint32_t seq = seq_++;
     Tracer* tracer = options_.tracer;
-    if (tracer) tracer->instant(std::string("post ") + label, "zero3", Tracer::kMainTrack, {{"seq", seq}});
+    if (tracer)
+      tracer->instant(std::string("post ") + label, "zero3", Tracer::kMainTrack, {{"seq", seq}});
     return comm_thread_.submit([this, l, kind, seq, full, tracer, what = std::string(label)] {
       const double start = tracer ? tracer->now_us() : 0;
-      const CollectiveHeader header = {seq, static_cast<uint32_t>(l), kind, static_cast<uint32_t>(layout_.layers[l].padded_size)};
-      check_in_step(comm_, header, [this](const CollectiveHeader& h) { return describe(h); });  // desync.hpp
+      const CollectiveHeader header = {seq, static_cast<uint32_t>(l), kind,
+                                       static_cast<uint32_t>(layout_.layers[l].padded_size)};
+      check_in_step(comm_, header,
+                    [this](const CollectiveHeader& h) { return describe(h); });  // desync.hpp
       const LayerShard& s = layout_.layers[l];
       std::span<float> layer(full, static_cast<size_t>(s.padded_size));
-      std::span<float> mine = layer.subspan(comm_.rank() * s.shard_size, s.shard_size), chunk = scratch_.span().first(s.shard_size);
+      std::span<float> mine = layer.subspan(comm_.rank() * s.shard_size, s.shard_size),
+                       chunk = scratch_.span().first(s.shard_size);
       const bool ring = options_.collectives == "ring";
       if (kind == kReduceScatter) {
-        if (ring) ring_reduce_scatter(comm_, layer, scratch_.span());  // chapter 04's first half: mine holds Σ
-        else comm_.reduce_scatter(layer, chunk);                         // MPI wants the output apart
+        if (ring)
+          ring_reduce_scatter(comm_, layer,
+                              scratch_.span());  // chapter 04's first half: mine holds Σ
+        else
+          comm_.reduce_scatter(layer, chunk);  // MPI wants the output apart
         std::span<const float> sum = ring ? mine : chunk;
         const auto world_size = static_cast<float>(comm_.world_size());
         float* g = grads_.data() + s.shard_offset;
-        for (int64_t i = 0; i < s.shard_size; ++i) g[i] += sum[i] / world_size;  // the mean, accumulated over micro-steps
+        for (int64_t i = 0; i < s.shard_size; ++i)
+          g[i] += sum[i] / world_size;  // the mean, accumulated over micro-steps
       } else if (ring) {
         ring_all_gather(comm_, layer);  // chapter 04's second half
       } else {                          // MPI wants the input apart
@@ -272,17 +303,21 @@ class ZeRO {
     });
   }
 
-  // A desync header in words: "ZeRO-3 collective #9 is the all-gather of layer 2 for ..." (zero_io.hpp).
+  // A desync header in words: "ZeRO-3 collective #9 is the all-gather of layer 2 for ..."
+  // (zero_io.hpp).
   std::string describe(const CollectiveHeader& h) const;
 
   void wait(uint64_t ticket, const std::string& label) {
     const double start = now();
     comm_thread_.wait(ticket);
-    if (options_.tracer) options_.tracer->complete(label, "wait", Tracer::kMainTrack, start, now() - start);
+    if (options_.tracer)
+      options_.tracer->complete(label, "wait", Tracer::kMainTrack, start, now() - start);
   }
   double now() const { return options_.tracer ? options_.tracer->now_us() : 0; }
   void trace_compute(const std::string& label, const char* cat) {
-    if (options_.tracer) options_.tracer->complete(label, cat, Tracer::kMainTrack, compute_start_, now() - compute_start_);
+    if (options_.tracer)
+      options_.tracer->complete(label, cat, Tracer::kMainTrack, compute_start_,
+                                now() - compute_start_);
   }
 
   Communicator& comm_;
@@ -290,18 +325,20 @@ class ZeRO {
   Options options_;
   int64_t psi_;
   LayerLayout layout_;
-  PaddedBuffer params_;                 // (Σ s_l) this rank's shard of every layer's parameters
-  PaddedBuffer grads_;                  // (Σ s_l) and of their gradients, accumulated over micro-steps
-  std::vector<Optimizer> optimizers_;   // (layers) each over this rank's real shard elements
-  std::vector<Buffer> gathered_;        // (layers) a layer's full parameters (P_l) while gathered
-  std::vector<Buffer> full_grads_;      // (layers) a layer's full gradient (P_l), backward to reduce-scatter
-  std::vector<uint64_t> tickets_;       // (layers) the all-gather filling gathered_[l]; 0: not gathered
-  uint64_t rs_ticket_ = 0;              // the reduce-scatter in flight (at most one), of layer rs_layer_
+  PaddedBuffer params_;  // (Σ s_l) this rank's shard of every layer's parameters
+  PaddedBuffer grads_;   // (Σ s_l) and of their gradients, accumulated over micro-steps
+  std::vector<Optimizer> optimizers_;  // (layers) each over this rank's real shard elements
+  std::vector<Buffer> gathered_;       // (layers) a layer's full parameters (P_l) while gathered
+  std::vector<Buffer>
+      full_grads_;  // (layers) a layer's full gradient (P_l), backward to reduce-scatter
+  std::vector<uint64_t> tickets_;  // (layers) the all-gather filling gathered_[l]; 0: not gathered
+  uint64_t rs_ticket_ = 0;         // the reduce-scatter in flight (at most one), of layer rs_layer_
   int rs_layer_ = -1;
-  uint32_t seq_ = 0;                    // collectives posted so far: the desync header's number
+  uint32_t seq_ = 0;  // collectives posted so far: the desync header's number
   double compute_start_ = 0;
   Buffer scratch_;
-  std::shared_ptr<ZeRO*> alive_ = std::make_shared<ZeRO*>(this);  // what the layer hooks reach us by
+  std::shared_ptr<ZeRO*> alive_ =
+      std::make_shared<ZeRO*>(this);  // what the layer hooks reach us by
   CommThread comm_thread_;  // last: destroyed (drained) first, while everything above lives
 };
 

@@ -19,15 +19,20 @@
 namespace ringzero {
 
 inline std::string ZeRO::ledger_formula() const {
-  const ModelStateBytes f = zero_model_state_bytes(3, static_cast<double>(psi_), comm_.world_size());
+  const ModelStateBytes f =
+      zero_model_state_bytes(3, static_cast<double>(psi_), comm_.world_size());
   std::string exact;
   for (int64_t b : model_states_bytes()) exact += (exact.empty() ? "" : ", ") + std::to_string(b);
-  return "formula (ZeRO-3, fp32 + AdamW): " + zero_formula_text(3) + " = " + human_bytes(f.total()) +
-         " per rank (DDP: 16Ψ = " + human_bytes(16.0 * static_cast<double>(psi_)) + "); exactly, with padding " +
-         std::to_string(comm_.world_size() * layout_.shard_total - psi_) + ": 4Σs_l + 4Σs_l + 8·(real shard) = " +
-         exact + " B on ranks 0..N-1; comm_buffers at the peak: full layers in flight " +
+  return "formula (ZeRO-3, fp32 + AdamW): " + zero_formula_text(3) + " = " +
+         human_bytes(f.total()) +
+         " per rank (DDP: 16Ψ = " + human_bytes(16.0 * static_cast<double>(psi_)) +
+         "); exactly, with padding " +
+         std::to_string(comm_.world_size() * layout_.shard_total - psi_) +
+         ": 4Σs_l + 4Σs_l + 8·(real shard) = " + exact +
+         " B on ranks 0..N-1; comm_buffers at the peak: full layers in flight " +
          (options_.prefetch ? "4·max(P_l-1 + 2P_l + P_l+1) = " : "8·max P_l = ") +
-         std::to_string(layers_in_flight_bytes()) + " B + one ring chunk " + std::to_string(scratch_.bytes()) + " B";
+         std::to_string(layers_in_flight_bytes()) + " B + one ring chunk " +
+         std::to_string(scratch_.bytes()) + " B";
 }
 
 /// Every forward now makes collectives, so every rank must run as many forwards as the
@@ -48,9 +53,12 @@ inline EvalResult ZeRO::evaluate(const Dataset& test) {
   EvalSums sums;
   for (int64_t i = 0; i < most; ++i) {
     const int64_t s = begin + i * kEvalBatchSize;
-    const EvalSums e = ringzero::evaluate(model_, test, s < end ? s : 0,
-                                          s < end ? std::min(end, s + kEvalBatchSize) : std::min(test.size, kEvalBatchSize));
-    if (s < end) sums.loss_sum += e.loss_sum, sums.correct += e.correct, sums.count += e.count;  // else padding: dropped
+    const EvalSums e = ringzero::evaluate(
+        model_, test, s < end ? s : 0,
+        s < end ? std::min(end, s + kEvalBatchSize) : std::min(test.size, kEvalBatchSize));
+    if (s < end)
+      sums.loss_sum += e.loss_sum, sums.correct += e.correct,
+          sums.count += e.count;  // else padding: dropped
   }
   comm_.recount_as_metrics(before);
   return reduce_eval(comm_, sums, test);
@@ -58,8 +66,8 @@ inline EvalResult ZeRO::evaluate(const Dataset& test) {
 
 /// `of(l)`: the real elements of layer l's shard, of the parameters or of an optimizer state.
 /// Each layer goes through post() as a kStateGather, behind the desync check.
-inline std::map<std::string, NamedTensor> ZeRO::gather_full(const std::function<std::span<const float>(size_t)>& of,
-                                                            const std::string& suffix) {
+inline std::map<std::string, NamedTensor> ZeRO::gather_full(
+    const std::function<std::span<const float>(size_t)>& of, const std::string& suffix) {
   std::map<std::string, NamedTensor> out;
   for (size_t l = 0; l < layout_.layers.size(); ++l) {
     const LayerShard& s = layout_.layers[l];
@@ -67,8 +75,10 @@ inline std::map<std::string, NamedTensor> ZeRO::gather_full(const std::function<
     std::span<const float> mine = of(l);
     std::copy(mine.begin(), mine.end(), full.data() + comm_.rank() * s.shard_size);
     comm_thread_.wait(post(static_cast<int>(l), kStateGather, full.data()));
-    for (auto [p, begin] : {std::pair{&s.layer->weight, int64_t{0}}, std::pair{&s.layer->bias, s.weight_numel}})
-      out[p->name() + suffix] = {p->shape(), {full.data() + begin, full.data() + begin + p->numel()}};
+    for (auto [p, begin] :
+         {std::pair{&s.layer->weight, int64_t{0}}, std::pair{&s.layer->bias, s.weight_numel}})
+      out[p->name() + suffix] = {p->shape(),
+                                 {full.data() + begin, full.data() + begin + p->numel()}};
   }
   return out;
 }
@@ -76,13 +86,17 @@ inline std::map<std::string, NamedTensor> ZeRO::gather_full(const std::function<
 /// "<param>.exp_avg", ".exp_avg_sq" (the parameter's shape) and ".step" (shape (1)).
 /// Errors: not --optimizer adamw.
 inline std::map<std::string, NamedTensor> ZeRO::optimizer_state_dict() {
-  for (const Optimizer& o : optimizers_) CHECK(o.adamw(), "optimizer state is saved for --optimizer adamw only");
-  auto out = gather_full([this](size_t l) { return optimizers_[l].adamw()->exp_avg(); }, ".exp_avg");
-  out.merge(gather_full([this](size_t l) { return optimizers_[l].adamw()->exp_avg_sq(); }, ".exp_avg_sq"));
+  for (const Optimizer& o : optimizers_)
+    RZ_CHECK(o.adamw(), "optimizer state is saved for --optimizer adamw only");
+  auto out =
+      gather_full([this](size_t l) { return optimizers_[l].adamw()->exp_avg(); }, ".exp_avg");
+  out.merge(gather_full([this](size_t l) { return optimizers_[l].adamw()->exp_avg_sq(); },
+                        ".exp_avg_sq"));
   for (size_t l = 0; l < layout_.layers.size(); ++l) {
     const LayerShard& s = layout_.layers[l];
     for (Parameter* p : {&s.layer->weight, &s.layer->bias}) {
-      std::vector<double> step_and_owner = {0, 0};  // every piece of a parameter took the same steps
+      std::vector<double> step_and_owner = {0,
+                                            0};  // every piece of a parameter took the same steps
       for (size_t k = 0; k < s.segment_params.size(); ++k)
         if (s.segment_params[k] == p)
           step_and_owner = {static_cast<double>(optimizers_[l].adamw()->segment_steps()[k]), 1};
@@ -103,12 +117,15 @@ inline int64_t ZeRO::nonzero_padding() const {
 
 /// E.g. "ZeRO-3 collective #9 is the all-gather of layer 2 for its forward (1234 elements)".
 inline std::string ZeRO::describe(const CollectiveHeader& h) const {
-  static const char* what[] = {"the all-gather of layer %s for its forward", "the all-gather of layer %s for its backward",
-                               "the reduce-scatter of layer %s's gradient", "the all-gather of layer %s for a checkpoint"};
-  const std::string layer = h.layer < layout_.layers.size() ? name(static_cast<int>(h.layer)) : "#" + std::to_string(h.layer);
+  static const char* what[] = {
+      "the all-gather of layer %s for its forward", "the all-gather of layer %s for its backward",
+      "the reduce-scatter of layer %s's gradient", "the all-gather of layer %s for a checkpoint"};
+  const std::string layer = h.layer < layout_.layers.size() ? name(static_cast<int>(h.layer))
+                                                            : "#" + std::to_string(h.layer);
   char out[192];
   const int n = std::snprintf(out, sizeof out, "ZeRO-3 collective #%u is ", h.seq);
-  std::snprintf(out + n, sizeof out - n, h.kind < 4 ? what[h.kind] : "an unknown collective on layer %s", layer.c_str());
+  std::snprintf(out + n, sizeof out - n,
+                h.kind < 4 ? what[h.kind] : "an unknown collective on layer %s", layer.c_str());
   return std::string(out) + " (" + std::to_string(h.size) + " elements)";
 }
 

@@ -12,17 +12,21 @@ namespace ringzero {
 
 namespace {
 void check_cuda(cudaError_t rc, const char* call) {
-  CHECK(rc == cudaSuccess, call << " failed: " << cudaGetErrorString(rc));
+  RZ_CHECK(rc == cudaSuccess, call << " failed: " << cudaGetErrorString(rc));
 }
 void check_nccl(ncclResult_t rc, const char* call) {
-  CHECK(rc == ncclSuccess, call << " failed: " << ncclGetErrorString(rc)
-                                << "; set NCCL_DEBUG=INFO for details");
+  RZ_CHECK(rc == ncclSuccess,
+           call << " failed: " << ncclGetErrorString(rc) << "; set NCCL_DEBUG=INFO for details");
 }
 #define CUDA_CALL(...) check_cuda((__VA_ARGS__), #__VA_ARGS__)
 #define NCCL_CALL(...) check_nccl((__VA_ARGS__), #__VA_ARGS__)
 
-ncclComm_t as_comm(void* p) { return static_cast<ncclComm_t>(p); }
-cudaStream_t as_stream(void* p) { return static_cast<cudaStream_t>(p); }
+ncclComm_t as_comm(void* p) {
+  return static_cast<ncclComm_t>(p);
+}
+cudaStream_t as_stream(void* p) {
+  return static_cast<cudaStream_t>(p);
+}
 }  // namespace
 
 int gpu_device_count(std::string* why) {
@@ -39,9 +43,9 @@ int gpu_device_count(std::string* why) {
 NcclCommunicator::NcclCommunicator(Communicator& comm) : comm_(comm) {
   std::string why;
   const int devices = gpu_device_count(&why);
-  CHECK(devices > comm.local_rank(), "rank " << comm.rank() << " is local rank " << comm.local_rank() << " but "
-                                             << devices << " CUDA device(s) are visible (" << why
-                                             << "); run at most one rank per GPU");
+  RZ_CHECK(devices > comm.local_rank(),
+           "rank " << comm.rank() << " is local rank " << comm.local_rank() << " but " << devices
+                   << " CUDA device(s) are visible (" << why << "); run at most one rank per GPU");
   device_ = comm.local_rank();
   CUDA_CALL(cudaSetDevice(device_));
   ncclUniqueId id;
@@ -60,7 +64,9 @@ NcclCommunicator::~NcclCommunicator() {
   if (stream_) cudaStreamDestroy(as_stream(stream_));
 }
 
-void NcclCommunicator::synchronize() { CUDA_CALL(cudaStreamSynchronize(as_stream(stream_))); }
+void NcclCommunicator::synchronize() {
+  CUDA_CALL(cudaStreamSynchronize(as_stream(stream_)));
+}
 
 void NcclCommunicator::all_reduce(float* buf, int64_t n) {
   auto& c = counters_["all_reduce"];
@@ -68,7 +74,8 @@ void NcclCommunicator::all_reduce(float* buf, int64_t n) {
   c.bytes_sent += n * 4;
   c.bytes_received += n * 4;
   // NCCL counts are size_t: no INT_MAX split is needed, unlike MPI.
-  NCCL_CALL(ncclAllReduce(buf, buf, static_cast<size_t>(n), ncclFloat32, ncclSum, as_comm(nccl_), as_stream(stream_)));
+  NCCL_CALL(ncclAllReduce(buf, buf, static_cast<size_t>(n), ncclFloat32, ncclSum, as_comm(nccl_),
+                          as_stream(stream_)));
   synchronize();
 }
 
@@ -77,7 +84,8 @@ void NcclCommunicator::reduce_scatter(const float* in, float* out, int64_t n) {
   c.calls += 1;
   c.bytes_sent += n * (comm_.world_size() - 1) * 4;
   c.bytes_received += n * 4;
-  NCCL_CALL(ncclReduceScatter(in, out, static_cast<size_t>(n), ncclFloat32, ncclSum, as_comm(nccl_), as_stream(stream_)));
+  NCCL_CALL(ncclReduceScatter(in, out, static_cast<size_t>(n), ncclFloat32, ncclSum, as_comm(nccl_),
+                              as_stream(stream_)));
   synchronize();
 }
 
@@ -86,7 +94,8 @@ void NcclCommunicator::all_gather(const float* in, float* out, int64_t n) {
   c.calls += 1;
   c.bytes_sent += n * 4;
   c.bytes_received += n * (comm_.world_size() - 1) * 4;
-  NCCL_CALL(ncclAllGather(in, out, static_cast<size_t>(n), ncclFloat32, as_comm(nccl_), as_stream(stream_)));
+  NCCL_CALL(ncclAllGather(in, out, static_cast<size_t>(n), ncclFloat32, as_comm(nccl_),
+                          as_stream(stream_)));
   synchronize();
 }
 
@@ -94,7 +103,8 @@ void NcclCommunicator::broadcast(float* buf, int64_t n, int root) {
   auto& c = counters_["broadcast"];
   c.calls += 1;
   (comm_.rank() == root ? c.bytes_sent : c.bytes_received) += n * 4;
-  NCCL_CALL(ncclBroadcast(buf, buf, static_cast<size_t>(n), ncclFloat32, root, as_comm(nccl_), as_stream(stream_)));
+  NCCL_CALL(ncclBroadcast(buf, buf, static_cast<size_t>(n), ncclFloat32, root, as_comm(nccl_),
+                          as_stream(stream_)));
   synchronize();
 }
 

@@ -8,8 +8,6 @@
 #include "chapters/03_data_parallel/central_reducer.hpp"
 #include "mpi/test_comm.hpp"
 
-// Catch2 defines its own CHECK; ringzero's (check.hpp) is already expanded in the headers above.
-#undef CHECK
 #include <catch2/catch.hpp>
 
 using namespace ringzero;
@@ -30,7 +28,8 @@ TEST_CASE("central reducer: exact sum on rank 0, copy back, counters", "[central
     for (int64_t i = 0; i < psi; ++i) {
       const float expected = r == 0 ? static_cast<float>(N * (N + 1) / 2 * (i % 11 + 1))
                                     : static_cast<float>((r + 1) * (i % 11 + 1));
-      if (grads[i] != expected) FAIL("grads[" << i << "] = " << grads[i] << ", expected " << expected);
+      if (grads[i] != expected)
+        FAIL("grads[" << i << "] = " << grads[i] << ", expected " << expected);
     }
     broadcast_from_rank0(comm, params);
     for (int64_t i = 0; i < psi; ++i)

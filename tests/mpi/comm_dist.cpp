@@ -10,14 +10,13 @@
 #include "common/train.hpp"
 #include "mpi/test_comm.hpp"
 
-// Catch2 defines its own CHECK; ringzero's (check.hpp) is already expanded in the headers above.
-#undef CHECK
 #include <catch2/catch.hpp>
 
 using namespace ringzero;
 
 TEST_CASE("eval_range: whole evaluation batches, every sample once", "[dist]") {
-  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{499}, int64_t{500}, int64_t{1234}, int64_t{10000}, int64_t{10001}})
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{499}, int64_t{500}, int64_t{1234},
+                    int64_t{10000}, int64_t{10001}})
     for (int N = 1; N <= 7; ++N) {
       INFO("n = " << n << ", N = " << N);
       int64_t next = 0, largest = 0, smallest = n;

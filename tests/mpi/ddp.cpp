@@ -21,8 +21,6 @@
 #include "common/rng.hpp"
 #include "mpi/test_comm.hpp"
 
-// Catch2 defines its own CHECK; ringzero's (check.hpp) is already expanded in the headers above.
-#undef CHECK
 #include <catch2/catch.hpp>
 
 using namespace ringzero;
@@ -52,7 +50,8 @@ bool same_bits(std::span<const float> a, std::span<const float> b) {
 
 // The reference: this rank's local gradients of `batch`, then each bucket ring-all-reduced and
 // divided by N exactly as DDP does, but after backward, on the main thread.
-std::vector<float> reference_gradients(Communicator& comm, Model& model, DDP& ddp, const Batch& batch) {
+std::vector<float> reference_gradients(Communicator& comm, Model& model, DDP& ddp,
+                                       const Batch& batch) {
   model.zero_grad();
   {
     auto no_sync = ddp.no_sync();
@@ -73,7 +72,8 @@ std::vector<float> reference_gradients(Communicator& comm, Model& model, DDP& dd
 TEST_CASE("DDP gradients equal the ring all-reduce of every bucket, bit for bit", "[ddp]") {
   Communicator& comm = test_comm();
   // (cap, first cap) in MiB: several buckets, one bucket, one parameter per bucket.
-  for (auto [cap, first] : {std::pair{0.1, 0.01}, std::pair{1000.0, 1000.0}, std::pair{0.00001, 1.0}}) {
+  for (auto [cap, first] :
+       {std::pair{0.1, 0.01}, std::pair{1000.0, 1000.0}, std::pair{0.00001, 1.0}}) {
     Model model({64, 96, 80, 8}, /*seed=*/3);
     DDP ddp(comm, model, {.bucket_cap_mb = cap, .first_bucket_cap_mb = first});
     INFO("cap " << cap << " MiB: " << ddp.buckets().size() << " buckets");
@@ -96,7 +96,8 @@ TEST_CASE("gradients become ready in reverse registration order, layer by layer"
   REQUIRE(ddp.last_ready_order() == std::vector<int>{6, 7, 4, 5, 2, 3, 0, 1});
 }
 
-TEST_CASE("an evaluation forward (no backward) does not hold back the next backward's buckets", "[ddp]") {
+TEST_CASE("an evaluation forward (no backward) does not hold back the next backward's buckets",
+          "[ddp]") {
   // evaluate() records a forward on a tape it drops: the tape must release its pending uses,
   // or every gradient-ready hook of the next backward would stay silent (a hang, or the
   // unused-parameter error naming every parameter).
@@ -132,7 +133,8 @@ TEST_CASE("the first bucket's all-reduce starts before backward ends", "[ddp][ov
   for (const TraceEvent& e : events) {
     if (e.name == "launch bucket 0") launch0 = &e;
     if (e.name == "all_reduce bucket 0") reduce0 = &e;
-    if (e.cat == "backward" && (!last_backward || e.ts + e.dur > last_backward->ts + last_backward->dur))
+    if (e.cat == "backward" &&
+        (!last_backward || e.ts + e.dur > last_backward->ts + last_backward->dur))
       last_backward = &e;
   }
   REQUIRE(launch0);
@@ -149,7 +151,8 @@ TEST_CASE("the first bucket's all-reduce starts before backward ends", "[ddp][ov
   REQUIRE(reduce0->ts < last_backward->ts + last_backward->dur);
 }
 
-TEST_CASE("one synchronised backward moves the ring's bytes per bucket; no_sync moves none", "[ddp][no_sync]") {
+TEST_CASE("one synchronised backward moves the ring's bytes per bucket; no_sync moves none",
+          "[ddp][no_sync]") {
   Communicator& comm = test_comm();
   const int N = comm.world_size(), r = comm.rank();
   Model model({64, 96, 80, 8}, /*seed=*/3);
@@ -173,10 +176,12 @@ TEST_CASE("one synchronised backward moves the ring's bytes per bucket; no_sync 
   }
   REQUIRE(comm.training_traffic().bytes_sent == 4 * sent);
   REQUIRE(comm.training_traffic().bytes_received == 4 * received);
-  REQUIRE(comm.counters().at("ring_reduce_scatter").calls == static_cast<int64_t>(ddp.buckets().size()));
+  REQUIRE(comm.counters().at("ring_reduce_scatter").calls ==
+          static_cast<int64_t>(ddp.buckets().size()));
 }
 
-TEST_CASE("no_sync accumulation then one synchronised backward equals the reference", "[ddp][no_sync]") {
+TEST_CASE("no_sync accumulation then one synchronised backward equals the reference",
+          "[ddp][no_sync]") {
   // K = 3 micro-steps, each on its own batch: the sum of the three local gradients, all-reduced.
   Communicator& comm = test_comm();
   Model model({64, 96, 80, 8}, /*seed=*/3);
@@ -215,9 +220,11 @@ void backward_skipping_layer2(Model& model, const Batch& batch) {
 }
 }  // namespace
 
-TEST_CASE("an unused parameter fails on every rank, naming it, instead of hanging", "[ddp][unused]") {
+TEST_CASE("an unused parameter fails on every rank, naming it, instead of hanging",
+          "[ddp][unused]") {
   Model model({8, 16, 16, 4}, /*seed=*/4);
-  DDP ddp(test_comm(), model, {.bucket_cap_mb = 0.0001, .first_bucket_cap_mb = 0.0001});  // one per parameter
+  DDP ddp(test_comm(), model,
+          {.bucket_cap_mb = 0.0001, .first_bucket_cap_mb = 0.0001});  // one per parameter
   model.zero_grad();
   backward_skipping_layer2(model, rank_batch(6, 8, 4, test_comm().rank()));
   REQUIRE_THROWS_WITH(ddp.finalize_backward(),
@@ -228,10 +235,12 @@ TEST_CASE("an unused parameter fails on every rank, naming it, instead of hangin
   REQUIRE_NOTHROW(ddp.finalize_backward());
 }
 
-TEST_CASE("with find_unused_parameters an unused parameter counts as a zero gradient", "[ddp][unused]") {
+TEST_CASE("with find_unused_parameters an unused parameter counts as a zero gradient",
+          "[ddp][unused]") {
   Communicator& comm = test_comm();
   Model model({8, 16, 16, 4}, /*seed=*/4);
-  DDP ddp(comm, model, {.bucket_cap_mb = 0.0001, .first_bucket_cap_mb = 0.0001, .find_unused_parameters = true});
+  DDP ddp(comm, model,
+          {.bucket_cap_mb = 0.0001, .first_bucket_cap_mb = 0.0001, .find_unused_parameters = true});
   const Batch batch = rank_batch(6, 8, 4, comm.rank());
   model.zero_grad();
   {
@@ -254,7 +263,8 @@ TEST_CASE("with find_unused_parameters an unused parameter counts as a zero grad
   REQUIRE(ddp.last_ready_order() == std::vector<int>{4, 5, 0, 1, 3, 2});
 }
 
-TEST_CASE("different bucket plans on different ranks: every rank fails with both plans", "[ddp][plan]") {
+TEST_CASE("different bucket plans on different ranks: every rank fails with both plans",
+          "[ddp][plan]") {
   Communicator& comm = test_comm();
   const std::vector<int64_t> sizes = {1000, 10, 1000, 10};
   const auto same = plan_buckets(sizes, 1 << 20, 1 << 20);
@@ -262,9 +272,10 @@ TEST_CASE("different bucket plans on different ranks: every rank fails with both
   if (comm.world_size() == 1) return;
   // Rank 1 uses a smaller cap: 2 buckets instead of 1.
   const auto mine = comm.rank() == 1 ? plan_buckets(sizes, 4040, 4040) : same;
-  REQUIRE_THROWS_WITH(check_bucket_plans_match(comm, mine),
-                      Contains("rank 0: 1 buckets [2020 elements/4 params]") &&
-                          Contains("rank 1: 2 buckets [1010 elements/2 params, 1010 elements/2 params]"));
+  REQUIRE_THROWS_WITH(
+      check_bucket_plans_match(comm, mine),
+      Contains("rank 0: 1 buckets [2020 elements/4 params]") &&
+          Contains("rank 1: 2 buckets [1010 elements/2 params, 1010 elements/2 params]"));
 }
 
 TEST_CASE("an error in a comm-thread job reaches the main thread", "[ddp][comm_thread]") {

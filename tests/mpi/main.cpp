@@ -8,7 +8,9 @@
 #include "mpi/test_comm.hpp"
 
 ringzero::Communicator* g_test_comm = nullptr;
-ringzero::Communicator& test_comm() { return *g_test_comm; }
+ringzero::Communicator& test_comm() {
+  return *g_test_comm;
+}
 
 int main(int argc, char** argv) {
   ringzero::Communicator comm(argc, argv);

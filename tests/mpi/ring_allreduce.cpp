@@ -11,8 +11,6 @@
 #include "chapters/04_ring_allreduce/ring.hpp"
 #include "mpi/test_comm.hpp"
 
-// Catch2 defines its own CHECK; ringzero's (check.hpp) is already expanded in the headers above.
-#undef CHECK
 #include <catch2/catch.hpp>
 
 using namespace ringzero;
@@ -21,7 +19,9 @@ namespace {
 const std::vector<int64_t> kCounts = {0, 1, 2, 3, 5, 7, 1000, (int64_t{1} << 20) + 3};
 
 // Rank r's value at element i: an integer in [1, 4 * 13], different per rank and element.
-float value(int rank, int64_t i) { return static_cast<float>((rank + 1) * (i % 13 + 1)); }
+float value(int rank, int64_t i) {
+  return static_cast<float>((rank + 1) * (i % 13 + 1));
+}
 float expected_sum(int world_size, int64_t i) {
   float s = 0;
   for (int q = 0; q < world_size; ++q) s += value(q, i);
@@ -61,7 +61,8 @@ TEST_CASE("after ring_reduce_scatter, rank r holds exactly its reduced chunk", "
     ring_reduce_scatter(comm, buf);
     const Chunk mine = ring_chunk(n, N, r);
     for (int64_t i = mine.offset; i < mine.offset + mine.size; ++i)
-      if (buf[i] != expected_sum(N, i)) FAIL("element " << i << " of chunk " << r << ": " << buf[i]);
+      if (buf[i] != expected_sum(N, i))
+        FAIL("element " << i << " of chunk " << r << ": " << buf[i]);
     // The all-gather alone then completes the all-reduce from the owned chunks.
     ring_all_gather(comm, buf);
     for (int64_t i = 0; i < n; ++i)

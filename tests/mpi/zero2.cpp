@@ -11,7 +11,6 @@
 #include "chapters/07_zero2/zero.hpp"
 #include "mpi/zero_harness.hpp"
 
-#undef CHECK
 #include <catch2/catch.hpp>
 
 #include "mpi/zero_cases.hpp"
@@ -19,19 +18,21 @@
 using namespace ringzero;
 using namespace ringzero::test;
 
-
-TEST_CASE("ZeRO-2 equals chapter 05's DDP bit for bit: parameters, losses, AdamW state", "[zero2]") {
+TEST_CASE("ZeRO-2 equals chapter 05's DDP bit for bit: parameters, losses, AdamW state",
+          "[zero2]") {
   require_bitwise_equal_to_ddp();
 }
 
-TEST_CASE("the ledger: gradients are the shard between steps, two buckets at most in flight", "[zero2]") {
+TEST_CASE("the ledger: gradients are the shard between steps, two buckets at most in flight",
+          "[zero2]") {
   Communicator& comm = test_comm();
   for (const auto& [sizes, cap] : kModels) {
     for (int64_t K : {1, 2}) {
       Model model(sizes, 1);
       const int64_t psi = model.num_parameters();
       Ledger& ledger = Ledger::get();
-      const int64_t before = ledger.model_states_current(), grads_before = ledger.current(MemTag::gradients);
+      const int64_t before = ledger.model_states_current(),
+                    grads_before = ledger.current(MemTag::gradients);
       ZeroCase c;
       c.sizes = sizes;
       c.grad_accum_steps = K;
@@ -40,7 +41,8 @@ TEST_CASE("the ledger: gradients are the shard between steps, two buckets at mos
       options.bucket_cap_mb = cap;
       ZeRO zero(comm, model, zero_test_config(c), options);
       const ShardLayout& layout = zero.layout();
-      INFO("Ψ = " << psi << ", " << layout.buckets.size() << " buckets, K = " << K << ", N = " << comm.world_size());
+      INFO("Ψ = " << psi << ", " << layout.buckets.size() << " buckets, K = " << K
+                  << ", N = " << comm.world_size());
       // The model's 4Ψ of gradients are gone; this rank's shard (real part) came instead.
       REQUIRE(ledger.current(MemTag::gradients) - grads_before == 4 * layout.shard_real - 4 * psi);
       const int64_t steady = ledger.model_states_current() - before + 8 * psi;
@@ -52,7 +54,8 @@ TEST_CASE("the ledger: gradients are the shard between steps, two buckets at mos
       zero.zero_grad();
       zero_test_backward(c, model, zero, comm.rank(), 0, out);
       zero.step();
-      REQUIRE(ledger.model_states_current() - before + 8 * psi == steady);  // buckets freed after the step
+      REQUIRE(ledger.model_states_current() - before + 8 * psi ==
+              steady);  // buckets freed after the step
       // The step's peak above the steady state: the buckets alive at once.
       const int64_t peak_extra = ledger.model_states_peak() - ledger.model_states_current();
       REQUIRE(peak_extra == (K == 1 ? zero.buckets_in_flight_bytes() : 4 * layout.padded_total));

@@ -19,7 +19,6 @@
 #include "common/rng.hpp"
 #include "mpi/test_comm.hpp"
 
-#undef CHECK
 #include <catch2/catch.hpp>
 
 using namespace ringzero;
@@ -37,7 +36,8 @@ struct Case {
 
 // The MLP's shape with odd widths; a hidden layer of 1 (layers of 3 and 2 elements: fewer than
 // ranks); widths that give Eigen's blocked GEMM; four layers of different sizes.
-const std::vector<std::vector<int64_t>> kModels = {{7, 5, 3}, {2, 1, 1}, {6, 3, 2}, {45, 31, 7}, {9, 4, 6, 2, 3}};
+const std::vector<std::vector<int64_t>> kModels = {
+    {7, 5, 3}, {2, 1, 1}, {6, 3, 2}, {45, 31, 7}, {9, 4, 6, 2, 3}};
 
 struct Result {
   std::vector<float> params;                     // (Ψ) registration order
@@ -90,7 +90,8 @@ Result run_reference(const Case& c) {
   Model model(c.sizes, /*seed=*/5);
   Optimizer optimizer(config, parameter_sizes(model));
   const LayerLayout layout = plan_layer_shards(model, comm.rank(), comm.world_size());
-  Buffer acc(model.num_parameters(), MemTag::gradients), scratch(model.num_parameters(), MemTag::comm_buffers);
+  Buffer acc(model.num_parameters(), MemTag::gradients),
+      scratch(model.num_parameters(), MemTag::comm_buffers);
   Result out;
   for (int64_t step = 0; step < c.steps; ++step) {
     std::fill(acc.data(), acc.data() + acc.size(), 0.0f);
@@ -100,17 +101,22 @@ Result run_reference(const Case& c) {
       for (const LayerShard& s : layout.layers) {
         std::span<float> g = model.grads_memory.span().subspan(s.offset, s.numel);
         ring_all_reduce(comm, g, scratch.span());
-        for (int64_t i = 0; i < s.numel; ++i) acc.data()[s.offset + i] += g[i] / static_cast<float>(comm.world_size());
+        for (int64_t i = 0; i < s.numel; ++i)
+          acc.data()[s.offset + i] += g[i] / static_cast<float>(comm.world_size());
       }
     }
     if (c.clip_grad_norm > 0) clip_grad_norm(acc.span(), c.clip_grad_norm);
     optimizer.step(model.params_memory.span(), acc.span());
   }
-  out.params.assign(model.params_memory.data(), model.params_memory.data() + model.num_parameters());
+  out.params.assign(model.params_memory.data(),
+                    model.params_memory.data() + model.num_parameters());
   const AdamW& adamw = *optimizer.adamw();
   for (size_t i = 0; i < model.parameters().size(); ++i) {
     const Parameter& p = *model.parameters()[i];
-    auto part = [&](std::span<const float> v) { return std::vector<float>(v.begin() + model.offsets()[i], v.begin() + model.offsets()[i] + p.numel()); };
+    auto part = [&](std::span<const float> v) {
+      return std::vector<float>(v.begin() + model.offsets()[i],
+                                v.begin() + model.offsets()[i] + p.numel());
+    };
     out.optimizer[p.name() + ".exp_avg"] = {p.shape(), part(adamw.exp_avg())};
     out.optimizer[p.name() + ".exp_avg_sq"] = {p.shape(), part(adamw.exp_avg_sq())};
     out.optimizer[p.name() + ".step"] = {{1}, {static_cast<float>(adamw.segment_steps()[i])}};
@@ -128,7 +134,8 @@ Result run_zero3(const Case& c, Tracer* tracer = nullptr) {
   Result out;
   for (int64_t step = 0; step < c.steps; ++step) {
     zero.zero_grad();
-    for (int64_t k = 0; k < c.grad_accum_steps; ++k) out.losses.push_back(micro_step(c, model, comm.rank(), step, k));
+    for (int64_t k = 0; k < c.grad_accum_steps; ++k)
+      out.losses.push_back(micro_step(c, model, comm.rank(), step, k));
     zero.finalize_backward();
     if (c.clip_grad_norm > 0) zero.clip_grad_norm(c.clip_grad_norm);
     zero.step();
@@ -170,9 +177,9 @@ TEST_CASE("the per-layer layout: ring chunks, every real element owned once", "[
       INFO("layer " << s.layer->name() << " of " << s.numel << " elements, N = " << N);
       REQUIRE(s.numel == s.layer->weight.numel() + s.layer->bias.numel());
       REQUIRE(s.padded_size % N == 0);
-      REQUIRE(s.padded_size - s.numel < N);                              // the least padding
-      REQUIRE(s.shard_size == ring_chunk(s.padded_size, N, r).size);     // the ring's chunk, exactly
-      REQUIRE(s.shard_size == ring_chunk(s.numel, N, 0).size);           // = the unpadded layer's chunks
+      REQUIRE(s.padded_size - s.numel < N);                           // the least padding
+      REQUIRE(s.shard_size == ring_chunk(s.padded_size, N, r).size);  // the ring's chunk, exactly
+      REQUIRE(s.shard_size == ring_chunk(s.numel, N, 0).size);  // = the unpadded layer's chunks
       REQUIRE(s.shard_offset == offset);
       REQUIRE(std::accumulate(s.segments.begin(), s.segments.end(), int64_t{0}) == s.real);
       offset += s.shard_size;
@@ -180,11 +187,13 @@ TEST_CASE("the per-layer layout: ring chunks, every real element owned once", "[
     }
     REQUIRE(layout.shard_total == offset);
     comm.all_reduce_metrics(owned);
-    for (size_t l = 0; l < owned.size(); ++l) REQUIRE(owned[l] == static_cast<double>(layout.layers[l].numel));
+    for (size_t l = 0; l < owned.size(); ++l)
+      REQUIRE(owned[l] == static_cast<double>(layout.layers[l].numel));
   }
 }
 
-TEST_CASE("ZeRO-3 equals the per-layer ring all-reduce bit for bit; prefetch changes nothing", "[zero3]") {
+TEST_CASE("ZeRO-3 equals the per-layer ring all-reduce bit for bit; prefetch changes nothing",
+          "[zero3]") {
   for (const auto& sizes : kModels) {
     for (int64_t K : {1, 3}) {
       for (float clip : {0.0f, 0.05f}) {
@@ -192,8 +201,9 @@ TEST_CASE("ZeRO-3 equals the per-layer ring all-reduce bit for bit; prefetch cha
         c.sizes = sizes;
         c.grad_accum_steps = K;
         c.clip_grad_norm = clip;
-        INFO("sizes[1] = " << sizes[1] << ", " << sizes.size() - 1 << " layers, K = " << K << ", clip " << clip
-                           << ", N = " << test_comm().world_size() << ", rank " << test_comm().rank());
+        INFO("sizes[1] = " << sizes[1] << ", " << sizes.size() - 1 << " layers, K = " << K
+                           << ", clip " << clip << ", N = " << test_comm().world_size() << ", rank "
+                           << test_comm().rank());
         const Result reference = run_reference(c), zero3 = run_zero3(c);
         c.prefetch = false;
         const Result no_prefetch = run_zero3(c);
@@ -206,7 +216,8 @@ TEST_CASE("ZeRO-3 equals the per-layer ring all-reduce bit for bit; prefetch cha
   }
 }
 
-TEST_CASE("memory: model states (4 + 4 + 8)Ψ/N throughout, full layers in flight as the formula", "[zero3]") {
+TEST_CASE("memory: model states (4 + 4 + 8)Ψ/N throughout, full layers in flight as the formula",
+          "[zero3]") {
   Communicator& comm = test_comm();
   for (bool prefetch : {true, false}) {
     for (const auto& sizes : kModels) {
@@ -214,15 +225,18 @@ TEST_CASE("memory: model states (4 + 4 + 8)Ψ/N throughout, full layers in fligh
       c.sizes = sizes;
       c.prefetch = prefetch;
       Ledger& ledger = Ledger::get();
-      const int64_t states_before = ledger.model_states_current(), buffers_before = ledger.current(MemTag::comm_buffers);
+      const int64_t states_before = ledger.model_states_current(),
+                    buffers_before = ledger.current(MemTag::comm_buffers);
       Model model(sizes, 5);
       const int64_t psi = model.num_parameters();
       ZeRO::Options options;
       options.prefetch = prefetch;
       ZeRO zero(comm, model, config_of(c), options);
       const LayerLayout& layout = zero.layout();
-      const int64_t scratch = 4 * std::max_element(layout.layers.begin(), layout.layers.end(), [](auto& a, auto& b) {
-                                    return a.shard_size < b.shard_size; })->shard_size;
+      const int64_t scratch =
+          4 * std::max_element(layout.layers.begin(), layout.layers.end(), [](auto& a, auto& b) {
+                return a.shard_size < b.shard_size;
+              })->shard_size;
       INFO("Ψ = " << psi << ", N = " << comm.world_size() << ", prefetch " << prefetch);
       const int64_t states = zero.model_states_bytes()[comm.rank()];
       REQUIRE(ledger.model_states_current() - states_before == states);
@@ -235,8 +249,10 @@ TEST_CASE("memory: model states (4 + 4 + 8)Ψ/N throughout, full layers in fligh
         zero.step();
       }
       REQUIRE(ledger.model_states_peak() - states_before == states);  // never more
-      REQUIRE(ledger.peak(MemTag::comm_buffers) - buffers_before == scratch + zero.layers_in_flight_bytes());
-      REQUIRE(ledger.current(MemTag::comm_buffers) - buffers_before == scratch);  // every layer freed
+      REQUIRE(ledger.peak(MemTag::comm_buffers) - buffers_before ==
+              scratch + zero.layers_in_flight_bytes());
+      REQUIRE(ledger.current(MemTag::comm_buffers) - buffers_before ==
+              scratch);  // every layer freed
       std::vector<double> real = {static_cast<double>(layout.shard_real)};
       comm.all_reduce_metrics(real);
       REQUIRE(real[0] == static_cast<double>(psi));  // Σ over ranks: each element once
@@ -244,7 +260,8 @@ TEST_CASE("memory: model states (4 + 4 + 8)Ψ/N throughout, full layers in fligh
   }
 }
 
-TEST_CASE("traffic: the counters equal the theory; evaluation is not counted as training", "[zero3]") {
+TEST_CASE("traffic: the counters equal the theory; evaluation is not counted as training",
+          "[zero3]") {
   Communicator& comm = test_comm();
   for (int64_t K : {1, 2}) {
     for (const auto& sizes : kModels) {
@@ -275,7 +292,8 @@ TEST_CASE("traffic: the counters equal the theory; evaluation is not counted as 
   }
 }
 
-TEST_CASE("prefetch: the gather of the next layer is posted before this layer's compute ends", "[zero3]") {
+TEST_CASE("prefetch: the gather of the next layer is posted before this layer's compute ends",
+          "[zero3]") {
   for (bool prefetch : {true, false}) {
     Case c;
     c.sizes = {9, 4, 6, 2, 3};
@@ -292,17 +310,22 @@ TEST_CASE("prefetch: the gather of the next layer is posted before this layer's 
       const TraceEvent& bwd = first.at("backward " + layers[l]);
       if (l + 1 < layers.size()) {  // forward: layer l+1's gather vs layer l's compute
         const TraceEvent& post = first.at("post all_gather " + layers[l + 1] + " (forward)");
-        INFO("forward " << layers[l] << " ends at " << fwd.ts + fwd.dur << " us, gather of " << layers[l + 1]
-                        << " posted at " << post.ts << " us");
-        REQUIRE((post.seq < fwd.seq) == prefetch);  // recorded before the span that ends the compute
-        if (prefetch) REQUIRE(post.ts <= fwd.ts);   // posted before the compute even started
-        else REQUIRE(post.ts >= fwd.ts + fwd.dur);
+        INFO("forward " << layers[l] << " ends at " << fwd.ts + fwd.dur << " us, gather of "
+                        << layers[l + 1] << " posted at " << post.ts << " us");
+        REQUIRE((post.seq < fwd.seq) ==
+                prefetch);  // recorded before the span that ends the compute
+        if (prefetch)
+          REQUIRE(post.ts <= fwd.ts);  // posted before the compute even started
+        else
+          REQUIRE(post.ts >= fwd.ts + fwd.dur);
       }
       if (l > 0) {  // backward: layer l−1's gather vs layer l's compute
         const TraceEvent& post = first.at("post all_gather " + layers[l - 1] + " (backward)");
         REQUIRE((post.seq < bwd.seq) == prefetch);
-        if (prefetch) REQUIRE(post.ts <= bwd.ts);
-        else REQUIRE(post.ts >= bwd.ts + bwd.dur);
+        if (prefetch)
+          REQUIRE(post.ts <= bwd.ts);
+        else
+          REQUIRE(post.ts >= bwd.ts + bwd.dur);
       }
     }
   }

@@ -13,8 +13,9 @@ namespace ringzero::test {
 // layers large enough for Eigen's blocked GEMM (rows + cols + depth >= 20) in several buckets;
 // whole models with fewer elements than ranks (Ψ = 2 and 3: ranks that own only padding).
 inline const std::vector<std::pair<std::vector<int64_t>, double>> kModels = {
-    {{7, 5, 3}, 25.0}, {{7, 5, 3}, 1e-6}, {{6, 1, 3}, 1e-6},     {{6, 3, 2}, 1e-6},
-    {{9, 4, 4, 2}, 1e-4}, {{45, 31, 7}, 2e-3}, {{1, 1}, 25.0}, {{2, 1}, 1e-6}};  // last two: Ψ < N
+    {{7, 5, 3}, 25.0}, {{7, 5, 3}, 1e-6},    {{6, 1, 3}, 1e-6},
+    {{6, 3, 2}, 1e-6}, {{9, 4, 4, 2}, 1e-4}, {{45, 31, 7}, 2e-3},
+    {{1, 1}, 25.0},    {{2, 1}, 1e-6}};  // last two: Ψ < N
 
 /// Every model with K in {1, 3} and clipping off/on: parameters, losses and AdamW state
 /// (exp_avg, exp_avg_sq, per-parameter step) bit for bit equal to chapter 05's DDP with one
@@ -29,7 +30,8 @@ inline void require_bitwise_equal_to_ddp() {
         c.grad_accum_steps = K;
         c.clip_grad_norm = clip;
         INFO("sizes[1] = " << sizes[1] << ", cap " << cap << " MiB, K = " << K << ", clip " << clip
-                           << ", N = " << test_comm().world_size() << ", rank " << test_comm().rank());
+                           << ", N = " << test_comm().world_size() << ", rank "
+                           << test_comm().rank());
         const RunResult ddp = run_ddp_reference(c), zero = run_zero(c);
         REQUIRE(bit_differences(ddp.params, zero.params) == 0);
         REQUIRE(bit_differences(ddp.losses, zero.losses) == 0);

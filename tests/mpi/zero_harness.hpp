@@ -19,8 +19,8 @@
 namespace ringzero::test {
 
 struct ZeroCase {
-  std::vector<int64_t> sizes;    // model layer sizes {in, hidden..., out}
-  double bucket_cap_mb = 25.0;   // small: one bucket per parameter
+  std::vector<int64_t> sizes;   // model layer sizes {in, hidden..., out}
+  double bucket_cap_mb = 25.0;  // small: one bucket per parameter
   int64_t steps = 3;
   int64_t grad_accum_steps = 1;  // K
   float clip_grad_norm = 0.0f;
@@ -28,10 +28,10 @@ struct ZeroCase {
 };
 
 struct RunResult {
-  std::vector<float> params;                      // (Ψ) registration order
-  std::vector<float> losses;                      // every micro-step's loss on this rank
-  std::map<std::string, NamedTensor> optimizer;   // "<param>.exp_avg" / ".exp_avg_sq" / ".step"
-  int64_t nonzero_padding = 0;                    // ZeRO only
+  std::vector<float> params;                     // (Ψ) registration order
+  std::vector<float> losses;                     // every micro-step's loss on this rank
+  std::map<std::string, NamedTensor> optimizer;  // "<param>.exp_avg" / ".exp_avg_sq" / ".step"
+  int64_t nonzero_padding = 0;                   // ZeRO only
 };
 
 inline TrainConfig zero_test_config(const ZeroCase& c) {
@@ -57,13 +57,15 @@ inline Batch zero_test_batch(const ZeroCase& c, int rank, int64_t step, int64_t 
 
 inline std::vector<float> model_params(const Model& model) {
   std::vector<float> out;
-  for (const Parameter* p : model.parameters()) out.insert(out.end(), p->data.span().begin(), p->data.span().end());
+  for (const Parameter* p : model.parameters())
+    out.insert(out.end(), p->data.span().begin(), p->data.span().end());
   return out;
 }
 
 // Forward and backward of every micro-step of one optimizer step, the last one synchronised.
 template <class Wrapper>
-void zero_test_backward(const ZeroCase& c, Model& model, Wrapper& wrapper, int rank, int64_t step, RunResult& out) {
+void zero_test_backward(const ZeroCase& c, Model& model, Wrapper& wrapper, int rank, int64_t step,
+                        RunResult& out) {
   for (int64_t k = 0; k < c.grad_accum_steps; ++k) {
     auto backward = [&] {
       Batch batch = zero_test_batch(c, rank, step, k);
@@ -103,9 +105,11 @@ inline RunResult run_ddp_reference(const ZeroCase& c) {
   for (size_t i = 0; i < model.parameters().size(); ++i) {
     const Parameter& p = *model.parameters()[i];
     const int64_t off = model.offsets()[i];
-    out.optimizer[p.name() + ".exp_avg"] = {p.shape(), {adamw.exp_avg().begin() + off, adamw.exp_avg().begin() + off + p.numel()}};
-    out.optimizer[p.name() + ".exp_avg_sq"] = {p.shape(),
-                                               {adamw.exp_avg_sq().begin() + off, adamw.exp_avg_sq().begin() + off + p.numel()}};
+    out.optimizer[p.name() + ".exp_avg"] = {
+        p.shape(), {adamw.exp_avg().begin() + off, adamw.exp_avg().begin() + off + p.numel()}};
+    out.optimizer[p.name() + ".exp_avg_sq"] = {
+        p.shape(),
+        {adamw.exp_avg_sq().begin() + off, adamw.exp_avg_sq().begin() + off + p.numel()}};
     out.optimizer[p.name() + ".step"] = {{1}, {static_cast<float>(adamw.segment_steps()[i])}};
   }
   return out;

@@ -49,13 +49,16 @@ double seconds_of(const std::function<void()>& f, int iterations) {
 }
 
 // Fastest seconds per call of a and of b over alternating trials of ~50 ms each.
-std::pair<double, double> time_pair(const std::function<void()>& a, const std::function<void()>& b, double budget_s) {
+std::pair<double, double> time_pair(const std::function<void()>& a, const std::function<void()>& b,
+                                    double budget_s) {
   a(), b();  // warm-up: page in, fill caches
   const int iterations = std::max(1, static_cast<int>(0.05 / std::max(1e-7, seconds_of(a, 3))));
   std::vector<double> ta, tb;
   const auto start = std::chrono::steady_clock::now();
-  while (ta.size() < 5 ||
-         (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < budget_s && ta.size() < 41)) {
+  while (
+      ta.size() < 5 ||
+      (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < budget_s &&
+       ta.size() < 41)) {
     ta.push_back(seconds_of(a, iterations));
     tb.push_back(seconds_of(b, iterations));
   }
@@ -67,17 +70,24 @@ std::pair<double, double> time_pair(const std::function<void()>& a, const std::f
 int main(int argc, char** argv) {
   CLI::App app{"GFLOP/s of linear_forward/linear_backward vs raw Eigen GEMMs, one thread"};
   double seconds = 2.0;
-  app.add_option("--seconds", seconds, "time budget per shape and direction (at least 5 trials each)");
+  app.add_option("--seconds", seconds,
+                 "time budget per shape and direction (at least 5 trials each)");
   CLI11_PARSE(app, argc, argv);
 
-  std::printf("%-18s %-9s %14s %14s %12s\n", "(B, C, OC)", "kernel", "ours GFLOP/s", "Eigen GFLOP/s", "overhead");
+  std::printf("%-18s %-9s %14s %14s %12s\n", "(B, C, OC)", "kernel", "ours GFLOP/s",
+              "Eigen GFLOP/s", "overhead");
   double worst = -1;
-  for (auto [B, C, OC] : std::vector<std::array<int64_t, 3>>{{64, 1024, 1024}, {64, 1024, 256}, {64, 784, 512}}) {
+  for (auto [B, C, OC] :
+       std::vector<std::array<int64_t, 3>>{{64, 1024, 1024}, {64, 1024, 256}, {64, 784, 512}}) {
     // Ours: tensors as the library holds them.
-    Tensor inp = Tensor::zeros({B, C}, MemTag::activations), weight = Tensor::zeros({OC, C}, MemTag::parameters),
-           bias = Tensor::zeros({OC}, MemTag::parameters), out = Tensor::zeros({B, OC}, MemTag::activations),
-           dout = Tensor::zeros({B, OC}, MemTag::activations), dinp = Tensor::zeros({B, C}, MemTag::activations),
-           dweight = Tensor::zeros({OC, C}, MemTag::gradients), dbias = Tensor::zeros({OC}, MemTag::gradients);
+    Tensor inp = Tensor::zeros({B, C}, MemTag::activations),
+           weight = Tensor::zeros({OC, C}, MemTag::parameters),
+           bias = Tensor::zeros({OC}, MemTag::parameters),
+           out = Tensor::zeros({B, OC}, MemTag::activations),
+           dout = Tensor::zeros({B, OC}, MemTag::activations),
+           dinp = Tensor::zeros({B, C}, MemTag::activations),
+           dweight = Tensor::zeros({OC, C}, MemTag::gradients),
+           dbias = Tensor::zeros({OC}, MemTag::gradients);
     fill(inp.span(), 1), fill(weight.span(), 2), fill(bias.span(), 3), fill(dout.span(), 4);
     // Raw Eigen: the same values in plain matrices.
     const RowMajor X = inp.mat(), W = weight.mat(), dO = dout.mat();
@@ -85,8 +95,8 @@ int main(int argc, char** argv) {
 
     const double flops = 2.0 * static_cast<double>(B * C * OC);
     char shape[32];
-    std::snprintf(shape, sizeof shape, "(%lld, %lld, %lld)", static_cast<long long>(B), static_cast<long long>(C),
-                  static_cast<long long>(OC));
+    std::snprintf(shape, sizeof shape, "(%lld, %lld, %lld)", static_cast<long long>(B),
+                  static_cast<long long>(C), static_cast<long long>(OC));
     auto report = [&](const char* kernel, double ours_s, double eigen_s, double kernel_flops) {
       const double overhead = ours_s / eigen_s - 1.0;
       worst = std::max(worst, overhead);
@@ -96,17 +106,17 @@ int main(int argc, char** argv) {
     auto [f_ours, f_eigen] = time_pair([&] { linear_forward(out, inp, weight, bias); },
                                        [&] { O.noalias() = X * W.transpose(); }, seconds / 2);
     report("forward", f_ours, f_eigen, flops);
-    auto [b_ours, b_eigen] = time_pair(
-        [&] { linear_backward(dinp, dweight, dbias, dout, inp, weight); },
-        [&] {
-          dX.noalias() = dO * W;
-          dW.noalias() = dO.transpose() * X;
-        },
-        seconds / 2);
+    auto [b_ours, b_eigen] =
+        time_pair([&] { linear_backward(dinp, dweight, dbias, dout, inp, weight); },
+                  [&] {
+                    dX.noalias() = dO * W;
+                    dW.noalias() = dO.transpose() * X;
+                  },
+                  seconds / 2);
     report("backward", b_ours, b_eigen, 2 * flops);
     // Keep the results observable so nothing is optimised away.
-    if (!(out[0] == out[0]) || !(O(0, 0) == O(0, 0)) || !(dX(0, 0) == dX(0, 0)) || !(dW(0, 0) == dW(0, 0)) ||
-        !(dinp[0] == dinp[0]) || !(dweight[0] == dweight[0]))
+    if (!(out[0] == out[0]) || !(O(0, 0) == O(0, 0)) || !(dX(0, 0) == dX(0, 0)) ||
+        !(dW(0, 0) == dW(0, 0)) || !(dinp[0] == dinp[0]) || !(dweight[0] == dweight[0]))
       std::printf("(non-finite values)\n");
   }
   std::printf("worst overhead: %.1f%% (goal: <= 10%%)\n", 100.0 * worst);

@@ -1,6 +1,7 @@
 // compare_runs: how far apart two training runs ended, for the equivalence-chain tests.
 //
-//   compare_runs A.safetensors B.safetensors [A.jsonl B.jsonl] [--atol X] [--loss-atol Y] [--bitwise]
+//   compare_runs A.safetensors B.safetensors [A.jsonl B.jsonl] [--atol X] [--loss-atol Y]
+//   [--bitwise]
 //
 // Compares every tensor of two safetensors files (final parameters, or any state saved with
 // the same names) and, when given, the "loss" of every {"type":"step"} line of two metrics
@@ -59,12 +60,15 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < t.values.size(); ++i) {
         double d = std::fabs(static_cast<double>(t.values[i]) - it->second.values[i]);
         if (std::isnan(d)) d = INFINITY;  // a NaN on either side is the largest difference there is
-        if (d > max_diff) { max_diff = d; worst = name; }
+        if (d > max_diff) {
+          max_diff = d;
+          worst = name;
+        }
         if (std::memcmp(&t.values[i], &it->second.values[i], 4) != 0) ++bit_mismatches;
       }
     }
-    std::printf("tensors: max |a-b| = %.3g (in %s), %lld elements differ bitwise\n", max_diff, worst.c_str(),
-                static_cast<long long>(bit_mismatches));
+    std::printf("tensors: max |a-b| = %.3g (in %s), %lld elements differ bitwise\n", max_diff,
+                worst.c_str(), static_cast<long long>(bit_mismatches));
     ok = ok && (bitwise ? bit_mismatches == 0 : max_diff <= atol);
     if (!ma.empty()) {
       auto la = losses(ma), lb = losses(mb);
@@ -75,9 +79,10 @@ int main(int argc, char** argv) {
         max_loss = std::max(max_loss, std::isnan(d) ? INFINITY : d);
         loss_bits += la[i] != lb[i];
       }
-      std::printf("losses: %zu vs %zu steps, max |a-b| = %.3g, %lld differ\n", la.size(), lb.size(), max_loss,
-                  static_cast<long long>(loss_bits));
-      ok = ok && la.size() == lb.size() && !la.empty() && (bitwise ? loss_bits == 0 : max_loss <= loss_atol);
+      std::printf("losses: %zu vs %zu steps, max |a-b| = %.3g, %lld differ\n", la.size(), lb.size(),
+                  max_loss, static_cast<long long>(loss_bits));
+      ok = ok && la.size() == lb.size() && !la.empty() &&
+           (bitwise ? loss_bits == 0 : max_loss <= loss_atol);
     }
     std::printf("%s\n", ok ? "MATCH" : "MISMATCH");
     return ok ? 0 : 1;

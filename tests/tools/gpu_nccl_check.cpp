@@ -30,8 +30,9 @@ int main(int argc, char** argv) {
   comm.all_reduce_metrics(ok);  // every rank takes the same decision: no rank is left in NCCL init
   if (ok[0] < comm.world_size()) {
     if (comm.rank() == 0)
-      std::printf("SKIP: %d of %d ranks have a CUDA device of their own (%s)\n", static_cast<int>(ok[0]),
-                  comm.world_size(), have_gpu ? "devices shared" : why.c_str());
+      std::printf("SKIP: %d of %d ranks have a CUDA device of their own (%s)\n",
+                  static_cast<int>(ok[0]), comm.world_size(),
+                  have_gpu ? "devices shared" : why.c_str());
     return 77;
   }
   return run_main([&] {
@@ -41,28 +42,32 @@ int main(int argc, char** argv) {
       std::vector<float> host(static_cast<size_t>(n * N));
       for (int64_t i = 0; i < n * N; ++i) host[i] = static_cast<float>((r + 1) * (i % 7));
       float *in = nullptr, *out = nullptr;
-      CHECK(cudaMalloc(&in, host.size() * 4) == cudaSuccess && cudaMalloc(&out, host.size() * 4) == cudaSuccess,
-            "cudaMalloc of " << host.size() * 8 << " bytes failed");
+      RZ_CHECK(cudaMalloc(&in, host.size() * 4) == cudaSuccess &&
+                   cudaMalloc(&out, host.size() * 4) == cudaSuccess,
+               "cudaMalloc of " << host.size() * 8 << " bytes failed");
       cudaMemcpy(in, host.data(), host.size() * 4, cudaMemcpyHostToDevice);
       std::vector<float> back(host.size());
       nccl.all_reduce(in, n * N);
       cudaMemcpy(back.data(), in, back.size() * 4, cudaMemcpyDeviceToHost);
       for (int64_t i = 0; i < n * N; ++i)
-        CHECK(back[i] == expected_sum(N, i), "all_reduce n=" << n * N << " element " << i << ": " << back[i]);
+        RZ_CHECK(back[i] == expected_sum(N, i),
+                 "all_reduce n=" << n * N << " element " << i << ": " << back[i]);
       cudaMemcpy(in, host.data(), host.size() * 4, cudaMemcpyHostToDevice);
       nccl.reduce_scatter(in, out, n);
       cudaMemcpy(back.data(), out, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost);
       for (int64_t i = 0; i < n; ++i)
-        CHECK(back[i] == expected_sum(N, r * n + i), "reduce_scatter n=" << n << " element " << i << ": " << back[i]);
+        RZ_CHECK(back[i] == expected_sum(N, r * n + i),
+                 "reduce_scatter n=" << n << " element " << i << ": " << back[i]);
       nccl.all_gather(out, in, n);
       cudaMemcpy(back.data(), in, back.size() * 4, cudaMemcpyDeviceToHost);
       for (int64_t i = 0; i < n * N; ++i)
-        CHECK(back[i] == expected_sum(N, i), "all_gather n=" << n << " element " << i << ": " << back[i]);
+        RZ_CHECK(back[i] == expected_sum(N, i),
+                 "all_gather n=" << n << " element " << i << ": " << back[i]);
       cudaFree(in);
       cudaFree(out);
     }
-    print0("PASS: NCCL all_reduce, reduce_scatter, all_gather exact on " + std::to_string(N) + " rank(s), device " +
-           std::to_string(nccl.device()));
+    print0("PASS: NCCL all_reduce, reduce_scatter, all_gather exact on " + std::to_string(N) +
+           " rank(s), device " + std::to_string(nccl.device()));
     print0("bytes        algbw GB/s   busbw GB/s");
     for (int64_t bytes = 4096; bytes <= (int64_t{64} << 20); bytes *= 4) {
       float* buf = nullptr;
@@ -72,11 +77,12 @@ int main(int argc, char** argv) {
       const int iters = 20;
       auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < iters; ++i) nccl.all_reduce(buf, bytes / 4);
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+      const double s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
       const double algbw = static_cast<double>(bytes) / s / 1e9;
       char line[96];
-      std::snprintf(line, sizeof line, "%-12lld %-12.2f %-12.2f", static_cast<long long>(bytes), algbw,
-                    algbw * 2.0 * (N - 1) / N);
+      std::snprintf(line, sizeof line, "%-12lld %-12.2f %-12.2f", static_cast<long long>(bytes),
+                    algbw, algbw * 2.0 * (N - 1) / N);
       print0(line);
       cudaFree(buf);
     }

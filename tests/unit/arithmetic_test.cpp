@@ -7,8 +7,6 @@
 #include "chapters/04_ring_allreduce/ring.hpp"
 #include "common/comm.hpp"
 
-// Catch2 defines its own CHECK; ringzero's (check.hpp) is already expanded in the headers above.
-#undef CHECK
 #include <catch2/catch.hpp>
 
 using namespace ringzero;
@@ -34,14 +32,15 @@ TEST_CASE("split_count cuts [0, n) into pieces of at most max_piece", "[comm][ar
 TEST_CASE("ring_chunk: ceil(n / N) chunks, trailing ones clipped or empty", "[ring][arith]") {
   auto chunks = [](int64_t n, int N) {
     std::vector<std::pair<int64_t, int64_t>> out;
-    for (int i = 0; i < N; ++i) out.emplace_back(ring_chunk(n, N, i).offset, ring_chunk(n, N, i).size);
+    for (int i = 0; i < N; ++i)
+      out.emplace_back(ring_chunk(n, N, i).offset, ring_chunk(n, N, i).size);
     return out;
   };
   REQUIRE(chunks(10, 4) == Pieces{{0, 3}, {3, 3}, {6, 3}, {9, 1}});
   REQUIRE(chunks(12, 4) == Pieces{{0, 3}, {3, 3}, {6, 3}, {9, 3}});
-  REQUIRE(chunks(5, 4) == Pieces{{0, 2}, {2, 2}, {4, 1}, {5, 0}});   // last chunk empty
-  REQUIRE(chunks(2, 4) == Pieces{{0, 1}, {1, 1}, {2, 0}, {2, 0}});   // n < N
-  REQUIRE(chunks(0, 3) == Pieces{{0, 0}, {0, 0}, {0, 0}});           // n = 0
+  REQUIRE(chunks(5, 4) == Pieces{{0, 2}, {2, 2}, {4, 1}, {5, 0}});  // last chunk empty
+  REQUIRE(chunks(2, 4) == Pieces{{0, 1}, {1, 1}, {2, 0}, {2, 0}});  // n < N
+  REQUIRE(chunks(0, 3) == Pieces{{0, 0}, {0, 0}, {0, 0}});          // n = 0
   REQUIRE(chunks(7, 1) == Pieces{{0, 7}});
 
   // Beyond 2^31: 3·2^31 + 1 elements over 4 ranks, s = 1610612737.

@@ -14,7 +14,8 @@ using namespace ringzero;
 using namespace ringzero::test;
 using Catch::Matchers::Contains;
 
-TEST_CASE("gradient-ready fires once per backward, after the parameter's last use", "[autograd][hooks]") {
+TEST_CASE("gradient-ready fires once per backward, after the parameter's last use",
+          "[autograd][hooks]") {
   // h = relu(x Wᵀ + b); out = h Wᵀ + b: W and b are used twice. Backward runs the second use
   // first, so a hook firing on the first backward op that touches W would see half a gradient.
   OwnedParameter W("w", randn({4, 4}, 1)), b("b", randn({4}, 2));
@@ -63,7 +64,8 @@ TEST_CASE("module hooks run in forward and reverse order around each layer", "[a
     layer->add_pre_forward_hook([&](Module& m) { events.push_back("pre_forward " + m.name()); });
     layer->add_post_forward_hook([&](Module& m) { events.push_back("post_forward " + m.name()); });
     layer->add_pre_backward_hook([&](Module& m) { events.push_back("pre_backward " + m.name()); });
-    layer->add_post_backward_hook([&](Module& m) { events.push_back("post_backward " + m.name()); });
+    layer->add_post_backward_hook(
+        [&](Module& m) { events.push_back("post_backward " + m.name()); });
   }
   for (Parameter* p : model.parameters())
     p->add_grad_ready_hook([&](Parameter& q) { events.push_back("grad_ready " + q.name()); });
@@ -71,18 +73,17 @@ TEST_CASE("module hooks run in forward and reverse order around each layer", "[a
   Tape tape;
   Var loss = mse_loss(tape, model.forward(tape, make_var(randn({2, 3}, 6))), randn({2, 2}, 7));
   const std::vector<std::string> forward{
-      "pre_forward 0", "post_forward 0", "pre_forward 1", "post_forward 1", "pre_forward 2", "post_forward 2",
-      "pre_forward 3", "post_forward 3", "pre_forward 4", "post_forward 4"};
+      "pre_forward 0",  "post_forward 0", "pre_forward 1",  "post_forward 1", "pre_forward 2",
+      "post_forward 2", "pre_forward 3",  "post_forward 3", "pre_forward 4",  "post_forward 4"};
   REQUIRE(events == forward);
 
   events.clear();
   tape.backward(loss);
   const std::vector<std::string> backward{
-      "pre_backward 4", "grad_ready 4.weight", "grad_ready 4.bias", "post_backward 4",
-      "pre_backward 3", "post_backward 3",
-      "pre_backward 2", "grad_ready 2.weight", "grad_ready 2.bias", "post_backward 2",
-      "pre_backward 1", "post_backward 1",
-      "pre_backward 0", "grad_ready 0.weight", "grad_ready 0.bias", "post_backward 0"};
+      "pre_backward 4",    "grad_ready 4.weight", "grad_ready 4.bias", "post_backward 4",
+      "pre_backward 3",    "post_backward 3",     "pre_backward 2",    "grad_ready 2.weight",
+      "grad_ready 2.bias", "post_backward 2",     "pre_backward 1",    "post_backward 1",
+      "pre_backward 0",    "grad_ready 0.weight", "grad_ready 0.bias", "post_backward 0"};
   REQUIRE(events == backward);
 }
 
@@ -138,7 +139,9 @@ TEST_CASE("two backwards sum their gradients; the seed scales them", "[autograd]
     Tape tape;
     tape.backward(mse_loss(tape, model.forward(tape, make_var(x)), y), seed);
   };
-  auto grads = [&] { return std::vector<float>(model.grads_memory.span().begin(), model.grads_memory.span().end()); };
+  auto grads = [&] {
+    return std::vector<float>(model.grads_memory.span().begin(), model.grads_memory.span().end());
+  };
   model.zero_grad();
   backward(x1, y1, 1.0f);
   const auto g1 = grads();
@@ -149,7 +152,8 @@ TEST_CASE("two backwards sum their gradients; the seed scales them", "[autograd]
   backward(x1, y1, 1.0f);
   backward(x2, y2, 1.0f);
   const auto sum = grads();
-  for (size_t i = 0; i < sum.size(); ++i) REQUIRE(sum[i] == Approx(g1[i] + g2[i]).epsilon(1e-6).margin(1e-12));
+  for (size_t i = 0; i < sum.size(); ++i)
+    REQUIRE(sum[i] == Approx(g1[i] + g2[i]).epsilon(1e-6).margin(1e-12));
 
   // backward(loss, 1/2) is (loss / 2).backward(): exactly half (a power of two).
   model.zero_grad();

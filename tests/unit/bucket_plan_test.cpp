@@ -6,8 +6,6 @@
 #include "chapters/05_ddp_buckets/buckets.hpp"
 #include "common/train.hpp"
 
-// Catch2 defines its own CHECK; ringzero's (check.hpp) is already expanded in the headers above.
-#undef CHECK
 #include <catch2/catch.hpp>
 
 using namespace ringzero;
@@ -17,8 +15,9 @@ namespace {
 constexpr int64_t kMiB = 1024 * 1024;
 
 // Registration order: 0.weight, 0.bias, 2.weight, 2.bias, 4.weight, 4.bias.
-const std::vector<int64_t> kMlp = {784 * 512, 512, 512 * 512, 512, 512 * 10, 10};          // Ψ = 669706
-const std::vector<int64_t> kToy = {1024 * 1024, 1024, 1024 * 1024, 1024, 256 * 1024, 256};  // Ψ = 2361600
+const std::vector<int64_t> kMlp = {784 * 512, 512, 512 * 512, 512, 512 * 10, 10};  // Ψ = 669706
+const std::vector<int64_t> kToy = {1024 * 1024, 1024,       1024 * 1024,
+                                   1024,        256 * 1024, 256};  // Ψ = 2361600
 
 std::vector<std::vector<int>> params_of(const std::vector<Bucket>& plan) {
   std::vector<std::vector<int>> out;
@@ -44,7 +43,8 @@ TEST_CASE("caps above the model size give one bucket: the whole gradient buffer"
   REQUIRE(plan == std::vector<Bucket>{{0, 669706, {5, 4, 3, 2, 1, 0}}});
 }
 
-TEST_CASE("a cap below every parameter gives one bucket per parameter, in reverse order", "[buckets]") {
+TEST_CASE("a cap below every parameter gives one bucket per parameter, in reverse order",
+          "[buckets]") {
   // 0.001 MiB = 1048 B: 4.bias (40 B) alone stays under it, and every other parameter is
   // larger than the cap, so it gets its own bucket and closes 4.bias's.
   const auto plan = plan_buckets(kMlp, mib_to_bytes(0.001), kMiB);
@@ -60,7 +60,8 @@ TEST_CASE("a cap below every parameter gives one bucket per parameter, in revers
 TEST_CASE("a parameter larger than the cap gets its own bucket", "[buckets]") {
   // Cap 1 MiB: 2.weight is exactly 1 MiB (not larger), so it joins and closes bucket 0;
   // 0.weight (1.6 MB) is larger, so it does not join 0.bias: {1} and {0} are separate.
-  REQUIRE(params_of(plan_buckets(kMlp, kMiB, kMiB)) == std::vector<std::vector<int>>{{5, 4, 3, 2}, {1}, {0}});
+  REQUIRE(params_of(plan_buckets(kMlp, kMiB, kMiB)) ==
+          std::vector<std::vector<int>>{{5, 4, 3, 2}, {1}, {0}});
   // Cap 0.5 MiB: now 2.weight is larger than the cap too.
   REQUIRE(params_of(plan_buckets(kMlp, kMiB / 2, kMiB)) ==
           std::vector<std::vector<int>>{{5, 4, 3}, {2}, {1}, {0}});
@@ -119,7 +120,8 @@ TEST_CASE("the planned buckets of a Model match its flat gradient layout", "[buc
   const auto plan = plan_buckets(parameter_sizes(model), 25 * kMiB, kMiB);
   for (const Bucket& b : plan) {
     const Parameter& lowest = *model.parameters()[b.params.back()];
-    REQUIRE(lowest.grad.data() == model.grads_memory.data() + b.offset);  // the bucket IS the gradients
+    REQUIRE(lowest.grad.data() ==
+            model.grads_memory.data() + b.offset);  // the bucket IS the gradients
   }
   const std::string table = explain_buckets(plan, model, 25, 1);
   REQUIRE_THAT(table, Catch::Contains("6 parameters in 2 buckets"));

@@ -38,7 +38,9 @@ std::vector<uint8_t> idx_bytes(const std::vector<uint32_t>& dims, const std::vec
 void write_gz(const std::string& path, const std::vector<uint8_t>& bytes) {
   gzFile f = gzopen(path.c_str(), "wb");
   REQUIRE(f != nullptr);
-  if (!bytes.empty()) REQUIRE(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())) == static_cast<int>(bytes.size()));
+  if (!bytes.empty())
+    REQUIRE(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())) ==
+            static_cast<int>(bytes.size()));
   REQUIRE(gzclose(f) == Z_OK);
 }
 
@@ -51,7 +53,8 @@ std::vector<uint8_t> iota_bytes(size_t n) {
 // A Fashion-MNIST-shaped split: `images` images of 28x28 and `labels` labels.
 void write_split(const TempDir& dir, const std::string& prefix, uint32_t images, uint32_t labels,
                  uint8_t first_label = 3) {
-  write_gz(dir.file(prefix + "-images-idx3-ubyte.gz"), idx_bytes({images, 28, 28}, iota_bytes(images * 784)));
+  write_gz(dir.file(prefix + "-images-idx3-ubyte.gz"),
+           idx_bytes({images, 28, 28}, iota_bytes(images * 784)));
   std::vector<uint8_t> l(labels);
   for (uint32_t i = 0; i < labels; ++i) l[i] = static_cast<uint8_t>(i == 0 ? first_label : i % 10);
   write_gz(dir.file(prefix + "-labels-idx1-ubyte.gz"), idx_bytes({labels}, l));
@@ -72,7 +75,8 @@ TEST_CASE("read_idx_gz names the file and the problem of a corrupt one", "[data]
   TempDir dir;
   const std::string path = dir.file("bad.gz");
   SECTION("missing file: names the path and scripts/setup") {
-    REQUIRE_THROWS_WITH(read_idx_gz(dir.file("nope.gz"), 1), Contains(dir.file("nope.gz")) && Contains("scripts/setup"));
+    REQUIRE_THROWS_WITH(read_idx_gz(dir.file("nope.gz"), 1),
+                        Contains(dir.file("nope.gz")) && Contains("scripts/setup"));
   }
   SECTION("bad magic (element type 0x09)") {
     write_gz(path, idx_bytes({4}, iota_bytes(4), 0x09));
@@ -80,25 +84,30 @@ TEST_CASE("read_idx_gz names the file and the problem of a corrupt one", "[data]
   }
   SECTION("bad magic (wrong number of dimensions)") {
     write_gz(path, idx_bytes({4}, iota_bytes(4)));
-    REQUIRE_THROWS_WITH(read_idx_gz(path, 3), Contains(path) && Contains("bad magic 0x00000801, expected 0x00000803"));
+    REQUIRE_THROWS_WITH(read_idx_gz(path, 3),
+                        Contains(path) && Contains("bad magic 0x00000801, expected 0x00000803"));
   }
   SECTION("empty file") {
     write_gz(path, {});
-    REQUIRE_THROWS_WITH(read_idx_gz(path, 1), Contains(path) && Contains("shorter than the 4-byte IDX magic"));
+    REQUIRE_THROWS_WITH(read_idx_gz(path, 1),
+                        Contains(path) && Contains("shorter than the 4-byte IDX magic"));
   }
   SECTION("truncated in the dimension sizes") {
     auto bytes = idx_bytes({2, 3, 4}, {});
     bytes.resize(9);
     write_gz(path, bytes);
-    REQUIRE_THROWS_WITH(read_idx_gz(path, 3), Contains(path) && Contains("truncated in the dimension sizes"));
+    REQUIRE_THROWS_WITH(read_idx_gz(path, 3),
+                        Contains(path) && Contains("truncated in the dimension sizes"));
   }
   SECTION("truncated data") {
     write_gz(path, idx_bytes({2, 3, 4}, iota_bytes(20)));
-    REQUIRE_THROWS_WITH(read_idx_gz(path, 3), Contains(path) && Contains("truncated: 20 of 24 data bytes"));
+    REQUIRE_THROWS_WITH(read_idx_gz(path, 3),
+                        Contains(path) && Contains("truncated: 20 of 24 data bytes"));
   }
   SECTION("trailing bytes") {
     write_gz(path, idx_bytes({2, 3, 4}, iota_bytes(25)));
-    REQUIRE_THROWS_WITH(read_idx_gz(path, 3), Contains(path) && Contains("trailing bytes after 24 data bytes"));
+    REQUIRE_THROWS_WITH(read_idx_gz(path, 3),
+                        Contains(path) && Contains("trailing bytes after 24 data bytes"));
   }
   SECTION("damaged gzip stream (CRC of the compressed file overwritten)") {
     write_gz(path, idx_bytes({2, 3, 4}, iota_bytes(24)));
@@ -124,7 +133,8 @@ TEST_CASE("load_fashion_mnist scales pixels, checks counts and labels", "[data][
   }
   SECTION("image and label counts that differ") {
     write_split(dir, "train", 3, 2);
-    REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string(), true), Contains("3 images but 2 labels"));
+    REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string(), true),
+                        Contains("3 images but 2 labels"));
   }
   SECTION("a label outside 0..9") {
     write_split(dir, "train", 2, 2, /*first_label=*/10);
@@ -134,21 +144,25 @@ TEST_CASE("load_fashion_mnist scales pixels, checks counts and labels", "[data][
   SECTION("images that are not 28x28") {
     write_gz(dir.file("train-images-idx3-ubyte.gz"), idx_bytes({1, 2, 2}, iota_bytes(4)));
     write_gz(dir.file("train-labels-idx1-ubyte.gz"), idx_bytes({1}, {0}));
-    REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string(), true), Contains("2x2, expected 28x28"));
+    REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string(), true),
+                        Contains("2x2, expected 28x28"));
   }
   SECTION("a missing labels file") {
     write_gz(dir.file("train-images-idx3-ubyte.gz"), idx_bytes({1, 28, 28}, iota_bytes(784)));
-    REQUIRE_THROWS_WITH(load_fashion_mnist(dir.path.string(), true),
-                        Contains("train-labels-idx1-ubyte.gz not found") && Contains("scripts/setup"));
+    REQUIRE_THROWS_WITH(
+        load_fashion_mnist(dir.path.string(), true),
+        Contains("train-labels-idx1-ubyte.gz not found") && Contains("scripts/setup"));
   }
   SECTION("a missing directory") {
     const std::string missing = dir.file("absent");
-    REQUIRE_THROWS_WITH(load_fashion_mnist(missing, true), Contains(missing) && Contains("scripts/setup"));
+    REQUIRE_THROWS_WITH(load_fashion_mnist(missing, true),
+                        Contains(missing) && Contains("scripts/setup"));
   }
 }
 
 TEST_CASE("the synthetic set is standard normal and deterministic", "[data]") {
-  Dataset a = make_synthetic(1000, 16, 4, 7, 1), b = make_synthetic(1000, 16, 4, 7, 1), c = make_synthetic(1000, 16, 4, 7, 2);
+  Dataset a = make_synthetic(1000, 16, 4, 7, 1), b = make_synthetic(1000, 16, 4, 7, 1),
+          c = make_synthetic(1000, 16, 4, 7, 2);
   REQUIRE(std::equal(a.inputs.span().begin(), a.inputs.span().end(), b.inputs.span().begin()));
   REQUIRE(!std::equal(a.inputs.span().begin(), a.inputs.span().end(), c.inputs.span().begin()));
   REQUIRE(a.size == 1000);
@@ -204,9 +218,11 @@ TEST_CASE("sampler: permutations per epoch, reproducible, drop_last, chunks", "[
     auto whole = s.global_batch(4);
     REQUIRE(joined == std::vector<int64_t>(whole.begin(), whole.end()));
   }
-  REQUIRE_THROWS_WITH(s.chunk(0, 0, 3), Contains("global batch 10 cannot be cut into 3 equal chunks"));
+  REQUIRE_THROWS_WITH(s.chunk(0, 0, 3),
+                      Contains("global batch 10 cannot be cut into 3 equal chunks"));
   REQUIRE_THROWS_WITH(s.global_batch(10), Contains("step 10 outside [0, 10)"));
-  REQUIRE_THROWS_WITH(Sampler(5, 10, 0, true), Contains("--global-batch-size 10 exceeds the 5 training samples"));
+  REQUIRE_THROWS_WITH(Sampler(5, 10, 0, true),
+                      Contains("--global-batch-size 10 exceeds the 5 training samples"));
   REQUIRE_THROWS_WITH(Sampler(5, 0, 0, true), Contains("--global-batch-size 0 must be positive"));
 }
 

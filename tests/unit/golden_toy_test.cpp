@@ -60,7 +60,8 @@ TEST_CASE("chapter 01's step on the ToyModel matches PyTorch over 5 AdamW steps"
   TrainConfig config;  // the flags' defaults: --optimizer adamw --lr 1e-3 --weight-decay 1e-2
   config.model = "toy";
   Model model(config.layer_sizes(), 0);
-  load_state_dict(model, load_safetensors(kGolden + "toy_init.safetensors"), "toy_init.safetensors");
+  load_state_dict(model, load_safetensors(kGolden + "toy_init.safetensors"),
+                  "toy_init.safetensors");
   const auto batch_tensors = load_safetensors(kGolden + "toy_batch.safetensors");
   Batch batch;
   batch.x = to_tensor(batch_tensors.at("x"));  // (64, 1024)
@@ -69,7 +70,8 @@ TEST_CASE("chapter 01's step on the ToyModel matches PyTorch over 5 AdamW steps"
 
   std::ifstream losses_file(kGolden + "toy_losses.json");
   REQUIRE(losses_file);
-  const auto torch_losses = nlohmann::json::parse(losses_file).at("losses").get<std::vector<double>>();
+  const auto torch_losses =
+      nlohmann::json::parse(losses_file).at("losses").get<std::vector<double>>();
   REQUIRE(torch_losses.size() == 5);
 
   double worst_loss = 0;
@@ -89,7 +91,8 @@ TEST_CASE("chapter 01's step on the ToyModel matches PyTorch over 5 AdamW steps"
   const auto final = load_safetensors(kGolden + "toy_final.safetensors");
   const auto ours = state_dict(model);
   Diffs weights, row_sums;
-  for (const char* name : {"0.bias", "2.bias", "4.weight", "4.bias"}) weights.add(ours.at(name).values, final.at(name).values);
+  for (const char* name : {"0.bias", "2.bias", "4.weight", "4.bias"})
+    weights.add(ours.at(name).values, final.at(name).values);
   for (const std::string name : {"0.weight", "2.weight"}) {
     const auto& w = ours.at(name).values;  // (1024, 1024)
     std::vector<float> every97, sums(1024);
@@ -102,8 +105,9 @@ TEST_CASE("chapter 01's step on the ToyModel matches PyTorch over 5 AdamW steps"
     weights.add(every97, final.at(name + ".every97").values);
     row_sums.add(sums, final.at(name + ".row_sums").values);
   }
-  INFO("weights: worst |ours - PyTorch| " << weights.worst << ", " << weights.above_1e6 << " of " << weights.count
-                                          << " above 1e-6; row sums: worst " << row_sums.worst);
+  INFO("weights: worst |ours - PyTorch| " << weights.worst << ", " << weights.above_1e6 << " of "
+                                          << weights.count << " above 1e-6; row sums: worst "
+                                          << row_sums.worst);
   REQUIRE(weights.count == 2 * 10811 + 1024 + 1024 + 262144 + 256);
   REQUIRE(weights.worst <= 5e-5);
   REQUIRE(weights.above_1e6 <= weights.count / 1000);
@@ -113,7 +117,7 @@ TEST_CASE("chapter 01's step on the ToyModel matches PyTorch over 5 AdamW steps"
   Diffs moved;
   moved.add(init.at("4.weight").values, final.at("4.weight").values);
   REQUIRE(moved.worst > 4e-3);
-  WARN("golden ToyModel vs PyTorch: worst relative loss difference " << worst_loss << "; weights: worst "
-       << weights.worst << ", " << weights.above_1e6 << " of " << weights.count << " above 1e-6; row sums: worst "
-       << row_sums.worst);
+  WARN("golden ToyModel vs PyTorch: worst relative loss difference "
+       << worst_loss << "; weights: worst " << weights.worst << ", " << weights.above_1e6 << " of "
+       << weights.count << " above 1e-6; row sums: worst " << row_sums.worst);
 }

@@ -30,8 +30,8 @@ double dot(const Tensor& a, const Tensor& b) {
 
 // Compares backward's gradient `analytic` of every element of `x` with central differences
 // of J; |numeric - analytic| <= atol + rtol |analytic|. Returns the worst absolute error.
-double check_gradient(const std::function<double()>& J, Tensor x, const Tensor& analytic, float h, double atol,
-                      double rtol) {
+double check_gradient(const std::function<double()>& J, Tensor x, const Tensor& analytic, float h,
+                      double atol, double rtol) {
   double worst = 0;
   for (int64_t i = 0; i < x.numel(); ++i) {
     const double numeric = central_difference(J, x[i], h);
@@ -81,7 +81,8 @@ TEST_CASE("linear rejects shapes that do not fit", "[ops]") {
   Tensor weight = Tensor::zeros({4, 2}, MemTag::activations);
   Tensor bias = Tensor::zeros({4}, MemTag::activations);
   Tensor out = Tensor::zeros({2, 4}, MemTag::activations);
-  REQUIRE_THROWS_WITH(linear_forward(out, inp, weight, bias), Contains("(2, 3)") && Contains("(4, 2)"));
+  REQUIRE_THROWS_WITH(linear_forward(out, inp, weight, bias),
+                      Contains("(2, 3)") && Contains("(4, 2)"));
 }
 
 TEST_CASE("relu forward and backward by hand", "[ops]") {
@@ -146,20 +147,23 @@ TEST_CASE("cross_entropy is stable for huge logits and checks labels", "[ops]") 
   REQUIRE(probs[0] == 1.0f);
   REQUIRE(probs[1] == 0.0f);
   const std::vector<int32_t> bad{0, 2};
-  REQUIRE_THROWS_WITH(cross_entropy_forward(probs, logits, bad), Contains("label 2 outside [0, 2)"));
+  REQUIRE_THROWS_WITH(cross_entropy_forward(probs, logits, bad),
+                      Contains("label 2 outside [0, 2)"));
 }
 
 TEST_CASE("linear gradient matches central differences", "[ops][gradcheck]") {
   // J = Σ dout ⊙ (inp Wᵀ + b) is linear in every single input, so the central difference has
   // no truncation error and a large step h = 0.1 keeps the rounding term small:
   // ε32 |J| / 2h ≈ 6e-8 · 10 / 0.2 = 3e-6. Tolerance 1e-4 + 1e-4 |g| (measured: 2.2e-6).
-  Tensor inp = randn({3, 4}, 1), weight = randn({5, 4}, 2), bias = randn({5}, 3), dout = randn({3, 5}, 4);
+  Tensor inp = randn({3, 4}, 1), weight = randn({5, 4}, 2), bias = randn({5}, 3),
+         dout = randn({3, 5}, 4);
   Tensor out = Tensor::zeros({3, 5}, MemTag::activations);
   auto J = [&] {
     linear_forward(out, inp, weight, bias);
     return dot(dout, out);
   };
-  Tensor dinp = Tensor::zeros({3, 4}, MemTag::activations), dweight = Tensor::zeros({5, 4}, MemTag::activations),
+  Tensor dinp = Tensor::zeros({3, 4}, MemTag::activations),
+         dweight = Tensor::zeros({5, 4}, MemTag::activations),
          dbias = Tensor::zeros({5}, MemTag::activations);
   linear_backward(dinp, dweight, dbias, dout, inp, weight);
   check_gradient(J, inp, dinp, 0.1f, 1e-4, 1e-4);
@@ -208,7 +212,8 @@ TEST_CASE("cross_entropy gradient matches central differences", "[ops][gradcheck
   check_gradient(J, logits, dlogits, 0.01f, 3e-5, 1e-3);
 }
 
-TEST_CASE("the tape's gradients of a model match central differences", "[ops][gradcheck][autograd]") {
+TEST_CASE("the tape's gradients of a model match central differences",
+          "[ops][gradcheck][autograd]") {
   // Linear(6, 5) - ReLU - Linear(5, 4) with either loss, through the autograd wrappers and
   // Tape::backward. h = 1e-2; no pre-activation of this seed lies within h·|x| of the ReLU kink
   // (else one difference would straddle it). Budget as for the losses above; tolerance

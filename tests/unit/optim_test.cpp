@@ -44,8 +44,8 @@ TEST_CASE("SGD with momentum and weight decay matches torch.optim.SGD by hand", 
   for (size_t t = 0; t < kGrads.size(); ++t) {
     sgd.step(p, kGrads[t]);
     for (size_t i = 0; i < p.size(); ++i) {
-      const double d = kGrads[t][i] + wd * ref[i];          // L2 term added to the gradient
-      buf[i] = t == 0 ? d : momentum * buf[i] + d;           // first step: buf = d (no dampening)
+      const double d = kGrads[t][i] + wd * ref[i];  // L2 term added to the gradient
+      buf[i] = t == 0 ? d : momentum * buf[i] + d;  // first step: buf = d (no dampening)
       ref[i] -= lr * buf[i];
     }
     INFO("after step " << t + 1);
@@ -66,7 +66,8 @@ TEST_CASE("plain SGD is p -= lr g", "[optim]") {
 TEST_CASE("AdamW matches torch.optim.AdamW by hand over 3 steps", "[optim]") {
   // Large lr and weight decay so that both the decay and the bias correction move the result
   // far beyond the tolerance; two segments (3 + 2 elements), each with its own step count.
-  const double lr = 0.1f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.1f;  // float32 values, as AdamWOptions
+  const double lr = 0.1f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f,
+               wd = 0.1f;  // float32 values, as AdamWOptions
   AdamWOptions o;
   o.lr = 0.1f;
   o.weight_decay = 0.1f;
@@ -121,7 +122,8 @@ TEST_CASE("clip_grad_norm scales to max_norm like torch.nn.utils.clip_grad_norm_
   REQUIRE(g[2] == 0.0f);
   REQUIRE(std::sqrt(sum_of_squares(g)) <= 1.0);
 
-  std::vector<float> small{0.3f, 0.4f};  // norm 0.5 < max_norm: untouched (coefficient clamped to 1)
+  std::vector<float> small{0.3f,
+                           0.4f};  // norm 0.5 < max_norm: untouched (coefficient clamped to 1)
   REQUIRE(clip_grad_norm(small, 1.0f) == Approx(0.5).epsilon(1e-7));
   REQUIRE(small[0] == 0.3f);
   REQUIRE(small[1] == 0.4f);

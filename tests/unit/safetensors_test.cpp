@@ -23,7 +23,8 @@ std::string read_all(const std::string& path) {
 }
 
 void write_all(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 // A file with one tensor whose header is `header` (a JSON object) and `data_bytes` of data.
@@ -57,7 +58,8 @@ TEST_CASE("safetensors round trip is bit-exact and has the reference layout", "[
   // tensors sorted by name, offsets relative to the data section.
   const std::string bytes = read_all(path);
   uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  for (int i = 0; i < 8; ++i)
+    n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
   REQUIRE((8 + n) % 8 == 0);
   const auto header = nlohmann::json::parse(bytes.substr(8, n));
   REQUIRE(header.at("a.weight").at("dtype") == "F32");
@@ -75,7 +77,8 @@ TEST_CASE("state_dict and load_state_dict move a model's parameters", "[safetens
   Model a({5, 4, 3}, 1), b({5, 4, 3}, 2);
   save_safetensors(dir.file("a.safetensors"), state_dict(a));
   load_state_dict(b, load_safetensors(dir.file("a.safetensors")), "a.safetensors");
-  REQUIRE(std::equal(a.params_memory.span().begin(), a.params_memory.span().end(), b.params_memory.span().begin()));
+  REQUIRE(std::equal(a.params_memory.span().begin(), a.params_memory.span().end(),
+                     b.params_memory.span().begin()));
   auto sd = state_dict(a);
   REQUIRE(sd.size() == 4);
   REQUIRE(sd.at("0.weight").shape == Shape{4, 5});  // (out, in), as PyTorch's state_dict
@@ -96,7 +99,8 @@ TEST_CASE("load_safetensors names the file and the problem", "[safetensors]") {
   TempDir dir;
   const std::string path = dir.file("bad.safetensors");
   SECTION("missing") {
-    REQUIRE_THROWS_WITH(load_safetensors(dir.file("none.safetensors")), Contains("none.safetensors not found"));
+    REQUIRE_THROWS_WITH(load_safetensors(dir.file("none.safetensors")),
+                        Contains("none.safetensors not found"));
   }
   SECTION("shorter than the header length") {
     write_all(path, "abc");
@@ -106,21 +110,26 @@ TEST_CASE("load_safetensors names the file and the problem", "[safetensors]") {
     std::map<std::string, NamedTensor> t{{"x", {{2}, {1, 2}}}};
     save_safetensors(path, t);
     write_all(path, read_all(path).substr(0, 20));
-    REQUIRE_THROWS_WITH(load_safetensors(path), Contains(path) && Contains("exceeds the file (20 bytes)"));
+    REQUIRE_THROWS_WITH(load_safetensors(path),
+                        Contains(path) && Contains("exceeds the file (20 bytes)"));
   }
   SECTION("truncated data") {
     std::map<std::string, NamedTensor> t{{"x", {{4}, {1, 2, 3, 4}}}};
     save_safetensors(path, t);
     const std::string bytes = read_all(path);
     write_all(path, bytes.substr(0, bytes.size() - 4));
-    REQUIRE_THROWS_WITH(load_safetensors(path), Contains(path) && Contains("out of range of the 12 data bytes"));
+    REQUIRE_THROWS_WITH(load_safetensors(path),
+                        Contains(path) && Contains("out of range of the 12 data bytes"));
   }
   SECTION("dtype other than F32") {
-    write_all(path, handmade({{"x", {{"dtype", "F16"}, {"shape", {2}}, {"data_offsets", {0, 4}}}}}, 4));
-    REQUIRE_THROWS_WITH(load_safetensors(path), Contains(path) && Contains("tensor x has dtype F16"));
+    write_all(path,
+              handmade({{"x", {{"dtype", "F16"}, {"shape", {2}}, {"data_offsets", {0, 4}}}}}, 4));
+    REQUIRE_THROWS_WITH(load_safetensors(path),
+                        Contains(path) && Contains("tensor x has dtype F16"));
   }
   SECTION("offsets that do not match the shape") {
-    write_all(path, handmade({{"x", {{"dtype", "F32"}, {"shape", {3}}, {"data_offsets", {0, 8}}}}}, 8));
+    write_all(path,
+              handmade({{"x", {{"dtype", "F32"}, {"shape", {3}}, {"data_offsets", {0, 8}}}}}, 8));
     REQUIRE_THROWS_WITH(load_safetensors(path), Contains("holds 8 bytes, shape (3) needs 12"));
   }
   SECTION("header not JSON") {
@@ -130,6 +139,7 @@ TEST_CASE("load_safetensors names the file and the problem", "[safetensors]") {
     REQUIRE_THROWS_WITH(load_safetensors(path), Contains(path) && Contains("not valid JSON"));
   }
   SECTION("unwritable path") {
-    REQUIRE_THROWS_WITH(save_safetensors(dir.file("no/such/dir.safetensors"), {}), Contains("cannot write"));
+    REQUIRE_THROWS_WITH(save_safetensors(dir.file("no/such/dir.safetensors"), {}),
+                        Contains("cannot write"));
   }
 }
