@@ -8,9 +8,9 @@
 //    the best of 3 such medians (other work on a shared machine only ever adds time);
 //  - bandwidth: the fastest of 8 round trips of a 4 MiB ping-pong (the same bytes each way),
 //    as bytes / (round trip / 2), in bit/s (other work only slows a round trip down; the token
-//    bucket's 1 ms of burst can speed one up by at most 3 % at 1 gbit). One-way time of a message of n bytes is α + n/β
-//    (Hockney's model); at 4 MiB the α term is under 0.1 % of the time on the links measured,
-//    so n / t is β.
+//    bucket's 1 ms of burst can speed one up by at most 3 % at 1 gbit). One-way time of a message
+//    of n bytes is α + n/β (Hockney's model); at 4 MiB the α term is under 0.1 % of the time on the
+//    links measured, so n / t is β.
 // With one rank per node, the ring's links are every node's link in both directions. Rank 0
 // prints one line per link and, with --json, writes {"links": [{"a", "b", "latency_us",
 // "bandwidth_bps"}, ...], "latency_us": median over links, "bandwidth_bps": median}.
@@ -116,15 +116,17 @@ int main(int argc, char** argv) {
     std::vector<double> big = ping_pong(rank, a, b, large, 2, 8);
     sleeping_barrier();  // every rank is out of the timed loops before any result moves
     double result[2] = {0, 0};
-    if (rank == a) result[0] = latency * 1e6, result[1] = large * 8.0 / *std::min_element(big.begin(), big.end());
+    if (rank == a)
+      result[0] = latency * 1e6,
+      result[1] = large * 8.0 / *std::min_element(big.begin(), big.end());
     // Rank a's figures to rank 0 (a is 0 for the first link; the others send theirs).
     if (a != 0) {
       if (rank == a) MPI_Send(result, 2, MPI_DOUBLE, 0, 1, MPI_COMM_WORLD);
       if (rank == 0) MPI_Recv(result, 2, MPI_DOUBLE, a, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
     }
     if (rank == 0) {
-      std::printf("link %d <-> %d | latency %8.1f us (%zu B one-way) | bandwidth %7.3f Gbit/s\n",
-                  a, b, result[0], small, result[1] / 1e9);
+      std::printf("link %d <-> %d | latency %8.1f us (%zu B one-way) | bandwidth %7.3f Gbit/s\n", a,
+                  b, result[0], small, result[1] / 1e9);
       char entry[200];
       std::snprintf(entry, sizeof entry,
                     "%s{\"a\": %d, \"b\": %d, \"latency_us\": %.3f, \"bandwidth_bps\": %.6e}",
