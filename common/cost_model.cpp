@@ -68,7 +68,8 @@ double op_time_ms(const Network& net, const std::vector<OpTraffic>& per_rank) {
 }
 
 StepPrediction predict_step(const Network& net, const TrafficPerStep& traffic, int world_size,
-                            double compute_ms, Overlap overlap) {
+                            double compute_ms, Overlap overlap,
+                            const std::vector<std::string>& overlapped_ops) {
   check_network(net);
   RZ_CHECK(world_size >= 1, "predict_step: world_size " << world_size << " < 1");
   RZ_CHECK(compute_ms >= 0 && std::isfinite(compute_ms),
@@ -78,14 +79,20 @@ StepPrediction predict_step(const Network& net, const TrafficPerStep& traffic, i
   StepPrediction p;
   p.compute_ms = compute_ms;
   p.overlap = overlap;
+  const double f = overlappable_fraction(overlap);
   for (const auto& [op, per_rank] : traffic) {
     if (op == "metrics") continue;  // the loss all-reduce is modelled below; reports are not steps
     const double ms = op_time_ms(net, per_rank);
+    p.ops_ms.emplace_back(op, ms);
+    p.comm_ms += ms;
+    const bool overlapped =
+        f > 0 && (overlapped_ops.empty() || std::find(overlapped_ops.begin(), overlapped_ops.end(),
+                                                      op) != overlapped_ops.end());
+    if (!overlapped) continue;
+    p.overlapped_comm_ms += ms;
     double calls = 0;
     for (const OpTraffic& t : per_rank) calls = std::max(calls, t.calls);
     p.collectives = std::max(p.collectives, static_cast<int64_t>(std::llround(calls)));
-    p.ops_ms.emplace_back(op, ms);
-    p.comm_ms += ms;
   }
   if (world_size > 1) {
     const double loss_ms = std::ceil(std::log2(world_size)) * net.alpha_us * 1e-3;
@@ -93,12 +100,12 @@ StepPrediction predict_step(const Network& net, const TrafficPerStep& traffic, i
     p.comm_ms += loss_ms;
   }
   p.serial_ms = compute_ms + p.comm_ms;
-  const double f = overlappable_fraction(overlap);
-  if (f == 0 || p.comm_ms == 0) {
+  if (p.overlapped_comm_ms == 0) {
     p.overlapped_ms = p.serial_ms;
   } else {
-    const double last = p.comm_ms / static_cast<double>(std::max<int64_t>(1, p.collectives));
-    p.overlapped_ms = (1 - f) * compute_ms + std::max(f * compute_ms, p.comm_ms - last) + last;
+    const double ov = p.overlapped_comm_ms, after = p.comm_ms - ov;
+    const double last = ov / static_cast<double>(std::max<int64_t>(1, p.collectives));
+    p.overlapped_ms = (1 - f) * compute_ms + std::max(f * compute_ms, ov - last) + last + after;
   }
   p.predicted_ms = p.overlapped_ms;
   return p;
@@ -140,7 +147,9 @@ std::string format_prediction(const StepPrediction& p, double measured_ms) {
   std::string s = fmt("step time: predicted %.1f ms (compute %.1f + communication %.1f ms",
                       p.predicted_ms, p.compute_ms, p.comm_ms);
   s += std::string(", overlap ") + overlap_name(p.overlap);
-  if (p.overlap != Overlap::none) s += fmt("; without overlap %.1f ms", p.serial_ms);
+  if (p.overlap != Overlap::none)
+    s += fmt("; %.1f ms of it overlapped; without overlap %.1f ms", p.overlapped_comm_ms,
+             p.serial_ms);
   s += fmt(") | measured %.1f ms (measured / predicted %.2f)", measured_ms,
            p.predicted_ms > 0 ? measured_ms / p.predicted_ms : 0.0);
   for (const auto& [op, ms] : p.ops_ms) s += "\n  " + op + fmt(": %.2f ms", ms);
@@ -175,6 +184,46 @@ Network network_from_selftest(const std::string& path) {
   Network net{j.at("latency_us").get<double>(), j.at("bandwidth_bps").get<double>() / 1e9};
   check_network(net);
   return net;
+}
+
+void add_net_flags(CLI::App& app, NetFlags& flags) {
+  const std::string group = "Cost model (docs/cost-model.md)";
+  app.add_option("--net-alpha-us", flags.alpha_us,
+                 "predict the step on a network of this latency per message, us")
+      ->check(CLI::NonNegativeNumber)
+      ->group(group);
+  app.add_option("--net-bandwidth", flags.bandwidth_gbps,
+                 "... and this bandwidth per link and direction, Gbit/s")
+      ->check(CLI::PositiveNumber)
+      ->group(group);
+  app.add_option("--net-selftest", flags.selftest,
+                 "... or take latency and bandwidth from scripts/cluster selftest's JSON")
+      ->group(group);
+  app.add_option("--net-compute-ms", flags.compute_ms,
+                 "compute per step, measured at N = 1 on one rank's share of the batch, ms")
+      ->check(CLI::NonNegativeNumber)
+      ->group(group);
+}
+
+nlohmann::json report_step_prediction(const NetFlags& flags, const nlohmann::json& summary,
+                                      int world_size, Overlap overlap,
+                                      const std::vector<std::string>& overlapped_ops) {
+  if (!flags.enabled() || summary.empty()) return {};
+  RZ_CHECK(flags.compute_ms >= 0,
+           "the cost model needs --net-compute-ms: the step time of this chapter at N = 1 on one "
+           "rank's share of the batch (scripts/run --cluster measures it)");
+  const Network net = flags.selftest.empty() ? Network{flags.alpha_us, flags.bandwidth_gbps}
+                                             : network_from_selftest(flags.selftest);
+  const StepPrediction p =
+      predict_step(net, traffic_per_step(summary.at("comm"), summary.at("steps").get<int64_t>()),
+                   world_size, flags.compute_ms, overlap, overlapped_ops);
+  print0(
+      fmt("network: alpha %.1f us, beta %.3f Gbit/s per link", net.alpha_us, net.bandwidth_gbps));
+  print0(format_prediction(p, summary.at("ms_per_step").get<double>()));
+  nlohmann::json j = prediction_json(p);
+  j["alpha_us"] = net.alpha_us;
+  j["bandwidth_gbps"] = net.bandwidth_gbps;
+  return j;
 }
 
 }  // namespace ringzero

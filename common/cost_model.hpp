@@ -23,13 +23,16 @@
 //    overlappable share f of compute (backward: 2/3, its two matrix products per forward one;
 //    forward and backward under ZeRO-3's prefetch: 1) hides communication, except the last
 //    collective of the step, which starts only when the compute it waits on has ended:
-//      step = (1 − f)·compute + max(f·compute, comm − last) + last,  last = comm / collectives.
+//      step = (1 − f)·compute + max(f·compute, comm − last) + last + after,
+//    comm: the overlapped operations, last = comm / their collectives per step, after: the
+//    operations that wait for compute to end (ZeRO-1/2's parameter all-gather).
 // Leaves out: contention between flows on a shared link (every schedule here uses each link
 // once per direction at a time), TCP's slow start, Open MPI's rendezvous handshake for
 // messages above its eager limit (~2α more per message), and MPI's own collectives
 // (--collectives mpi): the counters see the payload handed to MPI, not the messages it sends.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -69,12 +72,13 @@ double overlappable_fraction(Overlap overlap);
 
 /// The predicted time of one optimizer step and its parts, in milliseconds.
 struct StepPrediction {
-  double compute_ms = 0;     ///< given: measured at N = 1
-  double comm_ms = 0;        ///< Σ over operations, plus the loss all-reduce
-  double serial_ms = 0;      ///< compute + comm
-  double overlapped_ms = 0;  ///< the overlap formula (equals serial_ms for Overlap::none)
-  double predicted_ms = 0;   ///< the chapter's schedule: overlapped_ms
-  int64_t collectives = 0;   ///< calls per step of the largest operation (buckets, layers)
+  double compute_ms = 0;          ///< given: measured at N = 1
+  double comm_ms = 0;             ///< Σ over operations, plus the loss all-reduce
+  double serial_ms = 0;           ///< compute + comm
+  double overlapped_ms = 0;       ///< the overlap formula (equals serial_ms for Overlap::none)
+  double predicted_ms = 0;        ///< the chapter's schedule: overlapped_ms
+  double overlapped_comm_ms = 0;  ///< the part of comm_ms that runs during compute
+  int64_t collectives = 0;        ///< calls per step of the overlapped operations (buckets, layers)
   Overlap overlap = Overlap::none;
   std::vector<std::pair<std::string, double>> ops_ms;  ///< per operation, plus "loss all-reduce"
 };
@@ -85,10 +89,13 @@ double op_time_ms(const Network& net, const std::vector<OpTraffic>& per_rank);
 
 /// The step: every operation in `traffic` (except "metrics", the loss and report reductions:
 /// modelled as one MPI_Allreduce of a double per step, ⌈log2 N⌉·α) one after another, plus
-/// compute_ms, combined as `overlap` says. Errors: compute_ms < 0, world_size < 1, the
+/// compute_ms, combined as `overlap` says. `overlapped_ops` names the operations that run
+/// during compute (empty: all of them); the others run after it (ZeRO-1/2's all-gather of the
+/// updated parameters follows the optimizer step). Errors: compute_ms < 0, world_size < 1, the
 /// Network's own.
 StepPrediction predict_step(const Network& net, const TrafficPerStep& traffic, int world_size,
-                            double compute_ms, Overlap overlap);
+                            double compute_ms, Overlap overlap,
+                            const std::vector<std::string>& overlapped_ops = {});
 
 /// end_of_run_report's "comm" entries (one per rank: {"rank", "ops": {op: {calls,
 /// messages_sent, bytes_sent, messages_received, bytes_received}}}) divided by `steps`.
@@ -111,5 +118,26 @@ nlohmann::json prediction_json(const StepPrediction& p);
 /// The network of a `scripts/cluster selftest` JSON file ({"latency_us", "bandwidth_bps"}: the
 /// medians over links). Errors: the file is missing or lacks those fields.
 Network network_from_selftest(const std::string& path);
+
+/// The cost model's flags, shared by every distributed chapter: without --net-bandwidth (or
+/// --net-selftest) nothing is predicted.
+struct NetFlags {
+  double alpha_us = 0;        ///< --net-alpha-us: α, µs
+  double bandwidth_gbps = 0;  ///< --net-bandwidth: β, Gbit/s per link and direction
+  std::string selftest;       ///< --net-selftest: α and β from scripts/cluster selftest's JSON
+  double compute_ms = -1;     ///< --net-compute-ms: compute per step at N = 1 (this rank's share)
+  bool enabled() const { return bandwidth_gbps > 0 || !selftest.empty(); }
+};
+/// Registers --net-alpha-us, --net-bandwidth, --net-selftest, --net-compute-ms (group "Cost
+/// model").
+void add_net_flags(CLI::App& app, NetFlags& flags);
+
+/// At the end of a run, on rank 0: predicts the step from the summary record's "comm" (per
+/// rank counters) and "steps", prints format_prediction() beside its "ms_per_step", and returns
+/// prediction_json() for the summary ({} when the flags are not given, or on other ranks).
+/// Errors: --net-bandwidth without --net-compute-ms, and predict_step's.
+nlohmann::json report_step_prediction(const NetFlags& flags, const nlohmann::json& summary,
+                                      int world_size, Overlap overlap,
+                                      const std::vector<std::string>& overlapped_ops = {});
 
 }  // namespace ringzero

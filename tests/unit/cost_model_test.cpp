@@ -86,16 +86,18 @@ TEST_CASE("buckets: the same bytes in more messages; overlap hides all but the l
   const StepPrediction serial = predict_step(kNet, t, N, 30.0, Overlap::none);
   double per_bucket = ring_all_reduce_ms(kNet, N, 4.0 * 65536);
   REQUIRE(serial.comm_ms == Approx(10 * per_bucket + 0.020).epsilon(1e-9));
-  REQUIRE(serial.collectives == 10);
+  REQUIRE(serial.collectives == 0);  // nothing overlaps
 
   // Compute 30 ms, backward 20 ms of it: communication (~31.5 ms) is longer than backward, so
-  // the step is forward 10 + comm − last + last = 10 + comm.
+  // the step is forward 10 + comm − last + last = 10 + comm (the loss all-reduce: after).
   const StepPrediction ddp = predict_step(kNet, t, N, 30.0, Overlap::backward);
   REQUIRE(ddp.serial_ms == Approx(serial.serial_ms).epsilon(1e-12));
+  REQUIRE(ddp.collectives == 10);  // 10 buckets, each through both ring phases
   REQUIRE(ddp.predicted_ms == Approx(10.0 + ddp.comm_ms).epsilon(1e-9));
-  // Compute 120 ms (backward 80 > comm): the step is compute + the last collective.
+  // Compute 120 ms (backward 80 > comm): the step is compute + the last bucket + the loss
+  // all-reduce (2 α, after the step).
   const StepPrediction slow = predict_step(kNet, t, N, 120.0, Overlap::backward);
-  REQUIRE(slow.predicted_ms == Approx(120.0 + slow.comm_ms / 10).epsilon(1e-9));
+  REQUIRE(slow.predicted_ms == Approx(120.0 + (slow.comm_ms - 0.020) / 10 + 0.020).epsilon(1e-9));
   // Overlap never costs more than the serial schedule, and never less than its larger part.
   for (double c : {0.0, 1.0, 10.0, 45.0, 200.0})
     for (Overlap o : {Overlap::none, Overlap::backward, Overlap::forward_and_backward}) {
@@ -164,4 +166,17 @@ TEST_CASE("format_prediction puts the prediction beside the measurement", "[cost
   REQUIRE_THAT(s, Contains("measured / predicted 2.00"));
   REQUIRE_THAT(s, Contains("ring_reduce_scatter"));
   REQUIRE(prediction_json(p).at("predicted_ms_per_step").get<double>() == p.predicted_ms);
+}
+
+TEST_CASE("ZeRO-1/2: the reduce-scatter overlaps backward, the all-gather follows the step",
+          "[cost_model]") {
+  const int N = 4;
+  const TrafficPerStep t = ring_traffic(std::vector<double>(10, 4.0 * 65536), N);
+  const double phase = 10 * ring_phase_ms(kNet, N, 4.0 * 65536);  // one phase, 10 buckets
+  const StepPrediction p =
+      predict_step(kNet, t, N, 120.0, Overlap::backward, {"ring_reduce_scatter"});
+  REQUIRE(p.overlapped_comm_ms == Approx(phase).epsilon(1e-9));
+  // backward 80 ms hides the reduce-scatter but its last bucket; the all-gather and the loss
+  // all-reduce come after.
+  REQUIRE(p.predicted_ms == Approx(120.0 + phase / 10 + phase + 0.020).epsilon(1e-9));
 }
