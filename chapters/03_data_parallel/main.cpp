@@ -14,6 +14,7 @@
 #include "common/check.hpp"
 #include "common/comm.hpp"
 #include "common/config.hpp"
+#include "common/cost_model.hpp"
 #include "common/dist.hpp"
 #include "common/metrics.hpp"
 #include "common/safetensors.hpp"
@@ -57,6 +58,8 @@ int main(int argc, char** argv) {
   CLI::App app{"RingZero chapter 03: data parallel with a central reducer (rank 0), under mpirun"};
   TrainConfig config;
   add_train_flags(app, config, /*with_grad_accum=*/true);
+  NetFlags net;
+  add_net_flags(app, net);
   if (int rc = parse_flags_on_every_rank(comm, app, argc, argv); rc >= 0) return rc;
 
   return run_main([&] {
@@ -118,6 +121,7 @@ int main(int argc, char** argv) {
                       {"test_accuracy", test_accuracy},
                       {"ms_per_step", times.median_ms()},
                       {"num_parameters", psi}});
+      summary["prediction"] = report_step_prediction(net, summary, N, Overlap::none);
       logger.summary(summary);
     }
     return 0;

@@ -16,6 +16,7 @@
 #include "common/check.hpp"
 #include "common/comm.hpp"
 #include "common/config.hpp"
+#include "common/cost_model.hpp"
 #include "common/dist.hpp"
 #include "common/metrics.hpp"
 #include "common/safetensors.hpp"
@@ -68,6 +69,8 @@ int main(int argc, char** argv) {
   CLI::App app{"RingZero chapter 04: data parallel with a ring all-reduce, under mpirun"};
   TrainConfig config;
   add_train_flags(app, config, /*with_grad_accum=*/true);
+  NetFlags net;
+  add_net_flags(app, net);
   std::string collectives = "ring";
   bool bench = false;
   app.add_option("--collectives", collectives, "ring (ours, ring.hpp) | mpi (MPI_Allreduce)")
@@ -143,6 +146,7 @@ int main(int argc, char** argv) {
                       {"ms_per_step", times.median_ms()},
                       {"num_parameters", psi},
                       {"collectives", collectives}});
+      summary["prediction"] = report_step_prediction(net, summary, N, Overlap::none);
       logger.summary(summary);
     }
     return 0;

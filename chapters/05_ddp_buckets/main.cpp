@@ -17,6 +17,7 @@
 #include "common/check.hpp"
 #include "common/comm.hpp"
 #include "common/config.hpp"
+#include "common/cost_model.hpp"
 #include "common/dist.hpp"
 #include "common/metrics.hpp"
 #include "common/safetensors.hpp"
@@ -65,6 +66,8 @@ int main(int argc, char** argv) {
       "RingZero chapter 05: DDP with gradient buckets overlapped with backward, under mpirun"};
   TrainConfig config;
   add_train_flags(app, config, /*with_grad_accum=*/true);
+  NetFlags net;
+  add_net_flags(app, net);
   DDP::Options ddp_options;
   std::string trace_path;
   int64_t trace_steps = 5;
@@ -164,6 +167,7 @@ int main(int argc, char** argv) {
                       {"num_parameters", psi},
                       {"collectives", collectives},
                       {"buckets", ddp.buckets().size()}});
+      summary["prediction"] = report_step_prediction(net, summary, N, Overlap::backward);
       logger.summary(summary);
     }
     return 0;

@@ -16,6 +16,7 @@
 #include "common/check.hpp"
 #include "common/comm.hpp"
 #include "common/config.hpp"
+#include "common/cost_model.hpp"
 #include "common/dist.hpp"
 #include "common/metrics.hpp"
 #include "common/safetensors.hpp"
@@ -68,6 +69,8 @@ int main(int argc, char** argv) {
       "mpirun"};
   TrainConfig config;
   add_train_flags(app, config, /*with_grad_accum=*/true);
+  NetFlags net;
+  add_net_flags(app, net);
   ZeRO::Options zero_options;
   MemoryCalculatorFlags calculator;
   std::string optimizer_state_path;
@@ -168,6 +171,8 @@ int main(int argc, char** argv) {
                       {"padding", zero.layout().padding_total},
                       {"buckets_in_flight_bytes", zero.buckets_in_flight_bytes()},
                       {"theory_bytes_sent_per_rank_per_step", theory.bytes_sent}});
+      summary["prediction"] =
+          report_step_prediction(net, summary, N, Overlap::backward, {"ring_reduce_scatter"});
       logger.summary(summary);
     }
     if (!optimizer_state_path

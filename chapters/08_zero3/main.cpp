@@ -18,6 +18,7 @@
 #include "common/check.hpp"
 #include "common/comm.hpp"
 #include "common/config.hpp"
+#include "common/cost_model.hpp"
 #include "common/dist.hpp"
 #include "common/metrics.hpp"
 #include "common/safetensors.hpp"
@@ -80,6 +81,8 @@ int main(int argc, char** argv) {
       "under mpirun"};
   TrainConfig config;
   add_train_flags(app, config, /*with_grad_accum=*/true);
+  NetFlags net;
+  add_net_flags(app, net);
   ZeRO::Options zero_options;
   MemoryCalculatorFlags calculator;
   std::string optimizer_state_path;
@@ -179,6 +182,8 @@ int main(int argc, char** argv) {
                       {"padding", N * zero.layout().shard_total - psi},
                       {"layers_in_flight_bytes", zero.layers_in_flight_bytes()},
                       {"theory_bytes_sent_per_rank_per_step", theory.bytes_sent}});
+      summary["prediction"] = report_step_prediction(
+          net, summary, N, no_prefetch ? Overlap::none : Overlap::forward_and_backward);
       logger.summary(summary);
     }
     if (!config.save_final.empty()) {  // after the report: its all-gathers are not training traffic
