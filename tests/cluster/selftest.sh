@@ -8,9 +8,27 @@
 #  - 1 gbit, 4 nodes: latency <= 100 µs and every link's bandwidth (4 MiB ping-pong) within
 #    10 % of 1 Gbit/s (the issue's bound; measured 99-101 %: jumbo frames leave 0.7 % to
 #    headers, the token bucket's 1 ms burst adds at most 3 %).
-# And `down` leaves nothing behind: no namespace, link or state of this cluster.
+# And `down` leaves nothing behind: no namespace, link or state of this cluster, also when `up`
+# failed half-way (a namespace of node 1's name exists already: node 0 and the bridge were made).
 export CLUSTER=rzs CLUSTER_SUBNET=10.77.2
 source "$(dirname "$0")/lib.bash"
+
+# nothing_left WHEN: no namespace, link or state of this cluster remains.
+nothing_left() {
+  local left links
+  left=$(ip netns list | grep -c "^$CLUSTER-" || true)
+  links=$(ip -o link show | grep -c " $CLUSTER-" || true)
+  if [ "$left" != 0 ] || [ "$links" != 0 ] || [ -e "/run/ringzero-cluster/$CLUSTER" ]; then
+    echo "FAILED: $1 left $left namespaces, $links links of cluster $CLUSTER"; exit 1
+  fi
+  echo "ok: $1 left no namespace, link or state file"
+}
+
+ip netns add "$CLUSTER-n1"
+if "$CLUSTER_SCRIPT" up --nodes 3 --slots 1 --bandwidth 1gbit; then
+  echo "FAILED: up succeeded although $CLUSTER-n1 existed"; exit 1
+fi
+nothing_left "a failed up"
 
 "$CLUSTER_SCRIPT" up --nodes 2 --slots 1 --bandwidth none
 "$CLUSTER_SCRIPT" selftest --max-latency-us 100
@@ -21,9 +39,4 @@ source "$(dirname "$0")/lib.bash"
 "$CLUSTER_SCRIPT" selftest --max-latency-us 100 --bandwidth-tolerance 0.10
 "$CLUSTER_SCRIPT" down
 
-left=$(ip netns list | grep -c "^$CLUSTER-" || true)
-links=$(ip -o link show | grep -c " $CLUSTER-" || true)
-if [ "$left" != 0 ] || [ "$links" != 0 ] || [ -e "/run/ringzero-cluster/$CLUSTER" ]; then
-  echo "FAILED: down left $left namespaces, $links links of cluster $CLUSTER"; exit 1
-fi
-echo "ok: down removed every namespace, link and state file"
+nothing_left "down"
