@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "common/check.hpp"
+#include "common/run.hpp"
 
 namespace ringzero {
 
@@ -206,8 +207,7 @@ void add_net_flags(CLI::App& app, NetFlags& flags) {
 }
 
 nlohmann::json report_step_prediction(const NetFlags& flags, const nlohmann::json& summary,
-                                      int world_size, Overlap overlap,
-                                      const std::vector<std::string>& overlapped_ops) {
+                                      int world_size, const CommSchedule& schedule) {
   if (!flags.enabled() || summary.empty()) return {};
   RZ_CHECK(flags.compute_ms >= 0,
            "the cost model needs --net-compute-ms: the step time of this chapter at N = 1 on one "
@@ -216,7 +216,7 @@ nlohmann::json report_step_prediction(const NetFlags& flags, const nlohmann::jso
                                              : network_from_selftest(flags.selftest);
   const StepPrediction p =
       predict_step(net, traffic_per_step(summary.at("comm"), summary.at("steps").get<int64_t>()),
-                   world_size, flags.compute_ms, overlap, overlapped_ops);
+                   world_size, flags.compute_ms, schedule.overlap, schedule.overlapped_ops);
   print0(
       fmt("network: alpha %.1f us, beta %.3f Gbit/s per link", net.alpha_us, net.bandwidth_gbps));
   print0(format_prediction(p, summary.at("ms_per_step").get<double>()));
@@ -224,6 +224,32 @@ nlohmann::json report_step_prediction(const NetFlags& flags, const nlohmann::jso
   j["alpha_us"] = net.alpha_us;
   j["bandwidth_gbps"] = net.bandwidth_gbps;
   return j;
+}
+
+namespace {
+class CostModelExtension : public Extension {
+ public:
+  void add_flags(CommandLine& cli) override { add_net_flags(cli.app, flags_); }
+  void validate(const RunState&) override {
+    if (!flags_.enabled()) return;
+    RZ_CHECK(flags_.compute_ms >= 0,
+             "--net-bandwidth/--net-selftest need --net-compute-ms: the step time of this chapter "
+             "at N = 1 on one rank's share of the batch (scripts/run --cluster measures it)");
+    if (!flags_.selftest.empty()) network_from_selftest(flags_.selftest);  // readable, now
+  }
+  void report(RunState& state, nlohmann::json& summary) override {
+    if (!flags_.enabled() || state.comm == nullptr || state.rank != 0) return;
+    summary["prediction"] =
+        report_step_prediction(flags_, summary, state.world_size, state.lesson->comm_schedule());
+  }
+
+ private:
+  NetFlags flags_;
+};
+}  // namespace
+
+std::unique_ptr<Extension> cost_model_extension() {
+  return std::make_unique<CostModelExtension>();
 }
 
 }  // namespace ringzero

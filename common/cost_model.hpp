@@ -37,6 +37,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -65,6 +66,13 @@ enum class Overlap {
   backward,              ///< chapters 05-07: buckets all-reduced while backward runs
   forward_and_backward,  ///< chapter 08 with prefetch: the next layer's gather while this one runs
 };
+/// What a chapter's step overlaps (Lesson::comm_schedule): the kind of overlap and the
+/// operations that run during compute (empty: all of them).
+struct CommSchedule {
+  Overlap overlap = Overlap::none;
+  std::vector<std::string> overlapped_ops;
+};
+
 /// "none" | "backward" | "forward_and_backward".
 const char* overlap_name(Overlap overlap);
 /// f: the share of compute that communication can hide (0, 2/3, 1).
@@ -137,7 +145,12 @@ void add_net_flags(CLI::App& app, NetFlags& flags);
 /// prediction_json() for the summary ({} when the flags are not given, or on other ranks).
 /// Errors: --net-bandwidth without --net-compute-ms, and predict_step's.
 nlohmann::json report_step_prediction(const NetFlags& flags, const nlohmann::json& summary,
-                                      int world_size, Overlap overlap,
-                                      const std::vector<std::string>& overlapped_ops = {});
+                                      int world_size, const CommSchedule& schedule);
+
+class Extension;
+/// The cost model as a feature of every distributed chapter (run.cpp's extensions()): the
+/// --net-* flags, checked before set-up, and the prediction printed after the traffic table and
+/// written to the summary record as "prediction", with the lesson's comm_schedule().
+std::unique_ptr<Extension> cost_model_extension();
 
 }  // namespace ringzero
