@@ -90,6 +90,7 @@ inline void ring_reduce_scatter(Communicator& comm, std::span<float> buf,
   RZ_CHECK(static_cast<int64_t>(scratch.size()) >= s, "ring_reduce_scatter: scratch has "
                                                           << scratch.size()
                                                           << " elements, the chunk needs " << s);
+  // BEGIN EXERCISE 04.1 (ring reduce-scatter)
   for (int k = 0; k < N - 1; ++k) {
     const Chunk send = ring_chunk(n, N, ring_mod(r - k - 1, N));
     const Chunk recv = ring_chunk(n, N, ring_mod(r - k - 2, N));
@@ -99,6 +100,7 @@ inline void ring_reduce_scatter(Communicator& comm, std::span<float> buf,
     const float* __restrict src = scratch.data();
     for (int64_t i = 0; i < recv.size; ++i) dst[i] += src[i];
   }
+  // END EXERCISE 04.1
 }
 
 /// All-gather phase in place: on entry chunk rank() of buf is this rank's; afterwards every
@@ -109,12 +111,14 @@ inline void ring_all_gather(Communicator& comm, std::span<float> buf) {
   comm.count_call("ring_all_gather");
   if (N == 1) return;
   Communicator::Scope scope(comm, "ring_all_gather");
+  // BEGIN EXERCISE 04.2 (ring all-gather)
   for (int k = 0; k < N - 1; ++k) {
     const Chunk send = ring_chunk(n, N, ring_mod(r - k, N));
     const Chunk recv = ring_chunk(n, N, ring_mod(r - k - 1, N));
     comm.sendrecv(buf.subspan(send.offset, send.size), ring_mod(r + 1, N),
                   buf.subspan(recv.offset, recv.size), ring_mod(r - 1, N));
   }
+  // END EXERCISE 04.2
 }
 
 /// Sum over ranks, in place, on every rank: reduce-scatter then all-gather. `scratch` as for
