@@ -10,15 +10,21 @@ thread (green, labelled with its bucket), the wait for the buckets (grey), the o
 --steps a:b shows optimizer steps a..b (1-based, as traced) of rank 0, with a small margin;
 --steps auto:K shows the K consecutive steps (after step 1) that took least time on rank 0: on
 a busy machine, the window least disturbed by other processes.
-Needs matplotlib (a tool for the docs, not a dependency of the project: pip install matplotlib).
+Needs matplotlib: Debian's python3-matplotlib, which scripts/setup installs.
 """
 import argparse
 import json
 
-import matplotlib
+import sys
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+try:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ImportError:
+    sys.exit("render_trace.py needs matplotlib: run scripts/setup (it installs Debian's "
+             "python3-matplotlib), or apt-get install python3-matplotlib")
 
 COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "comm": "#55A868", "ddp": "#B0B0B0",
           "optimizer": "#8172B3", "zero": "#55A868", "wait": "#B0B0B0"}
