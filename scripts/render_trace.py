@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Draws a RingZero --trace file (Chrome trace events) as a PNG timeline.
 
     python3 scripts/render_trace.py ddp.json ddp.png [--steps 3:4] [--title "..."]
