@@ -32,7 +32,8 @@ class Report {
   bool close(const std::string& where, double expected, double got, double atol, double rtol,
              const std::string& invariant) {
     ++checks_;
-    const bool ok = std::isfinite(got) && std::abs(got - expected) <= atol + rtol * std::abs(expected);
+    const bool ok =
+        std::isfinite(got) && std::abs(got - expected) <= atol + rtol * std::abs(expected);
     if (!ok) fail(where + ": expected " + num(expected) + ", got " + num(got) + " — " + invariant);
     return ok;
   }
@@ -77,11 +78,11 @@ class Report {
     }
     if (rank == 0) {
       if (total == 0)
-        std::printf("PASS %s (%lld values checked on %d rank%s)\n", exercise_.c_str(), checks,
-                    size, size == 1 ? "" : "s");
+        std::printf("PASS %s (%lld values checked on %d rank%s)\n", exercise_.c_str(), checks, size,
+                    size == 1 ? "" : "s");
       else
-        std::printf("FAIL %s: %d mismatches over %d rank%s (first ones above)\n",
-                    exercise_.c_str(), total, size, size == 1 ? "" : "s");
+        std::printf("FAIL %s: %d mismatches over %d rank%s (first ones above)\n", exercise_.c_str(),
+                    total, size, size == 1 ? "" : "s");
       std::fflush(stdout);
     }
     return total == 0 ? 0 : 1;

@@ -71,8 +71,7 @@ int all_gather_grader(Communicator& comm) {
     // element must hold its owner's value.
     std::vector<float> buf(n, -1.0f);
     const Chunk mine = ring_chunk(n, N, r);
-    for (int64_t i = mine.offset; i < mine.offset + mine.size; ++i)
-      buf[i] = grade::tag_value(r, i);
+    for (int64_t i = mine.offset; i < mine.offset + mine.size; ++i) buf[i] = grade::tag_value(r, i);
     comm.reset_counters();
     ring_all_gather(comm, buf);
     for (int64_t i = 0; i < n; ++i) {
@@ -96,7 +95,8 @@ int main(int argc, char** argv) {
   return grade::run_grader([&] {
     if (which == "reduce_scatter") return reduce_scatter_grader(comm);
     if (which == "all_gather") return all_gather_grader(comm);
-    RZ_CHECK(false, "grade_ch04: unknown check '" << which << "'; use reduce_scatter or all_gather");
+    RZ_CHECK(false,
+             "grade_ch04: unknown check '" << which << "'; use reduce_scatter or all_gather");
     return 2;
   });
 }

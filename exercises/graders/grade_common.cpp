@@ -76,8 +76,8 @@ int linear_backward_grader() {
   for (int64_t o = 0; o < OC; ++o) {
     double s = 0;
     for (int64_t b = 0; b < B; ++b) s += dout[b * OC + o];
-    report.close("dbias[" + std::to_string(o) + "] with dinp undefined", s, dbias2[o], kAtol,
-                 kRtol, "an undefined dinp (first layer) changes nothing else");
+    report.close("dbias[" + std::to_string(o) + "] with dinp undefined", s, dbias2[o], kAtol, kRtol,
+                 "an undefined dinp (first layer) changes nothing else");
   }
   return report.finish();
 }
@@ -94,8 +94,8 @@ int cross_entropy_grader() {
   for (int64_t c = 0; c < C; ++c) logits[3 * C + c] -= 1000.0f;
   std::vector<int32_t> labels = {0, 3, 5, 2};
   std::vector<float> probs(B * C, 0.0f);
-  const float loss = cross_entropy_forward(tensor_of(probs, {B, C}), tensor_of(logits, {B, C}),
-                                           labels);
+  const float loss =
+      cross_entropy_forward(tensor_of(probs, {B, C}), tensor_of(logits, {B, C}), labels);
   double expected_loss = 0;
   std::vector<double> p(B * C);
   for (int64_t b = 0; b < B; ++b) {
@@ -126,8 +126,8 @@ int cross_entropy_grader() {
   for (int64_t b = 0; b < B; ++b)
     for (int64_t c = 0; c < C; ++c) {
       const double g = dloss / B * (p[b * C + c] - (c == labels[b] ? 1.0 : 0.0));
-      report.close(at2("dlogits", b, c), dlogits0[b * C + c] + g, dlogits[b * C + c], kAtol,
-                   kRtol, "dlogits += dloss / B · (probs - onehot(label)), accumulated");
+      report.close(at2("dlogits", b, c), dlogits0[b * C + c] + g, dlogits[b * C + c], kAtol, kRtol,
+                   "dlogits += dloss / B · (probs - onehot(label)), accumulated");
     }
   return report.finish();
 }
@@ -178,8 +178,8 @@ int main(int argc, char** argv) {
     if (which == "linear_backward") return linear_backward_grader();
     if (which == "cross_entropy") return cross_entropy_grader();
     if (which == "adamw") return adamw_grader();
-    RZ_CHECK(false, "grade_common: unknown check '" << which
-                                                    << "'; use linear_backward, cross_entropy or adamw");
+    RZ_CHECK(false, "grade_common: unknown check '"
+                        << which << "'; use linear_backward, cross_entropy or adamw");
     return 2;
   });
 }
