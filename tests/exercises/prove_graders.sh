@@ -96,7 +96,9 @@ for e in c['exercises'] + c['bugs']:
   elif grep -q "BUILD FAILED" "$SCRATCH/$id.fail.log"; then
     tail -20 "$SCRATCH/$id.fail.log"; bad "$id: the $kind does not compile"
   else
-    why=$(grep -m1 -E "EXERCISE $id|FAIL|mismatch|expected|differ|no answer" "$SCRATCH/$id.fail.log" | cut -c1-150 || true)
+    why=$({ grep -m1 "EXERCISE $id" "$SCRATCH/$id.fail.log" ||
+            grep -m1 -E "FAIL|mismatch|expected|differ|no answer|rror" "$SCRATCH/$id.fail.log"; } |
+          cut -c1-160 || true)
     echo "   $id fails on the $kind ($(($(date +%s) - t0)) s): $why"
   fi
   "$EX" reset "$id" >/dev/null
