@@ -4,7 +4,7 @@
 #      solution and every bug hunt's checks pass on the unpatched code;
 #   2. for each exercise: `scripts/exercise start ID`, build, `check ID` must FAIL and its
 #      output must name the exercise (the stub was reached, not something else broken);
-#      `reset ID` must restore the file byte for byte;
+#      `reset ID` must restore the file byte for byte (same sha256 as before `start`);
 #   3. for each bug hunt: `scripts/exercise bug ID`, build, `check ID` must FAIL; reset, and the
 #      file must be byte for byte the original;
 #   4. rebuild and run every selected grader again: all PASS on the restored code.
@@ -87,6 +87,7 @@ c = json.load(open('$SRC/exercises/catalogue.json'))
 for e in c['exercises'] + c['bugs']:
     if e['id'] == '$id':
         print(' '.join(e['files'] if 'files' in e else sorted({p['file'] for p in e['patch']})))")
+  before=$(cd "$SCRATCH" && sha256sum $files)
   t0=$(date +%s)
   if [ "$kind" = exercise ]; then "$EX" start "$id" >/dev/null; else "$EX" bug "$id" >/dev/null; fi
   if "$EX" check "$id" >"$SCRATCH/$id.fail.log" 2>&1; then
@@ -102,9 +103,8 @@ for e in c['exercises'] + c['bugs']:
     echo "   $id fails on the $kind ($(($(date +%s) - t0)) s): $why"
   fi
   "$EX" reset "$id" >/dev/null
-  for f in $files; do
-    cmp -s "$SRC/$f" "$SCRATCH/$f" || bad "$id: reset did not restore $f byte for byte"
-  done
+  [ "$before" = "$(cd "$SCRATCH" && sha256sum $files)" ] ||
+    bad "$id: reset did not restore $files byte for byte"
 done
 
 echo "== 4. every grader passes again on the restored code"
