@@ -24,9 +24,12 @@ Dtype parse_dtype(const std::string& name, const std::string& flag) {
 
 const char* dtype_name(Dtype dtype) {
   switch (dtype) {
-    case Dtype::fp32: return "fp32";
-    case Dtype::bf16: return "bf16";
-    case Dtype::fp16: return "fp16";
+    case Dtype::fp32:
+      return "fp32";
+    case Dtype::bf16:
+      return "bf16";
+    case Dtype::fp16:
+      return "fp16";
   }
   return "?";
 }
@@ -43,8 +46,8 @@ uint16_t float_to_fp16(float f) {
   if (u > 0x7f800000u)  // NaN: quiet bit set, the upper payload bits kept (as vcvtps2ph)
     return static_cast<uint16_t>(sign | 0x7e00u | ((u >> 13) & 0x3ffu));
   if (u >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520 (and inf): rounds to inf
-  if (u >= 0x38800000u) {                         // >= 2^-14: a normal fp16
-    u += 0xfffu + ((u >> 13) & 1u);               // round the 13 dropped bits, ties to even
+  if (u >= 0x38800000u) {                       // >= 2^-14: a normal fp16
+    u += 0xfffu + ((u >> 13) & 1u);             // round the 13 dropped bits, ties to even
     return static_cast<uint16_t>(sign | ((u - 0x38000000u) >> 13));  // rebias 127 -> 15
   }
   if (u < 0x33000000u) return sign;  // below 2^-25: rounds to ±0

@@ -85,7 +85,8 @@ HalfStorage::HalfStorage(Model& model, Dtype dtype) : model_(model), dtype_(dtyp
       std::fill_n(grad_scratch_.data(), lin.weight.numel() + lin.bias.numel(), 0.0f);
     });
     for (Parameter* p : {&layer.weight, &layer.bias}) {
-      const auto i = static_cast<size_t>(std::find(params.begin(), params.end(), p) - params.begin());
+      const auto i =
+          static_cast<size_t>(std::find(params.begin(), params.end(), p) - params.begin());
       RZ_CHECK(i < params.size(), "HalfStorage: " << p->name() << " is not a model parameter");
       const int64_t offset = offsets[i];
       p->add_grad_ready_hook([this, offset](Parameter& q) {
@@ -124,10 +125,7 @@ std::vector<float> HalfStorage::params_as_float() const {
 
 MasterWeights::MasterWeights(Dtype dtype, std::span<const float> initial,
                              std::vector<int64_t> segment_sizes, AdamWOptions options)
-    : dtype_(dtype),
-      sizes_(std::move(segment_sizes)),
-      steps_(sizes_.size(), 0),
-      options_(options) {
+    : dtype_(dtype), sizes_(std::move(segment_sizes)), steps_(sizes_.size(), 0), options_(options) {
   RZ_CHECK(dtype != Dtype::fp32, "MasterWeights: dtype fp32 trains the parameters directly");
   const int64_t total = std::accumulate(sizes_.begin(), sizes_.end(), int64_t{0});
   RZ_CHECK(total == static_cast<int64_t>(initial.size()),
@@ -208,8 +206,7 @@ bool found_inf_on_any_rank(Communicator& comm, bool local) {
   return flag[0] > 0.0;
 }
 
-GradScaler::GradScaler(GradScalerOptions options)
-    : options_(options), scale_(options.init_scale) {
+GradScaler::GradScaler(GradScalerOptions options) : options_(options), scale_(options.init_scale) {
   RZ_CHECK(options.init_scale > 0 && std::isfinite(options.init_scale),
            "GradScaler init_scale = " << options.init_scale << " must be positive and finite");
   RZ_CHECK(options.growth_factor > 1, "GradScaler growth_factor must be > 1");

@@ -100,9 +100,10 @@ TEST_CASE("16-bit ring sum vs fp32 sum: the measured loss", "[ring][half]") {
       }
       const double mean_rel = err_sum / static_cast<double>(counted);
       if (comm.rank() == 0)
-        std::printf("16-bit ring sum vs fp32 sum, %s, N = %d, inputs mean %.0fe-3 sd 1e-3: "
-                    "error / sum|x|: mean %.3g, max %.3g\n",
-                    dtype_name(d), N, mean, mean_rel, err_max);
+        std::printf(
+            "16-bit ring sum vs fp32 sum, %s, N = %d, inputs mean %.0fe-3 sd 1e-3: "
+            "error / sum|x|: mean %.3g, max %.3g\n",
+            dtype_name(d), N, mean, mean_rel, err_max);
       const double u = d == Dtype::bf16 ? 0x1p-8 : 0x1p-11;  // unit roundoff
       if (N == 1) REQUIRE(err_max == 0.0);
       REQUIRE(err_max <= N * u);
