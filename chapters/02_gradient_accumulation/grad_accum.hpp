@@ -27,7 +27,9 @@ inline double train_step(GradientAccumulation& lesson, const Step& step) {
     Tape tape;
     Var loss = forward_loss(tape, model, batch);  // mean over the B/K samples
     loss_sum += loss->value[0];
+    // BEGIN EXERCISE 02.1 (the 1/K scaling of accumulation)
     tape.backward(loss, 1.0f / K);  // (loss / K).backward(): grads += dloss/K
+    // END EXERCISE 02.1
   }
   const double loss_value = loss_sum / K;    // mean of equal-sized micro-batch means = batch mean
   check_finite_loss(loss_value, step.step);  // stop before a NaN reaches the weights

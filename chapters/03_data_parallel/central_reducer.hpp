@@ -38,6 +38,7 @@ namespace ringzero {
 inline void reduce_to_rank0(Communicator& comm, std::span<float> grads, std::span<float> scratch) {
   comm.count_call("central_reduce");
   Communicator::Scope scope(comm, "central_reduce");
+  // BEGIN EXERCISE 03.1 (central reducer: gather and sum on rank 0)
   if (comm.rank() != 0) {
     comm.send(grads, /*dest=*/0);
     return;
@@ -50,6 +51,7 @@ inline void reduce_to_rank0(Communicator& comm, std::span<float> grads, std::spa
     const float* __restrict in = scratch.data();
     for (size_t i = 0; i < grads.size(); ++i) g[i] += in[i];
   }
+  // END EXERCISE 03.1
 }
 
 /// Rank 0's `params` copied to every other rank: rank 0 sends Ψ floats to ranks 1..N−1 in
@@ -57,11 +59,13 @@ inline void reduce_to_rank0(Communicator& comm, std::span<float> grads, std::spa
 inline void broadcast_from_rank0(Communicator& comm, std::span<float> params) {
   comm.count_call("central_broadcast");
   Communicator::Scope scope(comm, "central_broadcast");
+  // BEGIN EXERCISE 03.2 (central reducer: broadcast from rank 0)
   if (comm.rank() != 0) {
     comm.recv(params, /*src=*/0);
     return;
   }
   for (int dest = 1; dest < comm.world_size(); ++dest) comm.send(params, dest);
+  // END EXERCISE 03.2
 }
 
 /// Bytes each rank moves per optimizer step, for the end-of-run table: rank 0 receives and

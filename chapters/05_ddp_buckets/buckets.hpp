@@ -78,6 +78,7 @@ inline std::vector<Bucket> plan_buckets(std::span<const int64_t> param_sizes,
     RZ_CHECK(param_sizes[i] > 0, "parameter " << i << " has " << param_sizes[i] << " elements");
     offsets[i + 1] = offsets[i] + param_sizes[i];
   }
+  // BEGIN EXERCISE 05.1 (bucket assignment in reverse order)
   std::vector<Bucket> plan;
   Bucket current;
   int64_t limit = std::min(first_bucket_cap_bytes, bucket_cap_bytes);
@@ -97,6 +98,7 @@ inline std::vector<Bucket> plan_buckets(std::span<const int64_t> param_sizes,
   }
   if (!current.params.empty()) close();
   return plan;
+  // END EXERCISE 05.1
 }
 
 /// Elements per bucket, in plan order.
