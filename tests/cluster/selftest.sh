@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The emulated network is fast and shaped as configured (scripts/cluster selftest, per link of
 # the ring of nodes, one rank per node):
-#  - unshaped, 2 nodes: small-message latency (8 B one-way, best of 3 medians of 200 round
+#  - unshaped, 2 nodes: small-message latency (8 B one-way, best of 10 medians of 200 round
 #    trips) <= 100 µs. Without mpi_yield_when_idle it is ~4000 µs, one scheduler tick
 #    (docs/multi-node-gpu.md); measured with it on a quiet 2-core machine: 12-13 µs, so the
 #    bound leaves room for a busy machine and still catches the tick;

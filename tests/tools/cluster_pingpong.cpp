@@ -5,7 +5,7 @@
 // For every link of the ring (rank i and rank (i + 1) mod N, one pair at a time while the other
 // ranks sleep in a barrier) it measures:
 //  - latency: the median over 200 round trips of an 8-byte ping-pong, halved (one-way, µs),
-//    the best of 3 such medians (other work on a shared machine only ever adds time);
+//    the best of 10 such medians (other work on a shared machine only ever adds time);
 //  - bandwidth: the fastest of 8 round trips of a 4 MiB ping-pong (the same bytes each way),
 //    as bytes / (round trip / 2), in bit/s (other work only slows a round trip down; the token
 //    bucket's 1 ms of burst can speed one up by at most 3 % at 1 gbit). One-way time of a message
@@ -108,8 +108,8 @@ int main(int argc, char** argv) {
   for (int i = 0; i < links; ++i) {
     const int a = i, b = (i + 1) % n;
     sleeping_barrier();
-    double latency = 1e30;  // best of 3 medians: a busy machine's other work cannot lower it
-    for (int trial = 0; trial < 3; ++trial) {
+    double latency = 1e30;  // best of 10 medians: a busy machine's other work cannot lower it
+    for (int trial = 0; trial < 10; ++trial) {
       std::vector<double> lat = ping_pong(rank, a, b, small, 20, 200);
       if (!lat.empty()) latency = std::min(latency, median(lat));
     }
