@@ -9,6 +9,7 @@
 
 #include "common/check.hpp"
 #include "common/config.hpp"
+#include "common/device_train.hpp"
 #include "common/metrics.hpp"
 #include "common/safetensors.hpp"
 #include "common/train.hpp"
@@ -29,10 +30,22 @@ static double train_step(Model& model, Optimizer& optimizer, const Batch& batch,
   return loss_value;
 }
 
+// The same step with model, gradients and optimizer state in GPU memory (common/device_train.hpp).
+static double train_step_device(DeviceTrainer& gpu, const Batch& batch, const TrainConfig& config,
+                                int64_t step) {
+  gpu.zero_grad();
+  const double loss_value = gpu.forward_backward(batch, /*dloss=*/1.0f);
+  check_finite_loss(loss_value, step);
+  if (config.clip_grad_norm > 0) gpu.clip_grad_norm(config.clip_grad_norm);
+  gpu.step();
+  return loss_value;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"RingZero chapter 01: the training loop, on one process"};
   TrainConfig config;
   add_train_flags(app, config, /*with_grad_accum=*/false);
+  config.device_cuda_supported = true;  // --device cuda: the step below, on the GPU
   if (int rc = parse_flags(app, argc, argv); rc >= 0) return rc;
 
   return run_main([&] {
@@ -40,12 +53,15 @@ int main(int argc, char** argv) {
     TrainTestData data = load_data(config);
     std::unique_ptr<Model> model = build_model(config);
     Optimizer optimizer(config, parameter_sizes(*model));
+    std::unique_ptr<DeviceTrainer> gpu;  // --device cuda: the same step on the GPU
+    if (config.device == "cuda") gpu = make_device_trainer(*model, config);
     Sampler sampler(data.train.size, config.global_batch_size, config.seed, !config.no_shuffle);
     StepLogger logger(config.metrics, /*rank=*/0, config.log_every);
     const int64_t steps = total_steps(config, sampler.steps_per_epoch());
     print0("ch01_training_loop | model " + config.model + " | " +
            std::to_string(model->num_parameters()) + " parameters | global batch " +
            std::to_string(config.global_batch_size) + " | " + std::to_string(steps) + " steps");
+    if (gpu) print0("device " + gpu->device_name() + " | cuBLAS SGEMM, TF32 off");
 
     StepTimes times;
     double loss = 0, test_loss = 0, test_accuracy = -1;
@@ -55,11 +71,13 @@ int main(int argc, char** argv) {
       for (int64_t t = 0; t < sampler.steps_per_epoch() && step < steps; ++t) {
         Stopwatch watch;
         Batch batch = make_batch(data.train, sampler.global_batch(t));
-        loss = train_step(*model, optimizer, batch, config, ++step);
+        loss = gpu ? train_step_device(*gpu, batch, config, ++step)
+                   : train_step(*model, optimizer, batch, config, ++step);
         times.add(watch.ms());
         logger.step(step, steps, epoch, loss, config.global_batch_size / (watch.ms() / 1e3),
                     watch.ms());
       }
+      if (gpu) gpu->copy_to_host(*model);  // evaluation and --save-final read the CPU model
       if (config.eval_every_epoch) {
         EvalSums e = evaluate(*model, data.test, 0, data.test.size);
         test_loss = e.loss_sum / e.count;

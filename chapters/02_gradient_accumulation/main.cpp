@@ -11,6 +11,7 @@
 
 #include "common/check.hpp"
 #include "common/config.hpp"
+#include "common/device_train.hpp"
 #include "common/metrics.hpp"
 #include "common/safetensors.hpp"
 #include "common/train.hpp"
@@ -39,10 +40,28 @@ static double train_step(Model& model, Optimizer& optimizer, const Dataset& trai
   return loss_value;
 }
 
+// The same step with model, gradients and optimizer state in GPU memory (common/device_train.hpp).
+static double train_step_device(DeviceTrainer& gpu, const Dataset& train, const Sampler& sampler,
+                                int64_t t, const TrainConfig& config, int64_t step) {
+  const int64_t K = config.grad_accum_steps;
+  gpu.zero_grad();
+  double loss_sum = 0;
+  for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
+    Batch batch = make_batch(train, sampler.chunk(t, micro_step, K));
+    loss_sum += gpu.forward_backward(batch, 1.0f / K);
+  }
+  const double loss_value = loss_sum / K;
+  check_finite_loss(loss_value, step);
+  if (config.clip_grad_norm > 0) gpu.clip_grad_norm(config.clip_grad_norm);
+  gpu.step();
+  return loss_value;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"RingZero chapter 02: gradient accumulation, on one process"};
   TrainConfig config;
   add_train_flags(app, config, /*with_grad_accum=*/true);
+  config.device_cuda_supported = true;  // --device cuda: the step below, on the GPU
   if (int rc = parse_flags(app, argc, argv); rc >= 0) return rc;
 
   return run_main([&] {
@@ -50,6 +69,8 @@ int main(int argc, char** argv) {
     TrainTestData data = load_data(config);
     std::unique_ptr<Model> model = build_model(config);
     Optimizer optimizer(config, parameter_sizes(*model));
+    std::unique_ptr<DeviceTrainer> gpu;  // --device cuda: the same step on the GPU
+    if (config.device == "cuda") gpu = make_device_trainer(*model, config);
     Sampler sampler(data.train.size, config.global_batch_size, config.seed, !config.no_shuffle);
     StepLogger logger(config.metrics, /*rank=*/0, config.log_every);
     const int64_t steps = total_steps(config, sampler.steps_per_epoch());
@@ -58,6 +79,7 @@ int main(int argc, char** argv) {
            std::to_string(config.global_batch_size) + " = " +
            std::to_string(config.grad_accum_steps) + " x " +
            std::to_string(config.micro_batch_size(1)) + " | " + std::to_string(steps) + " steps");
+    if (gpu) print0("device " + gpu->device_name() + " | cuBLAS SGEMM, TF32 off");
 
     StepTimes times;
     double loss = 0, test_loss = 0, test_accuracy = -1;
@@ -66,11 +88,13 @@ int main(int argc, char** argv) {
       sampler.set_epoch(epoch - 1);
       for (int64_t t = 0; t < sampler.steps_per_epoch() && step < steps; ++t) {
         Stopwatch watch;
-        loss = train_step(*model, optimizer, data.train, sampler, t, config, ++step);
+        loss = gpu ? train_step_device(*gpu, data.train, sampler, t, config, ++step)
+                   : train_step(*model, optimizer, data.train, sampler, t, config, ++step);
         times.add(watch.ms());
         logger.step(step, steps, epoch, loss, config.global_batch_size / (watch.ms() / 1e3),
                     watch.ms());
       }
+      if (gpu) gpu->copy_to_host(*model);  // evaluation and --save-final read the CPU model
       if (config.eval_every_epoch) {
         EvalSums e = evaluate(*model, data.test, 0, data.test.size);
         test_loss = e.loss_sum / e.count;
