@@ -3,6 +3,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <climits>
 #include <utility>
 
 #include "common/check.hpp"
@@ -139,39 +141,14 @@ void set_tf32(bool on) {
   tf32 = on;
 }
 
-// Row-major X (R, C) is column-major Xᵀ (C, R) with leading dimension C. So the row-major
-// product out = inp · weightᵀ is, column-major, outᵀ (OC, B) = weight (OC, C as opT of the
-// column-major (C, OC) array) · inpᵀ (C, B).
-void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
-                    int64_t C, int64_t OC) {
-  const float one = 1.0f, zero = 0.0f;
-  CUBLAS_CALL(cublasSgemm(blas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(OC),
-                          static_cast<int>(B), static_cast<int>(C), &one, weight,
-                          static_cast<int>(C), inp, static_cast<int>(C), &zero, out,
-                          static_cast<int>(OC)));
-  bias_add(out, bias, B, OC);
-}
-
-void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int64_t B, int64_t C, int64_t OC) {
-  const float one = 1.0f;
-  const int b = static_cast<int>(B), c = static_cast<int>(C), oc = static_cast<int>(OC);
-  // dinp (B, C) += dout (B, OC) · weight (OC, C):  column-major dinpᵀ (C, B) += weightᵀ · doutᵀ
-  if (dinp != nullptr)
-    CUBLAS_CALL(cublasSgemm(blas(), CUBLAS_OP_N, CUBLAS_OP_N, c, b, oc, &one, weight, c, dout, oc,
-                            &one, dinp, c));
-  // dweight (OC, C) += doutᵀ · inp (B, C):  column-major dweightᵀ (C, OC) += inpᵀ (C, B) · dout
-  CUBLAS_CALL(cublasSgemm(blas(), CUBLAS_OP_N, CUBLAS_OP_T, c, oc, b, &one, inp, c, dout, oc, &one,
-                          dweight, c));
-  bias_backward(dbias, dout, B, OC);
-}
-
-void matmul(float* c, const float* a, const float* b, int64_t M, int64_t N, int64_t K) {
-  const float one = 1.0f, zero = 0.0f;
-  // row-major C = A B  <=>  column-major Cᵀ (N, M) = Bᵀ (N, K) · Aᵀ (K, M)
-  CUBLAS_CALL(cublasSgemm(blas(), CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(N),
-                          static_cast<int>(M), static_cast<int>(K), &one, b, static_cast<int>(N), a,
-                          static_cast<int>(K), &zero, c, static_cast<int>(N)));
+void sgemm(bool transa, bool transb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  RZ_CHECK(std::max({m, n, k, lda, ldb, ldc}) <= INT_MAX,
+           "sgemm (" << m << ", " << n << ", " << k << ") exceeds cuBLAS's 32-bit sizes");
+  CUBLAS_CALL(cublasSgemm(
+      blas(), transa ? CUBLAS_OP_T : CUBLAS_OP_N, transb ? CUBLAS_OP_T : CUBLAS_OP_N,
+      static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &alpha, a,
+      static_cast<int>(lda), b, static_cast<int>(ldb), &beta, c, static_cast<int>(ldc)));
 }
 
 }  // namespace gpu

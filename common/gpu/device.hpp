@@ -99,6 +99,11 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
 /// dbias += column sums of dout.
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int64_t B, int64_t C, int64_t OC);
+/// cuBLAS SGEMM, column-major (BLAS convention): C (m, n) = alpha op(A) op(B) + beta C, with
+/// op(X) = Xᵀ when trans is true; lda, ldb, ldc are the leading dimensions (rows of the stored
+/// column-major arrays). What the three functions around it (common/gpu/linear.cpp) call.
+void sgemm(bool transa, bool transb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 /// C (M, N) = A (M, K) · B (K, N), row-major, for the matmul benchmark.
 void matmul(float* c, const float* a, const float* b, int64_t M, int64_t N, int64_t K);
 /// TF32 tensor cores for the SGEMMs above: off by default (float32 results to rounding).
