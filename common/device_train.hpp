@@ -41,7 +41,7 @@ class DeviceTrainer {
   virtual const std::string& device_name() const = 0;
 };
 
-/// Copies the model's parameters to GPU 0 (or the process's local rank) and allocates the
+/// Copies the model's parameters to GPU `device` (0 in chapters 01-02) and allocates the
 /// gradients and optimizer state there. Errors: no CUDA in this build (reconfigure with
 /// -DRINGZERO_CUDA=ON), no GPU visible (use --device cpu).
 std::unique_ptr<DeviceTrainer> make_device_trainer(const Model& model, const TrainConfig& config,

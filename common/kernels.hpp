@@ -10,7 +10,7 @@
 // What can still differ between the two: (1) reductions (sum of squares, MSE's sum) that the GPU
 // cuts into per-block partials and so adds in another order; (2) fused multiply-adds, which GCC
 // (-march=native) and nvcc each contract on their own; (3) exp/log in double, where CUDA's and
-// glibc's results may differ in the last bit. tests/tools/gpu_kernels_check.cu measures all three.
+// glibc's results may differ in the last bit. tests/tools/gpu_kernels_check.cpp measures all three.
 // Leaves out: bf16/fp16 casts (common/half.hpp, the mixed-precision work), matrix products
 // (Eigen on the CPU, cuBLAS on the GPU).
 #pragma once
