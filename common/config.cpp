@@ -55,9 +55,6 @@ void add_train_flags(CLI::App& app, TrainConfig& c, bool with_grad_accum) {
   app.add_option("--save-final", c.save_final, "write final parameters to a safetensors file");
   app.add_option("--eval-every-epoch", c.eval_every_epoch,
                  "1: evaluate on the test set after each epoch, 0: never");
-  app.add_option("--device", c.device,
-                 "cpu | cuda: where the training step runs (cuda: chapters 01-02, a CUDA build)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
 }
 
 void validate(const TrainConfig& c, int world_size) {
@@ -82,10 +79,6 @@ void validate(const TrainConfig& c, int world_size) {
   RZ_CHECK(
       std::isfinite(c.clip_grad_norm) && c.clip_grad_norm >= 0,
       "--clip-grad-norm " << c.clip_grad_norm << " must be finite and >= 0 (0 turns clipping off)");
-  RZ_CHECK(c.device == "cpu" || c.device_cuda_supported,
-           "--device " << c.device
-                       << ": this chapter trains on the CPU only so far; chapters 01 and 02 run "
-                          "on cuda (docs/multi-node-gpu.md). Use --device cpu");
   for (int64_t h : c.hidden_sizes)
     RZ_CHECK(h > 0, "--hidden-sizes has " << h << "; every width must be positive");
   const int64_t per_step = static_cast<int64_t>(world_size) * c.grad_accum_steps;

@@ -34,10 +34,6 @@ struct TrainConfig {
   std::string metrics;                ///< JSONL path, "" for none
   std::string init_from, save_final;  ///< safetensors paths
   int64_t eval_every_epoch = 1;       ///< 0: skip evaluation (tests)
-  std::string device = "cpu";         ///< cpu | cuda (common/device_train.hpp)
-  /// Set by a chapter whose training step runs on the GPU (01, 02); validate() refuses
-  /// --device cuda elsewhere, naming the chapters that have it.
-  bool device_cuda_supported = false;
 
   /// Layer sizes {in, hidden..., out} for the chosen model.
   std::vector<int64_t> layer_sizes() const;

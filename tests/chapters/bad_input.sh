@@ -90,7 +90,7 @@ fails nan_loss_ch02 "loss is inf at step 2" "lower --lr" -- "${CH02[@]}" "${toy[
 # --device: an unknown one; cuda where it cannot run (a chapter without a GPU step; with no GPU
 # or no CUDA build, every chapter). On a machine with a GPU, scripts/gpu-check covers cuda.
 fails device_unknown "--device" "tpu" -- "${CH01[@]}" --device tpu
-fails device_cuda_ch03 "this chapter trains on the CPU only so far" "--device cpu" \
+fails device_cuda_ch03 "chapter 03_data_parallel trains on the CPU only so far" "--device cpu" \
   -- "$BIN/ch03_data_parallel" --model toy --device cuda --max-steps 1
 if ! nvidia-smi -L >/dev/null 2>&1; then
   fails device_cuda_no_gpu "--device cuda" "--device cpu" -- "${CH01[@]}" --model toy --device cuda --max-steps 1
