@@ -36,10 +36,20 @@ void Ledger::add(MemTag tag, int64_t bytes) {
   model_states_peak_ = std::max(model_states_peak_, model_states_current());
 }
 
+void Ledger::add_device(MemTag tag, int64_t bytes) {
+  int i = static_cast<int>(tag);
+  device_current_[i] += bytes;
+  device_peak_[i] = std::max(device_peak_[i], device_current_[i]);
+  device_total_ += bytes;
+  device_total_peak_ = std::max(device_total_peak_, device_total_);
+}
+
 void Ledger::reset_peaks() {
   peak_ = current_;
   total_peak_ = total_;
   model_states_peak_ = model_states_current();
+  device_peak_ = device_current_;
+  device_total_peak_ = device_total_;
 }
 
 Buffer::Buffer(int64_t size, MemTag tag, bool zero) : size_(size), tag_(tag) {

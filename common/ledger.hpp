@@ -45,8 +45,18 @@ class Ledger {
   /// Resets every peak to the current value (call after set-up to measure the steady state).
   void reset_peaks();
 
+  /// The device column: bytes of GPU memory (DeviceBuffer, common/gpu/device.hpp) per tag, kept
+  /// apart from the host bytes above. Zero everywhere on a CPU run.
+  void add_device(MemTag tag, int64_t bytes);
+  int64_t device_current(MemTag tag) const { return device_current_[static_cast<int>(tag)]; }
+  int64_t device_peak(MemTag tag) const { return device_peak_[static_cast<int>(tag)]; }
+  int64_t device_total_current() const { return device_total_; }
+  int64_t device_total_peak() const { return device_total_peak_; }
+
  private:
   std::array<int64_t, kNumMemTags> current_{}, peak_{};
+  std::array<int64_t, kNumMemTags> device_current_{}, device_peak_{};
+  int64_t device_total_ = 0, device_total_peak_ = 0;
   int64_t total_ = 0, total_peak_ = 0, model_states_peak_ = 0;
 };
 

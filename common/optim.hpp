@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "kernels.hpp"
 #include "ledger.hpp"
 
 namespace ringzero {
@@ -25,6 +26,10 @@ struct AdamWOptions {
   float eps = 1e-8f;
   float weight_decay = 1e-2f;
 };
+
+/// The constants of AdamW's update at step t (bias corrections in float64, as torch), shared by
+/// AdamW::step and the GPU kernel.
+kernels::AdamWStep adamw_step_constants(const AdamWOptions& options, int64_t t);
 
 class AdamW {
  public:

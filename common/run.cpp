@@ -2,6 +2,7 @@
 
 #include "check.hpp"
 #include "cost_model.hpp"
+#include "device_ext.hpp"
 #include "dist.hpp"
 #include "ledger.hpp"
 #include "safetensors.hpp"
@@ -12,6 +13,7 @@ std::vector<std::unique_ptr<Extension>> extensions() {
   std::vector<std::unique_ptr<Extension>> list;
   // A feature every chapter gets: list.push_back(std::make_unique<MyFeature>());
   list.push_back(cost_model_extension());  // --net-*: the predicted step (cost_model.hpp)
+  list.push_back(std::make_unique<DeviceExtension>());  // --device cpu|cuda
   return list;
 }
 
@@ -117,7 +119,10 @@ int Run::run(LessonOptions& options,
                                     rank_micro_batch(sampler, t, rank, N, K, micro_step));
                 },
                 tracer};
-      state.loss = train_step(*lesson, step);
+      std::optional<double> loss;
+      for (auto& e : extensions_)
+        if (!loss) loss = e->train_step_instead(state, step);
+      state.loss = loss ? *loss : train_step(*lesson, step);
       tracer.set_enabled(false);
       times.add(watch.ms());
       state.last_ms = watch.ms();
@@ -126,6 +131,7 @@ int Run::run(LessonOptions& options,
       for (auto& e : extensions_) e->after_step(state);
     }
     if (config_.eval_every_epoch) {
+      for (auto& x : extensions_) x->before_model_read(state);
       std::optional<EvalResult> e = lesson->evaluate(data.test);
       if (!e) {
         if (comm_) {
@@ -141,6 +147,7 @@ int Run::run(LessonOptions& options,
       logger.eval(epoch, state.test_loss, state.test_accuracy);
     }
   }
+  for (auto& e : extensions_) e->before_model_read(state);
   report(state, startup, times.median_ms());
   return 0;
 }

@@ -87,6 +87,13 @@ class Extension {
   virtual void after_setup(RunState&) {}
   /// After each optimizer step (state.step is that step's number, state.loss its loss).
   virtual void after_step(RunState&) {}
+  /// Runs the optimizer step INSTEAD of the lesson's train_step when it returns a loss (the GPU
+  /// step of --device cuda); nullopt (the default) leaves the step to the lesson. The first
+  /// extension that returns a loss wins.
+  virtual std::optional<double> train_step_instead(RunState&, const Step&) { return std::nullopt; }
+  /// Before the driver reads the model's host buffers (each evaluation, the end-of-run report
+  /// and --save-final): an extension that trains elsewhere (a GPU) writes them back here.
+  virtual void before_model_read(RunState&) {}
   /// End of run, after the ledger and traffic tables: print lines, add summary fields (rank 0's
   /// `summary` is the one written).
   virtual void report(RunState&, nlohmann::json& /*summary*/) {}
