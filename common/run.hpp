@@ -144,6 +144,13 @@ class Run {
         });
   }
 
+  /// Adds an extension for this run only, after extensions()' (a test binary's, for instance).
+  /// Call before train().
+  void add_extension(std::unique_ptr<Extension> extension) {
+    extension->add_flags(cli_);
+    extensions_.push_back(std::move(extension));
+  }
+
   /// The communicator of a distributed chapter (RZ_CHECK otherwise).
   Communicator& comm();
   const TrainConfig& config() const { return config_; }

@@ -30,8 +30,8 @@ class TrainingLoop : public Lesson {
 /// Returns the batch's mean loss. Errors: a non-finite loss (check_finite_loss).
 inline double train_step(TrainingLoop& loop, const Step& step) {
   Model& model = step.model;
-  model.zero_grad();  // gradients accumulate (+=), so start from zero
-  Batch batch = step.micro_batch(0);
+  model.zero_grad();                            // gradients accumulate (+=), so start from zero
+  Batch batch = step.micro_batch(0);            // the whole global batch: (B, in)
   Tape tape;                                    // records what forward did, for backward
   Var loss = forward_loss(tape, model, batch);  // (B, in) -> (B, out) -> scalar
   const double loss_value = loss->value[0];

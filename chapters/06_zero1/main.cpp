@@ -2,7 +2,7 @@
 //
 //   mpirun -np 4 build/bin/ch06_zero1 --epochs 5
 //   mpirun -np 2 build/bin/ch06_zero1 --model toy --trace zero1.json
-//   build/bin/ch06_zero1 --memory-calculator --params 7e9 --world-size 8   # the seeds' table
+//   build/bin/ch06_zero1 --memory-calculator --params 7e9 --world-size 8   # 7B on 8 ranks
 //
 // Same training as chapter 05, same buckets, same bytes on the wire, bit for bit the same
 // numbers. What changes is who updates what: chapter 05's all-reduce is split into its two

@@ -6,7 +6,7 @@
 //
 // Same training as chapter 07, the same numbers (bit for bit where the ring sums in the same
 // order, layer_shard.hpp). What changes is that no rank holds the whole model any more
-// (zero.hpp): each layer's parameters are all-gathered just before its forward and again
+// (zero3.hpp): each layer's parameters are all-gathered just before its forward and again
 // before its backward, and freed after each; its gradient is reduce-scattered as soon as its
 // backward ends; no all-gather after the step. The next layer's gather is posted while this
 // one computes (prefetch). Model states fall to (4 + 4 + 8)Ψ/N per rank; the traffic grows

@@ -1,8 +1,8 @@
 // ZeRO-3's members that are not the lesson: what it reports (the ledger's formula line), how
 // it evaluates in lockstep, what it saves (--save-final, --save-optimizer-state: the shards
 // all-gathered one layer at a time), what a desync message says and what the tests check (the
-// padding stays zero). Included at the end of zero.hpp, which declares them.
-// Leaves out: everything the training step does (zero.hpp).
+// padding stays zero). Included at the end of zero3.hpp, which declares them.
+// Leaves out: everything the training step does (zero3.hpp).
 #pragma once
 
 #include <algorithm>
@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "chapters/08_zero3/zero.hpp"
+#include "chapters/08_zero3/zero3.hpp"
 
 namespace ringzero {
 

@@ -1,17 +1,16 @@
-// Chapter 08's lesson: training with ZeRO-3 (zero.hpp), optimizer state, gradients and
+// Chapter 08's lesson: training with ZeRO-3 (zero3.hpp), optimizer state, gradients and
 // parameters sharded over ranks.
 //
 // Provides: Zero3Training (the ZeRO object, which owns this rank's shards of everything), its
 // Flags (--collectives, --no-prefetch, --explain-layers, the memory calculator) and
 // train_step().
-// Leaves out: the layer shards and their collectives (zero.hpp, layer_shard.hpp).
+// Leaves out: the layer shards and their collectives (zero3.hpp, layer_shard.hpp).
 #pragma once
 
 #include <optional>
 #include <string>
-#include <utility>
 
-#include "chapters/08_zero3/zero.hpp"
+#include "chapters/08_zero3/zero3.hpp"
 #include "common/dist.hpp"
 #include "common/lesson.hpp"
 #include "common/run.hpp"
@@ -19,19 +18,6 @@
 #include "common/zero_memory.hpp"
 
 namespace ringzero {
-
-/// Tests only (--debug-desync-rank): this rank runs layer `name` once more than the others, as
-/// a branch on its own data would; the ZeRO's desync check must stop every rank.
-inline void run_layer_again(Model& model, const std::string& name) {
-  for (Linear* layer : model.linear_layers())
-    if (layer->name() == name) {
-      Tape tape;  // dropped: a forward only
-      (*layer)(tape, make_var(Tensor::zeros({1, layer->weight.shape()[1]}, MemTag::activations)));
-      return;
-    }
-  RZ_CHECK(false, "--debug-desync-layer "
-                      << name << " is not a Linear layer (0, 2, 4, ... as state_dict names them)");
-}
 
 /// Chapter 08's lesson object: the ZeRO-3 engine, which owns this rank's shards of the
 /// parameters, the gradients and the optimizer state, and gathers each layer when it is used.
@@ -42,7 +28,6 @@ class Zero3Training : public Lesson {
     ZeRO::Options zero;
     bool explain = false, no_prefetch = false;
     MemoryCalculatorFlags calculator;
-    std::pair<int, std::string> desync = {-1, ""};
 
     void add_flags(CommandLine& cli) override {
       cli.app
@@ -54,10 +39,6 @@ class Zero3Training : public Lesson {
           "post each all-gather only when its layer needs it; wait for every collective");
       cli.app.add_flag("--explain-layers", explain,
                        "print the layer plan (elements, padding, shard size per layer)");
-      cli.app.add_option("--debug-desync-rank", desync.first,
-                         "tests only: this rank runs a layer once more in step 2");
-      cli.app.add_option("--debug-desync-layer", desync.second,
-                         "tests only: the layer it runs again (0, 2, ...)");
       add_memory_calculator_flags(cli.app, calculator);
     }
     bool run_instead(Communicator*) override {
@@ -71,7 +52,6 @@ class Zero3Training : public Lesson {
   Zero3Training(SetUp& s, const Flags& flags)
       : comm(*s.comm),
         zero(*s.comm, s.model, s.config, options_of(flags, s.tracer)),
-        desync(flags.desync),
         flags_(flags),
         psi_(s.model.num_parameters()),
         grad_accum_steps_(s.config.grad_accum_steps) {}
@@ -115,7 +95,6 @@ class Zero3Training : public Lesson {
 
   Communicator& comm;
   ZeRO zero;
-  std::pair<int, std::string> desync;  ///< tests only: (rank, layer) that runs a layer again
 
  private:
   static ZeRO::Options options_of(const Flags& flags, Tracer& tracer) {
@@ -140,8 +119,6 @@ inline double train_step(Zero3Training& lesson, const Step& step) {
   double loss_sum = 0;
   for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
     Batch batch = step.micro_batch(micro_step);  // (B/(N K), in)
-    if (lesson.comm.rank() == lesson.desync.first && step.step == 2)
-      run_layer_again(step.model, lesson.desync.second);
     Tape tape;
     Var loss = forward_loss(tape, step.model, batch);  // mean over this micro-batch; gathers
     loss_sum += loss->value[0];

@@ -11,7 +11,7 @@
 #    its own order; measured 1.8e-7 on parameters after 6 steps at N = 3);
 #  - --trace: per step and layer, the all-gather of the next layer (forward) and of the
 #    previous one (backward) is posted before this layer's compute ends;
-#  - desync: a rank that runs a layer once more (--debug-desync-rank/-layer, tests only)
+#  - desync: a rank that runs a layer once more (bin/zero3_desync: chapter 08 plus that fault)
 #    stops every rank within seconds with a message naming the layers and the collective
 #    number, at N = 2, 3, 4, instead of hanging in a mismatched collective.
 source "$(dirname "$0")/lib.bash"
@@ -108,7 +108,7 @@ done
 
 for np in 2 3 4; do  # one rank runs layer 2 once more in step 2: all stop, fast, with a message
   start=$(date +%s)
-  if timeout 60 "$MPIRUN" -np $np --oversubscribe "$BIN/ch08_zero3" "${common[@]}" --eval-every-epoch 0 \
+  if timeout 60 "$MPIRUN" -np $np --oversubscribe "$BIN/zero3_desync" "${common[@]}" --eval-every-epoch 0 \
       --debug-desync-rank $((np - 1)) --debug-desync-layer 2 >"$WORK/desync_n$np.log" 2>&1; then
     echo "FAILED: a desynchronised rank did not stop the run (np $np)"; exit 1
   fi

@@ -69,7 +69,7 @@ TEST_CASE("chapter 01's step on the ToyModel matches PyTorch over 5 AdamW steps"
   Batch batch;
   batch.x = to_tensor(batch_tensors.at("x"));  // (64, 1024)
   batch.y = to_tensor(batch_tensors.at("y"));  // (64, 256)
-  Tracer tracer;  // off
+  Tracer tracer;                               // off
   SetUp setup{nullptr, model, config, tracer};
   TrainingLoop loop(setup);
 
@@ -81,13 +81,13 @@ TEST_CASE("chapter 01's step on the ToyModel matches PyTorch over 5 AdamW steps"
 
   double worst_loss = 0;
   for (size_t step = 0; step < torch_losses.size(); ++step) {
-    const double ours = train_step(
-        loop, Step{model, config, static_cast<int64_t>(step) + 1,
-                   [&](int64_t micro_step) {
-                     REQUIRE(micro_step == 0);  // chapter 01: the whole batch at once
-                     return batch;
-                   },
-                   tracer});
+    const double ours =
+        train_step(loop, Step{model, config, static_cast<int64_t>(step) + 1,
+                              [&](int64_t micro_step) {
+                                REQUIRE(micro_step == 0);  // chapter 01: the whole batch at once
+                                return batch;
+                              },
+                              tracer});
     INFO("step " << step + 1 << ": ours " << ours << ", PyTorch " << torch_losses[step]);
     const double rel = std::fabs(ours - torch_losses[step]) / torch_losses[step];
     worst_loss = std::max(worst_loss, rel);
