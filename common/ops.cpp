@@ -20,6 +20,7 @@ void linear_forward(Tensor out, const Tensor& inp, const Tensor& weight, const T
 
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
                      const Tensor& inp, const Tensor& weight) {
+  // BEGIN EXERCISE 01.1 (linear backward)
   if (dinp.defined()) dinp.mat().noalias() += dout.mat() * weight.mat();  // (B, OC)(OC, C)
   dweight.mat().noalias() += dout.mat().transpose() * inp.mat();          // (OC, B)(B, C)
   // Column sums in row order, by hand: Eigen's colwise().sum() sums the columns it vectorises
@@ -32,6 +33,7 @@ void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& do
     for (int64_t b = 0; b < B; ++b) s += d[b * OC + j];
     dbias[j] += s;
   }
+  // END EXERCISE 01.1
 }
 
 void relu_forward(Tensor out, const Tensor& inp) {
@@ -68,6 +70,7 @@ float cross_entropy_forward(Tensor probs, const Tensor& logits, std::span<const 
              "cross_entropy: label " << labels[b] << " outside [0, " << C << ")");
     const float* z = logits.data() + b * C;
     float* p = probs.data() + b * C;
+    // BEGIN EXERCISE 01.2 (cross-entropy from logits: forward)
     // log-softmax with the max subtracted: exp never overflows, the largest term is exp(0) = 1.
     const float zmax = *std::max_element(z, z + C);
     double sum = 0.0;
@@ -75,12 +78,14 @@ float cross_entropy_forward(Tensor probs, const Tensor& logits, std::span<const 
     const double log_sum = std::log(sum);
     for (int64_t c = 0; c < C; ++c) p[c] = static_cast<float>(std::exp(z[c] - zmax - log_sum));
     nll += log_sum - (z[labels[b]] - zmax);
+    // END EXERCISE 01.2
   }
   return static_cast<float>(nll / static_cast<double>(B));
 }
 
 void cross_entropy_backward(Tensor dlogits, float dloss, const Tensor& probs,
                             std::span<const int32_t> labels) {
+  // BEGIN EXERCISE 01.2 (cross-entropy from logits: backward)
   const int64_t B = probs.rows(), C = probs.cols();
   const float scale = dloss / static_cast<float>(B);
   for (int64_t b = 0; b < B; ++b) {
@@ -88,6 +93,7 @@ void cross_entropy_backward(Tensor dlogits, float dloss, const Tensor& probs,
     const float* p = probs.data() + b * C;
     for (int64_t c = 0; c < C; ++c) d[c] += scale * (p[c] - (c == labels[b] ? 1.0f : 0.0f));
   }
+  // END EXERCISE 01.2
 }
 
 Var linear(Tape& tape, const Var& inp, Parameter& weight, Parameter& bias) {

@@ -29,6 +29,7 @@ void AdamW::step(std::span<float> params, std::span<const float> grads) {
   float* v = exp_avg_sq_.data();
   int64_t begin = 0;
   for (size_t s = 0; s < sizes_.size(); ++s) {
+    // BEGIN EXERCISE 01.3 (AdamW step)
     const int64_t t = ++steps_[s];
     // In double, as torch (Python floats): 1 - beta2^t cancels catastrophically in float32
     // (relative error ~1e-5 for small t, e.g. t = 2), which would move every update by as much.
@@ -48,6 +49,7 @@ void AdamW::step(std::span<float> params, std::span<const float> grads) {
       const float denom = std::sqrt(v[i]) / bias_correction2_sqrt + o.eps;
       p[i] -= step_size * (m[i] / denom);
     }
+    // END EXERCISE 01.3
     begin += sizes_[s];
   }
 }

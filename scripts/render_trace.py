@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Draws a RingZero --trace file (Chrome trace events) as a PNG timeline.
 
     python3 scripts/render_trace.py ddp.json ddp.png [--steps 3:4] [--title "..."]
@@ -10,15 +10,21 @@ thread (green, labelled with its bucket), the wait for the buckets (grey), the o
 --steps a:b shows optimizer steps a..b (1-based, as traced) of rank 0, with a small margin;
 --steps auto:K shows the K consecutive steps (after step 1) that took least time on rank 0: on
 a busy machine, the window least disturbed by other processes.
-Needs matplotlib (a tool for the docs, not a dependency of the project: pip install matplotlib).
+Needs matplotlib: Debian's python3-matplotlib, which scripts/setup installs.
 """
 import argparse
 import json
 
-import matplotlib
+import sys
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+try:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ImportError:
+    sys.exit("render_trace.py needs matplotlib: run scripts/setup (it installs Debian's "
+             "python3-matplotlib), or apt-get install python3-matplotlib")
 
 COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "comm": "#55A868", "ddp": "#B0B0B0",
           "optimizer": "#8172B3", "zero": "#55A868", "wait": "#B0B0B0"}

@@ -190,6 +190,7 @@ class ZeRO {
   /// bucket, then each bucket's parameters are all-gathered on the comm thread (bucket b's
   /// while the optimizer works on b + 1). Returns when every rank holds every parameter.
   void step() {
+    // BEGIN EXERCISE 06.1 (ZeRO-1: shard step and parameter all-gather)
     for (size_t b = 0; b < layout_.buckets.size(); ++b) {
       optimizers_[b].step(shard_params(b), shard_grads(b));
       Tracer* tracer = options_.tracer;
@@ -205,6 +206,7 @@ class ZeRO {
       });
     }
     comm_thread_.wait_all();
+    // END EXERCISE 06.1
   }
 
   /// Collective, for the equivalence tests: AdamW's state gathered from every rank's shards

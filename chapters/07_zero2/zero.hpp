@@ -309,6 +309,7 @@ class ZeRO {
     tickets_[b] = comm_thread_.submit([this, b, tracer, launched] {
       const double start = tracer ? tracer->now_us() : 0;
       const BucketShard& s = layout_.buckets[b];
+      // BEGIN EXERCISE 07.1 (ZeRO-2: reduce-scatter in backward)
       std::span<float> bucket = bucket_grads_[b].span();
       std::span<float> shard =
           reduce_scatter_bucket(comm_, bucket, s.shard_size, scratch_.span(),
@@ -316,6 +317,7 @@ class ZeRO {
       for (float& g : shard)
         g /= static_cast<float>(comm_.world_size());  // as chapter 05: the mean
       std::copy(shard.begin(), shard.end(), grad_shard_.data() + s.shard_offset);  // all we keep
+      // END EXERCISE 07.1
       if (tracer)
         tracer->complete("reduce_scatter bucket " + std::to_string(b), "comm", Tracer::kCommTrack,
                          start, tracer->now_us() - start,

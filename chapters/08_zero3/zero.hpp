@@ -231,11 +231,13 @@ class ZeRO {
   // Waits for layer l's all-gather (posting it first unless prefetched) and points its
   // parameters at the gathered buffer.
   void use_gathered(int l, Kind kind) {
+    // BEGIN EXERCISE 08.1 (ZeRO-3: gather a layer before it computes)
     if (!tickets_[l]) post_all_gather(l, kind);
     wait(tickets_[l], "wait all_gather " + name(l));
     const LayerShard& s = layout_.layers[l];
     s.layer->weight.data = Tensor(gathered_[l].data(), s.layer->weight.shape());
     s.layer->bias.data = Tensor(gathered_[l].data() + s.weight_numel, s.layer->bias.shape());
+    // END EXERCISE 08.1
   }
   void post_all_gather(int l, Kind kind) {
     const LayerShard& s = layout_.layers[l];
@@ -246,9 +248,11 @@ class ZeRO {
     tickets_[l] = post(l, kind, gathered_[l].data());
   }
   void release_parameters(int l) {
+    // BEGIN EXERCISE 08.1 (ZeRO-3: release a layer after it computed)
     gathered_[l].release();
     tickets_[l] = 0;
     layout_.layers[l].layer->weight.data = layout_.layers[l].layer->bias.data = Tensor();
+    // END EXERCISE 08.1
   }
   void finish_reduce_scatter() {
     if (!rs_ticket_) return;
