@@ -3,8 +3,9 @@
 // Provides: MemTag (the categories of the ZeRO paper's accounting plus ours), the process-wide
 // Ledger of current and peak bytes per tag, and Buffer, the one owning allocation type: every
 // float buffer in RingZero is a Buffer, so the ledger is complete by construction.
-// Leaves out: allocator caching and fragmentation (PyTorch's caching allocator would report
-// reserved bytes above these figures).
+// Leaves out: allocator caching and fragmentation. Freed buffers stay in the process for reuse
+// (glibc settings in ledger.cpp, what PyTorch's caching allocator does too): the resident
+// memory can sit above these figures, which count what is allocated.
 #pragma once
 
 #include <array>

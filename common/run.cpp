@@ -93,6 +93,9 @@ int Run::run(LessonOptions& options,
   StepLogger logger(config_.metrics, rank, config_.log_every);
   const int64_t steps = total_steps(config_, sampler.steps_per_epoch());
   print0(start_line(*lesson, psi, steps));
+  if (!trace_path_.empty() && trace_steps_ > steps)
+    print0("note: --trace-steps " + std::to_string(trace_steps_) + " is more than this run's " +
+           std::to_string(steps) + " steps: the trace holds all " + std::to_string(steps));
   const nlohmann::json startup = comm_ ? finish_setup(*comm_) : nlohmann::json();
   state.data = &data;
   state.model = model.get();

@@ -24,3 +24,30 @@ same() {
   echo "== $a vs $b ($*)"
   "$COMPARE" "$WORK/$a.safetensors" "$WORK/$b.safetensors" "$WORK/$a.jsonl" "$WORK/$b.jsonl" "$@"
 }
+
+# Two runs that cannot be bitwise (another summation order somewhere) are compared twice, with
+# criteria that hold on any CPU (their derivation: tests/chapters/ch02_vs_ch01.sh):
+#  - the same two runs under SGD (no momentum, no weight decay: the update is lr·g, linear in
+#    the gradient): ||Δparam||_2 <= 1e-4 · ||param - start||_2 and every loss within 1e-6;
+#  - under AdamW: every element within AdamW's own bound 2·lr·Σ_t R_t (compare_runs.cpp).
+sgd=(--optimizer sgd --weight-decay 0)
+
+# start_point NAME ARGS...: the initial parameters of runs with ARGS (only --model,
+# --hidden-sizes and --seed matter): one SGD step of lr 1e-30 moves no weight by over ~1e-30.
+start_point() {
+  local name=$1 keep=(); shift
+  while [ $# -gt 0 ]; do
+    case $1 in --model | --hidden-sizes | --seed) keep+=("$1" "$2"); shift 2 ;; *) shift ;; esac
+  done
+  run "$name" 0 ch01_training_loop "${keep[@]}" --global-batch-size 48 --epochs 1 \
+    --eval-every-epoch 0 "${sgd[@]}" --max-steps 1 --lr 1e-30
+}
+
+# close A B START STEPS [LR]: runs A_sgd, B_sgd under SGD and A, B under AdamW (STEPS steps of
+# lr LR, default 1e-3), all from the parameters in run START, are as close as rounding allows.
+close() {
+  local a=$1 b=$2 start=$3 steps=$4 lr=${5:-1e-3}
+  same "${a}_sgd" "${b}_sgd" --start "$WORK/$start.safetensors" --rel-l2 1e-4 --loss-atol 1e-6
+  echo "== $a vs $b (AdamW, $steps steps)"
+  "$COMPARE" "$WORK/$a.safetensors" "$WORK/$b.safetensors" --adam-bound "$lr" --steps "$steps"
+}
