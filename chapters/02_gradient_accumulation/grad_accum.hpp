@@ -5,6 +5,7 @@
 // Leaves out: the loop around it (common/run.hpp).
 #pragma once
 
+#include "common/check.hpp"  // exercise_stub (scripts/exercise start 02.1)
 #include "chapters/01_training_loop/training_loop.hpp"
 
 namespace ringzero {
