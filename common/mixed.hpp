@@ -187,7 +187,7 @@ class MixedPrecision {
   /// The ledger formula line for one process.
   static std::string ledger_formula(Dtype dtype, int64_t psi);
 
-  const HalfStorage& storage() const { return storage_; }
+  HalfStorage& storage() { return storage_; }
   const MasterWeights& master() const { return master_; }
 
  private:
