@@ -34,6 +34,8 @@ struct TrainConfig {
   std::string metrics;                ///< JSONL path, "" for none
   std::string init_from, save_final;  ///< safetensors paths
   int64_t eval_every_epoch = 1;       ///< 0: skip evaluation (tests)
+  std::string precision = "fp32";     ///< fp32 | bf16 | fp16 (common/mixed.hpp)
+  std::string reduce_dtype;           ///< fp32 | bf16 | fp16; "" = the precision's
 
   /// Layer sizes {in, hidden..., out} for the chosen model.
   std::vector<int64_t> layer_sizes() const;

@@ -7,7 +7,9 @@
 #include <numeric>
 
 #include "check.hpp"
+#include "metrics.hpp"
 #include "ops.hpp"
+#include "train.hpp"
 
 namespace ringzero {
 
@@ -227,6 +229,80 @@ bool GradScaler::update(bool found_inf) {
     growth_tracker_ = 0;
   }
   return true;
+}
+
+namespace {
+
+Dtype precision_dtype(const TrainConfig& config) {
+  const Dtype d = parse_dtype(config.precision, "--precision");
+  RZ_CHECK(d != Dtype::fp32, "MixedPrecision: --precision fp32 trains in fp32; nothing to do");
+  RZ_CHECK(config.optimizer == "adamw",
+           "--precision " << config.precision << " needs --optimizer adamw (fp32 master weights "
+                          << "are kept for AdamW only)");
+  return d;
+}
+
+AdamWOptions adamw_options(const TrainConfig& config) {
+  AdamWOptions o;
+  o.lr = config.lr;
+  o.weight_decay = config.weight_decay;
+  return o;
+}
+
+}  // namespace
+
+MixedPrecision::MixedPrecision(Model& model, const TrainConfig& config)
+    : master_(precision_dtype(config), model.params_memory.span(), parameter_sizes(model),
+              adamw_options(config)),
+      storage_(model, precision_dtype(config)) {
+  if (dtype() == Dtype::fp16) scaler_.emplace();
+}
+
+bool MixedPrecision::step(float clip_grad_norm, Communicator* comm) {
+  const Dtype d = dtype();
+  float factor = scaler_ ? scaler_->inv_scale() : 1.0f;
+  if (scaler_) {
+    bool found_inf = has_non_finite(d, storage_.grads16.span());
+    if (comm != nullptr) found_inf = found_inf_on_any_rank(*comm, found_inf);
+    if (!scaler_->update(found_inf)) return false;  // skipped: Adam's step count stays
+  }
+  if (clip_grad_norm > 0) {
+    const double norm = std::sqrt(sum_of_squares_half(d, storage_.grads16.span(), factor));
+    factor *= clip_coefficient(norm, clip_grad_norm);
+  }
+  master_.step(storage_.params16.span(), storage_.grads16.span(), factor);
+  return true;
+}
+
+std::map<std::string, NamedTensor> MixedPrecision::master_state_dict(const Model& model) const {
+  std::map<std::string, NamedTensor> out;
+  const auto& params = model.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto begin = master_.master().begin() + model.offsets()[i];
+    out[params[i]->name()] = {params[i]->shape(), {begin, begin + params[i]->numel()}};
+  }
+  return out;
+}
+
+nlohmann::json MixedPrecision::summary() const {
+  nlohmann::json j{{"precision", dtype_name(dtype())}};
+  if (scaler_) {
+    j["loss_scale"] = scaler_->scale();
+    j["skipped_steps"] = scaler_->skipped_steps();
+  }
+  return j;
+}
+
+std::string MixedPrecision::ledger_formula(Dtype dtype, int64_t psi) {
+  return std::string("formula (one process, ") + dtype_name(dtype) +
+         " + AdamW with fp32 master weights): 2Ψ + 2Ψ + 12Ψ = 16Ψ = " + human_bytes(16.0 * psi) +
+         " with Ψ = " + std::to_string(psi) +
+         "; plus one layer's fp32 working copy and gradient scratch (activations)";
+}
+
+std::unique_ptr<MixedPrecision> make_mixed_precision(Model& model, const TrainConfig& config) {
+  if (config.precision == "fp32") return nullptr;
+  return std::make_unique<MixedPrecision>(model, config);
 }
 
 }  // namespace ringzero

@@ -35,14 +35,22 @@
 // Leaves out: 16-bit activation storage, fp8, per-layer precision policies.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "comm.hpp"
+#include "config.hpp"
 #include "half.hpp"
 #include "nn.hpp"
 #include "optim.hpp"
+#include "safetensors.hpp"
 
 namespace ringzero {
 
@@ -152,5 +160,43 @@ class GradScaler {
   float scale_;
   int64_t growth_tracker_ = 0, skipped_ = 0;
 };
+
+/// --precision bf16|fp16 for a model every rank holds whole (chapters 01-02): HalfStorage,
+/// MasterWeights over every parameter, and (fp16) a GradScaler. A train_step in 16 bits is
+///   zero_grad(); forward; tape.backward(loss, seed * loss_scale()); step(clip, comm);
+/// Memory: 2Ψ + 2Ψ + 12Ψ = 16Ψ model states, plus HalfStorage's one-layer working copy.
+class MixedPrecision {
+ public:
+  /// Reads the model's fp32 parameters into the master weights, then moves the model to 16
+  /// bits (its fp32 buffers are freed). Errors: --precision fp32, --optimizer other than adamw.
+  MixedPrecision(Model& model, const TrainConfig& config);
+
+  Dtype dtype() const { return storage_.dtype(); }
+  void zero_grad() { storage_.zero_grad(); }
+  /// What backward's seed is multiplied by: the GradScaler's scale in fp16, 1 in bf16.
+  float loss_scale() const { return scaler_ ? scaler_->scale() : 1.0f; }
+  /// After backward: in fp16, decides overflow over every rank (comm may be null on one
+  /// process) and skips the step on overflow; clips the unscaled gradients' global norm to
+  /// clip_grad_norm (0: off) as clip_grad_norm_ does; updates the master weights and the
+  /// 16-bit parameters. Returns whether the optimizer stepped.
+  bool step(float clip_grad_norm, Communicator* comm);
+  /// The fp32 master weights under the model's state_dict() names (for --save-final).
+  std::map<std::string, NamedTensor> master_state_dict(const Model& model) const;
+  /// "precision", and in fp16 "loss_scale" and "skipped_steps", for the summary record.
+  nlohmann::json summary() const;
+  /// The ledger formula line for one process.
+  static std::string ledger_formula(Dtype dtype, int64_t psi);
+
+  HalfStorage& storage() { return storage_; }
+  const MasterWeights& master() const { return master_; }
+
+ private:
+  MasterWeights master_;  // constructed first: it reads the fp32 parameters HalfStorage frees
+  HalfStorage storage_;
+  std::optional<GradScaler> scaler_;
+};
+
+/// A MixedPrecision when config.precision is bf16 or fp16, else null (fp32: nothing changes).
+std::unique_ptr<MixedPrecision> make_mixed_precision(Model& model, const TrainConfig& config);
 
 }  // namespace ringzero

@@ -20,6 +20,7 @@ class GradientAccumulation : public TrainingLoop {
 /// Returns the global batch's mean loss. Errors: a non-finite loss (check_finite_loss).
 inline double train_step(GradientAccumulation& lesson, const Step& step) {
   const int64_t K = step.config.grad_accum_steps;
+  if (lesson.mixed) return train_step_mixed(*lesson.mixed, step, 1.0f / K);
   Model& model = step.model;
   model.zero_grad();  // once per optimizer step, not per micro-step: that is the whole trick
   double loss_sum = 0;

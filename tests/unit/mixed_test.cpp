@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/mixed.hpp"
+#include "common/zero_memory.hpp"
 #include "common/ops.hpp"
 #include "common/train.hpp"
 #include "util.hpp"
@@ -178,4 +179,55 @@ TEST_CASE("non-finite detection and the norm of 16-bit gradients", "[mixed]") {
   std::vector<uint16_t> b{float_to_bf16(1e30f), float_to_bf16(std::nanf(""))};
   REQUIRE(has_non_finite(Dtype::bf16, b));
   REQUIRE_FALSE(has_non_finite(Dtype::bf16, std::span<const uint16_t>(b).first(1)));
+}
+
+TEST_CASE(
+    "MixedPrecision: the ledger equals the calculator's mixed-precision DDP row; fp16 "
+    "skips an overflowing step without advancing Adam",
+    "[mixed]") {
+  TrainConfig config;
+  config.model = "toy";
+  config.hidden_sizes = {16};  // 1024 -> 16 -> 256
+  const Ledger& L = Ledger::get();
+  const int64_t p0 = L.current(MemTag::parameters), g0 = L.current(MemTag::gradients),
+                o0 = L.current(MemTag::optimizer_state);
+  Model model(config.layer_sizes(), 1);
+  const int64_t psi = model.num_parameters();
+  for (const char* p : {"bf16", "fp16"}) {
+    INFO(p);
+    config.precision = p;
+    Model m(config.layer_sizes(), 1);
+    const int64_t pm = L.current(MemTag::parameters), gm = L.current(MemTag::gradients);
+    MixedPrecision mixed(m, config);
+    // The model's fp32 buffers (4Ψ each) are gone; what remains is the 16-bit state.
+    const ModelStateBytes calc =
+        zero_model_state_bytes(0, static_cast<double>(psi), 1, kMixedPrecisionAdam);
+    REQUIRE(L.current(MemTag::parameters) - (pm - 4 * psi) ==
+            static_cast<int64_t>(calc.parameters));
+    REQUIRE(L.current(MemTag::gradients) - (gm - 4 * psi) == static_cast<int64_t>(calc.gradients));
+    REQUIRE(L.current(MemTag::optimizer_state) - o0 == static_cast<int64_t>(calc.optimizer_state));
+    REQUIRE(calc.total() == 16.0 * psi);
+
+    Tensor x = randn({4, 1024}, 2), y = randn({4, 256}, 3);
+    Batch batch{x, y, {}};
+    mixed.zero_grad();
+    Tape tape;
+    Var loss = forward_loss(tape, m, batch);
+    tape.backward(loss, mixed.loss_scale());
+    if (std::string(p) == "fp16") {
+      mixed.storage().grads16.span()[5] = 0x7c00;  // +inf: an overflow on this rank
+      const std::vector<float> before(mixed.master().master().begin(),
+                                      mixed.master().master().end());
+      REQUIRE_FALSE(mixed.step(0.0f, nullptr));
+      REQUIRE(mixed.summary()["skipped_steps"] == 1);
+      REQUIRE(mixed.summary()["loss_scale"] == 32768.0);
+      REQUIRE(mixed.master().segment_steps()[0] == 0);  // Adam's step did not advance
+      REQUIRE(std::equal(before.begin(), before.end(), mixed.master().master().begin()));
+      mixed.storage().grads16.span()[5] = 0;
+    }
+    REQUIRE(mixed.step(0.0f, nullptr));
+    REQUIRE(mixed.master().segment_steps()[0] == 1);
+  }
+  (void)g0;
+  (void)p0;
 }
