@@ -55,6 +55,16 @@ void add_train_flags(CLI::App& app, TrainConfig& c, bool with_grad_accum) {
   app.add_option("--save-final", c.save_final, "write final parameters to a safetensors file");
   app.add_option("--eval-every-epoch", c.eval_every_epoch,
                  "1: evaluate on the test set after each epoch, 0: never");
+  app.add_option("--checkpoint-dir", c.checkpoint_dir,
+                 "write checkpoints to D/step_SSSSSSSS (docs/checkpoints.md); with no "
+                 "--checkpoint-every, only at the end of the run");
+  app.add_option("--checkpoint-every", c.checkpoint_every,
+                 "save a checkpoint every S optimizer steps (0: only at the end)");
+  app.add_option("--keep-checkpoints", c.keep_checkpoints,
+                 "keep the newest K committed checkpoints (0: keep all)");
+  app.add_option("--resume", c.resume,
+                 "continue from a checkpoint: a step_* directory, or the newest committed one "
+                 "in a --checkpoint-dir");
 }
 
 void validate(const TrainConfig& c, int world_size) {

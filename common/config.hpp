@@ -34,6 +34,10 @@ struct TrainConfig {
   std::string metrics;                ///< JSONL path, "" for none
   std::string init_from, save_final;  ///< safetensors paths
   int64_t eval_every_epoch = 1;       ///< 0: skip evaluation (tests)
+  std::string checkpoint_dir;         ///< where checkpoints go (common/checkpoint.hpp)
+  int64_t checkpoint_every = 0;       ///< optimizer steps between checkpoints; 0: none
+  int64_t keep_checkpoints = 0;       ///< keep the newest K committed checkpoints; 0: all
+  std::string resume;                 ///< a checkpoint directory, or a --checkpoint-dir
 
   /// Layer sizes {in, hidden..., out} for the chosen model.
   std::vector<int64_t> layer_sizes() const;

@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "common/check.hpp"
+#include "common/checkpoint.hpp"
 #include "common/config.hpp"
 #include "common/metrics.hpp"
 #include "common/safetensors.hpp"
@@ -43,22 +44,27 @@ int main(int argc, char** argv) {
     Sampler sampler(data.train.size, config.global_batch_size, config.seed, !config.no_shuffle);
     StepLogger logger(config.metrics, /*rank=*/0, config.log_every);
     const int64_t steps = total_steps(config, sampler.steps_per_epoch());
+    Checkpointer checkpointer(config, nullptr);  // --checkpoint-dir, --resume
+    TrainingState state = replicated_state(*model, &optimizer, "01_training_loop");
+    const TrainPosition start = checkpointer.resume(state, sampler.steps_per_epoch());
     print0("ch01_training_loop | model " + config.model + " | " +
            std::to_string(model->num_parameters()) + " parameters | global batch " +
            std::to_string(config.global_batch_size) + " | " + std::to_string(steps) + " steps");
 
     StepTimes times;
     double loss = 0, test_loss = 0, test_accuracy = -1;
-    int64_t step = 0;
-    for (int64_t epoch = 1; epoch <= config.epochs && step < steps; ++epoch) {
+    int64_t step = start.step;
+    for (int64_t epoch = start.epoch; epoch <= config.epochs && step < steps; ++epoch) {
       sampler.set_epoch(epoch - 1);
-      for (int64_t t = 0; t < sampler.steps_per_epoch() && step < steps; ++t) {
+      for (int64_t t = epoch == start.epoch ? start.t : 0;
+           t < sampler.steps_per_epoch() && step < steps; ++t) {
         Stopwatch watch;
         Batch batch = make_batch(data.train, sampler.global_batch(t));
         loss = train_step(*model, optimizer, batch, config, ++step);
         times.add(watch.ms());
         logger.step(step, steps, epoch, loss, config.global_batch_size / (watch.ms() / 1e3),
                     watch.ms());
+        checkpointer.after_step(state, step, epoch, t + 1, sampler.steps_per_epoch(), steps);
       }
       if (config.eval_every_epoch) {
         EvalSums e = evaluate(*model, data.test, 0, data.test.size);

@@ -15,6 +15,7 @@
 
 #include "chapters/05_ddp_buckets/ddp.hpp"
 #include "common/check.hpp"
+#include "common/checkpoint.hpp"
 #include "common/comm.hpp"
 #include "common/config.hpp"
 #include "common/dist.hpp"
@@ -103,6 +104,9 @@ int main(int argc, char** argv) {
     Sampler sampler(data.train.size, config.global_batch_size, config.seed, !config.no_shuffle);
     StepLogger logger(config.metrics, comm.rank(), config.log_every);
     const int64_t steps = total_steps(config, sampler.steps_per_epoch());
+    Checkpointer checkpointer(config, &comm);  // --checkpoint-dir, --resume
+    TrainingState state = replicated_state(*model, &optimizer, "05_ddp_buckets");
+    const TrainPosition start = checkpointer.resume(state, sampler.steps_per_epoch());
     print0("ch05_ddp_buckets | model " + config.model + " | " +
            std::to_string(model->num_parameters()) + " parameters | global batch " +
            std::to_string(config.global_batch_size) + " = " + std::to_string(N) + " ranks x " +
@@ -114,10 +118,11 @@ int main(int argc, char** argv) {
 
     StepTimes times;
     double loss = 0, test_loss = 0, test_accuracy = -1;
-    int64_t step = 0;
-    for (int64_t epoch = 1; epoch <= config.epochs && step < steps; ++epoch) {
+    int64_t step = start.step;
+    for (int64_t epoch = start.epoch; epoch <= config.epochs && step < steps; ++epoch) {
       sampler.set_epoch(epoch - 1);
-      for (int64_t t = 0; t < sampler.steps_per_epoch() && step < steps; ++t) {
+      for (int64_t t = epoch == start.epoch ? start.t : 0;
+           t < sampler.steps_per_epoch() && step < steps; ++t) {
         Stopwatch watch;
         tracer.set_enabled(!trace_path.empty() && step < trace_steps);
         loss = train_step(comm, *model, optimizer, ddp, tracer, data.train, sampler, t, config,
@@ -126,6 +131,7 @@ int main(int argc, char** argv) {
         times.add(watch.ms());
         logger.step(step, steps, epoch, loss, config.global_batch_size / (watch.ms() / 1e3),
                     watch.ms());
+        checkpointer.after_step(state, step, epoch, t + 1, sampler.steps_per_epoch(), steps);
       }
       if (config.eval_every_epoch) {
         EvalResult e = evaluate_distributed(comm, *model, data.test);

@@ -14,6 +14,7 @@
 
 #include "chapters/06_zero1/zero.hpp"
 #include "common/check.hpp"
+#include "common/checkpoint.hpp"
 #include "common/comm.hpp"
 #include "common/config.hpp"
 #include "common/dist.hpp"
@@ -113,6 +114,9 @@ int main(int argc, char** argv) {
     Sampler sampler(data.train.size, config.global_batch_size, config.seed, !config.no_shuffle);
     StepLogger logger(config.metrics, comm.rank(), config.log_every);
     const int64_t steps = total_steps(config, sampler.steps_per_epoch());
+    Checkpointer checkpointer(config, &comm);  // --checkpoint-dir, --resume
+    TrainingState state = zero.training_state();
+    const TrainPosition start = checkpointer.resume(state, sampler.steps_per_epoch());
     print0("ch06_zero1 | model " + config.model + " | " + std::to_string(psi) +
            " parameters | global batch " + std::to_string(config.global_batch_size) + " = " +
            std::to_string(N) + " ranks x " + std::to_string(config.grad_accum_steps) + " x " +
@@ -123,10 +127,11 @@ int main(int argc, char** argv) {
 
     StepTimes times;
     double loss = 0, test_loss = 0, test_accuracy = -1;
-    int64_t step = 0;
-    for (int64_t epoch = 1; epoch <= config.epochs && step < steps; ++epoch) {
+    int64_t step = start.step;
+    for (int64_t epoch = start.epoch; epoch <= config.epochs && step < steps; ++epoch) {
       sampler.set_epoch(epoch - 1);
-      for (int64_t t = 0; t < sampler.steps_per_epoch() && step < steps; ++t) {
+      for (int64_t t = epoch == start.epoch ? start.t : 0;
+           t < sampler.steps_per_epoch() && step < steps; ++t) {
         Stopwatch watch;
         tracer.set_enabled(!trace_path.empty() && step < trace_steps);
         loss = train_step(comm, *model, zero, tracer, data.train, sampler, t, config, ++step);
@@ -134,6 +139,7 @@ int main(int argc, char** argv) {
         times.add(watch.ms());
         logger.step(step, steps, epoch, loss, config.global_batch_size / (watch.ms() / 1e3),
                     watch.ms());
+        checkpointer.after_step(state, step, epoch, t + 1, sampler.steps_per_epoch(), steps);
       }
       if (config.eval_every_epoch) {
         EvalResult e = evaluate_distributed(comm, *model, data.test);
