@@ -172,6 +172,8 @@ std::string resolve_checkpoint(const std::string& path) {
   RZ_CHECK(fs::exists(path), "--resume " << path << ": no such file or directory");
   if (fs::exists(fs::path(path) / kManifest)) return path;
   RZ_CHECK(fs::is_directory(path), "--resume " << path << " is not a checkpoint directory");
+  // A step_* directory itself: read_checkpoint names its missing manifest.
+  if (step_of_dir_name(fs::path(path).lexically_normal().filename().string()) >= 0) return path;
   int64_t best = -1;
   std::string uncommitted;
   for (const auto& e : fs::directory_iterator(path)) {
@@ -343,13 +345,14 @@ TrainPosition Checkpointer::resume(TrainingState& state, int64_t steps_per_epoch
   const std::string mpath = (fs::path(dir) / kManifest).string();
   // The flags that give the state its meaning: refused when they differ.
   const nlohmann::json now = checkpoint_flags_that_must_match(config_);
-  static const std::map<std::string, std::string> flag_of = {
+  static const std::vector<std::pair<std::string, std::string>> flag_of = {
       {"model", "--model"},        {"layer_sizes", "--model/--hidden-sizes"},
       {"data", "--data"},          {"optimizer", "--optimizer"},
       {"momentum", "--momentum"},  {"seed", "--seed"},
       {"shuffle", "--no-shuffle"}, {"global_batch_size", "--global-batch-size"},
       {"precision", "precision"}};
-  for (const auto& [key, value] : now.items()) {
+  for (const auto& [key, flag] : flag_of) {  // in this order: the model first
+    const nlohmann::json& value = now.at(key);
     const nlohmann::json saved = m.at("flags").value(key, nlohmann::json());
     std::string why;
     if (key == "global_batch_size")
@@ -358,8 +361,8 @@ TrainPosition Checkpointer::resume(TrainingState& state, int64_t steps_per_epoch
           "from its global batch: another size would train on other samples than the run that "
           "wrote it)";
     RZ_CHECK(saved == value, mpath << ": field flags." << key << " is " << saved.dump()
-                                   << ", this run has " << flag_of.at(key) << " " << value.dump()
-                                   << why << ". Resume with the same " << flag_of.at(key)
+                                   << ", this run has " << flag << " " << value.dump()
+                                   << why << ". Resume with the same " << flag
                                    << ", or start a new run");
   }
   const Model& model = *state.model;
