@@ -88,6 +88,9 @@ std::string tensor_key(const std::string& name, const std::string& field) {
 // (SIGKILL) after half the bytes: the fault test's crash in the middle of a write.
 void write_atomically(const std::string& path, const std::string& bytes, bool kill_halfway) {
   const std::string tmp = path + ".tmp";
+  // Past a file-size limit (ulimit -f) the kernel would kill the process with SIGXFSZ; ignored,
+  // write() fails with EFBIG instead and the error below names the file, like ENOSPC.
+  std::signal(SIGXFSZ, SIG_IGN);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   RZ_CHECK(fd >= 0, "cannot create " << tmp << ": " << std::strerror(errno)
                                      << "; check --checkpoint-dir exists and is writable");
@@ -361,9 +364,8 @@ TrainPosition Checkpointer::resume(TrainingState& state, int64_t steps_per_epoch
           "from its global batch: another size would train on other samples than the run that "
           "wrote it)";
     RZ_CHECK(saved == value, mpath << ": field flags." << key << " is " << saved.dump()
-                                   << ", this run has " << flag << " " << value.dump()
-                                   << why << ". Resume with the same " << flag
-                                   << ", or start a new run");
+                                   << ", this run has " << flag << " " << value.dump() << why
+                                   << ". Resume with the same " << flag << ", or start a new run");
   }
   const Model& model = *state.model;
   const auto& params = model.parameters();
