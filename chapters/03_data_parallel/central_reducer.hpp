@@ -18,13 +18,16 @@
 // Leaves out: overlapping communication with backward, and tree or ring schedules (chapter 04).
 #pragma once
 
+#include <optional>
 #include <span>
 #include <string>
 
 #include "common/check.hpp"
 #include "common/comm.hpp"
 #include "common/dist.hpp"
+#include "common/lesson.hpp"
 #include "common/metrics.hpp"
+#include "common/train.hpp"
 
 namespace ringzero {
 
@@ -75,6 +78,66 @@ inline TrafficTheory central_reducer_traffic(int world_size, int64_t psi) {
                    " per step, every other rank Ψ·4 = " + human_bytes(4.0 * psi) +
                    "; N = " + std::to_string(world_size) + ", Ψ = " + std::to_string(psi);
   return theory;
+}
+
+/// Chapter 03's lesson object: the only optimizer (on rank 0) and rank 0's buffer for one
+/// incoming gradient; train_step() below is the step it drives.
+class CentralReducer : public Lesson {
+ public:
+  explicit CentralReducer(SetUp& s) : comm(*s.comm), psi_(s.model.num_parameters()) {
+    if (comm.rank() == 0) optimizer.emplace(s.config, parameter_sizes(s.model));  // rank 0 only
+    scratch = Buffer(comm.rank() == 0 ? psi_ : 0, MemTag::comm_buffers);  // (Ψ) one gradient
+  }
+  std::string ledger_formula(int64_t psi) const override {
+    return "formula (fp32 + AdamW on rank 0 only): rank 0 4Ψ + 4Ψ + 8Ψ = 16Ψ = " +
+           human_bytes(16.0 * psi) + ", other ranks 4Ψ + 4Ψ = 8Ψ = " + human_bytes(8.0 * psi) +
+           "; rank 0's comm_buffers: one gradient, 4Ψ";
+  }
+  TrafficTheory traffic_theory() const override {
+    return central_reducer_traffic(comm.world_size(), psi_);
+  }
+
+  TrainingState training_state(Model& model) override {  // rank 0 writes; every rank loads
+    return replicated_state(model, optimizer ? &*optimizer : nullptr, "");
+  }
+
+  Communicator& comm;
+  std::optional<Optimizer> optimizer;  ///< rank 0 only: the others never step
+  Buffer scratch;                      ///< rank 0: (Ψ) one incoming gradient; others: empty
+
+ private:
+  int64_t psi_;
+};
+
+/// One optimizer step on the global batch: K micro-steps on this rank's share, then the
+/// central reducer. Returns the global batch's mean loss (on every rank). Errors: a non-finite
+/// loss stops every rank (check_finite_loss on the same value everywhere).
+inline double train_step(CentralReducer& reducer, const Step& step) {
+  Communicator& comm = reducer.comm;
+  Model& model = step.model;
+  const int64_t K = step.config.grad_accum_steps;
+  const int N = comm.world_size();
+  model.zero_grad();
+  double loss_sum = 0;
+  for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
+    Batch batch = step.micro_batch(micro_step);  // (B/(N K), in)
+    Tape tape;
+    Var loss = forward_loss(tape, model, batch);  // mean over this micro-batch
+    loss_sum += loss->value[0];
+    tape.backward(loss, 1.0f / K);  // grads += dloss/K: the mean over this rank's share
+  }
+  const double loss_value = global_mean(comm, loss_sum / K);  // equal shares: mean of means
+  check_finite_loss(loss_value, step.step);  // every rank sees the same value: all stop together
+
+  std::span<float> grads = model.grads_memory.span(), params = model.params_memory.span();
+  reduce_to_rank0(comm, grads, reducer.scratch.span());  // rank 0: Σ over ranks of share means
+  if (comm.rank() == 0) {
+    for (float& g : grads) g /= N;  // mean of N equal shares = global-batch mean
+    if (step.config.clip_grad_norm > 0) clip_grad_norm(grads, step.config.clip_grad_norm);
+    reducer.optimizer->step(params, grads);
+  }
+  broadcast_from_rank0(comm, params);  // everyone continues from rank 0's weights
+  return loss_value;
 }
 
 }  // namespace ringzero

@@ -84,6 +84,7 @@ class DDP {
   DDP& operator=(const DDP&) = delete;
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
+  const Options& options() const { return options_; }
   /// The --explain-buckets table of this plan.
   std::string explain() const {
     return explain_buckets(buckets_, model_, options_.bucket_cap_mb, options_.first_bucket_cap_mb);

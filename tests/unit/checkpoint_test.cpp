@@ -25,8 +25,8 @@ namespace fs = std::filesystem;
 namespace {
 
 fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("ringzero_ckpt_test_" + name + "_" +
-                                                  std::to_string(::getpid()));
+  const fs::path d =
+      fs::temp_directory_path() / ("ringzero_ckpt_test_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
@@ -45,7 +45,8 @@ TrainConfig toy_config(const fs::path& dir) {
 void train_two_steps(Model& model, Optimizer& opt) {
   for (int s = 0; s < 2; ++s) {
     auto g = model.grads_memory.span();
-    for (size_t i = 0; i < g.size(); ++i) g[i] = 0.01f * static_cast<float>((i * 7 + s) % 13) - 0.05f;
+    for (size_t i = 0; i < g.size(); ++i)
+      g[i] = 0.01f * static_cast<float>((i * 7 + s) % 13) - 0.05f;
     opt.step(model.params_memory.span(), model.grads_memory.span());
   }
 }
@@ -156,8 +157,7 @@ TEST_CASE("checkpoint: newest committed, pruning, refusals", "[checkpoint]") {
                       Contains("step_00000003/manifest.json: field format_version is 2"));
   }
   SECTION("size differs") {
-    edit_manifest(dir / "step_00000003",
-                  [](nlohmann::json& m) { m["files"][0]["bytes"] = 12; });
+    edit_manifest(dir / "step_00000003", [](nlohmann::json& m) { m["files"][0]["bytes"] = 12; });
     CHECK_THROWS_WITH(read_checkpoint((dir / "step_00000003").string()),
                       Contains("model.safetensors: ") && Contains(".bytes says 12"));
   }

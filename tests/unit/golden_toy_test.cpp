@@ -2,9 +2,8 @@
 // PyTorch 1.13 (losses and final weights over 5 AdamW steps), from PyTorch's own initial
 // weights and a fixed batch, both committed in tests/golden/ by make_toy_golden.py.
 //
-// The step below is chapter 01's train_step (chapters/01_training_loop/main.cpp) on the
-// substrate it uses: zero_grad, forward_loss, Tape::backward, Optimizer::step, with the flags'
-// defaults (AdamW lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 1e-2).
+// The step is chapter 01's own train_step (chapters/01_training_loop/training_loop.hpp), with
+// the flags' defaults (AdamW lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 1e-2).
 //
 // Why not bitwise: Eigen and OpenBLAS sum each GEMM's dot products in different orders
 // (float32, relative differences ~1e-7), and the MSE is accumulated differently. Adam's step
@@ -23,6 +22,7 @@
 #include <cmath>
 #include <fstream>
 
+#include "chapters/01_training_loop/training_loop.hpp"
 #include "common/safetensors.hpp"
 #include "common/train.hpp"
 
@@ -66,7 +66,9 @@ TEST_CASE("chapter 01's step on the ToyModel matches PyTorch over 5 AdamW steps"
   Batch batch;
   batch.x = to_tensor(batch_tensors.at("x"));  // (64, 1024)
   batch.y = to_tensor(batch_tensors.at("y"));  // (64, 256)
-  Optimizer optimizer(config, parameter_sizes(model));
+  Tracer tracer;  // off
+  SetUp setup{nullptr, model, config, tracer};
+  TrainingLoop loop(setup);
 
   std::ifstream losses_file(kGolden + "toy_losses.json");
   REQUIRE(losses_file);
@@ -76,12 +78,13 @@ TEST_CASE("chapter 01's step on the ToyModel matches PyTorch over 5 AdamW steps"
 
   double worst_loss = 0;
   for (size_t step = 0; step < torch_losses.size(); ++step) {
-    model.zero_grad();
-    Tape tape;
-    Var loss = forward_loss(tape, model, batch);
-    const double ours = loss->value[0];
-    tape.backward(loss);
-    optimizer.step(model.params_memory.span(), model.grads_memory.span());
+    const double ours = train_step(
+        loop, Step{model, config, static_cast<int64_t>(step) + 1,
+                   [&](int64_t micro_step) {
+                     REQUIRE(micro_step == 0);  // chapter 01: the whole batch at once
+                     return batch;
+                   },
+                   tracer});
     INFO("step " << step + 1 << ": ours " << ours << ", PyTorch " << torch_losses[step]);
     const double rel = std::fabs(ours - torch_losses[step]) / torch_losses[step];
     worst_loss = std::max(worst_loss, rel);
