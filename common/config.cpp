@@ -63,6 +63,16 @@ void add_train_flags(CLI::App& app, TrainConfig& c, bool with_grad_accum) {
                  "fp32 | bf16 | fp16: the dtype gradients are summed in across ranks "
                  "(default: the --precision's)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--checkpoint-dir", c.checkpoint_dir,
+                 "write checkpoints to D/step_SSSSSSSS (docs/checkpoints.md); with no "
+                 "--checkpoint-every, only at the end of the run");
+  app.add_option("--checkpoint-every", c.checkpoint_every,
+                 "save a checkpoint every S optimizer steps (0: only at the end)");
+  app.add_option("--keep-checkpoints", c.keep_checkpoints,
+                 "keep the newest K committed checkpoints (0: keep all)");
+  app.add_option("--resume", c.resume,
+                 "continue from a checkpoint: a step_* directory, or the newest committed one "
+                 "in a --checkpoint-dir");
 }
 
 void validate(const TrainConfig& c, int world_size) {

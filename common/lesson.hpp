@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint.hpp"
+#include "check.hpp"
 #include "config.hpp"
 #include "cost_model.hpp"
 #include "dist.hpp"
@@ -92,6 +94,17 @@ class Lesson {
   /// rank; collective where it is sharded. nullopt where the lesson does not expose it.
   virtual std::optional<std::map<std::string, NamedTensor>> saved_optimizer_state() {
     return std::nullopt;
+  }
+  /// This rank's share of the training state, for checkpoints (common/checkpoint.hpp): views of
+  /// the parameters and optimizer state it holds, placed in the model's flat layout. Every
+  /// lesson with an optimizer overrides it; the default refuses, so no checkpoint can silently
+  /// miss a lesson's optimizer state.
+  virtual TrainingState training_state(Model& model) {
+    (void)model;
+    RZ_CHECK(false,
+             "this chapter does not expose its training state: checkpoints (--checkpoint-dir, "
+             "--resume) are not available in it");
+    return {};
   }
 };
 

@@ -39,6 +39,7 @@ std::vector<std::unique_ptr<Extension>> extensions() {
   // A feature every chapter gets: list.push_back(std::make_unique<MyFeature>());
   list.push_back(cost_model_extension());  // --net-*: the predicted step (cost_model.hpp)
   list.push_back(std::make_unique<DeviceExtension>());  // --device cpu|cuda
+  list.push_back(checkpoint_extension());  // --checkpoint-*, --resume (checkpoint.hpp)
   return list;
 }
 

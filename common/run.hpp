@@ -102,6 +102,10 @@ class Extension {
 /// The extensions every run has, in hook order. Add a feature here (run.cpp).
 std::vector<std::unique_ptr<Extension>> extensions();
 
+/// Checkpoints: --checkpoint-dir, --checkpoint-every, --keep-checkpoints, --resume
+/// (common/checkpoint.hpp; the flags are registered with the shared ones in config.cpp).
+std::unique_ptr<Extension> checkpoint_extension();
+
 /// A lesson's options: its flags and, optionally, a job that replaces training.
 struct LessonOptions {
   virtual ~LessonOptions() = default;

@@ -9,7 +9,7 @@
 
 namespace ringzero {
 
-void save_safetensors(const std::string& path, const std::map<std::string, NamedTensor>& tensors) {
+std::string safetensors_bytes(const std::map<std::string, NamedTensor>& tensors) {
   nlohmann::json header;
   header["__metadata__"] = {{"format", "pt"}, {"producer", "ringzero"}};
   int64_t offset = 0;
@@ -21,16 +21,22 @@ void save_safetensors(const std::string& path, const std::map<std::string, Named
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // data starts 8-byte aligned
+  std::string out;
+  out.reserve(8 + h.size() + static_cast<size_t>(offset));
+  const uint64_t n = h.size();
+  for (int i = 0; i < 8; ++i)
+    out.push_back(static_cast<char>(static_cast<unsigned char>(n >> (8 * i))));
+  out += h;
+  for (const auto& [name, t] : tensors)
+    out.append(reinterpret_cast<const char*>(t.values.data()), t.values.size() * sizeof(float));
+  return out;
+}
+
+void save_safetensors(const std::string& path, const std::map<std::string, NamedTensor>& tensors) {
+  const std::string bytes = safetensors_bytes(tensors);
   std::ofstream out(path, std::ios::binary);
   RZ_CHECK(out, "cannot write " << path << "; check the directory exists and is writable");
-  const uint64_t n = h.size();
-  unsigned char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-  out.write(reinterpret_cast<const char*>(len), 8);
-  out.write(h.data(), static_cast<std::streamsize>(h.size()));
-  for (const auto& [name, t] : tensors)
-    out.write(reinterpret_cast<const char*>(t.values.data()),
-              static_cast<std::streamsize>(t.values.size() * sizeof(float)));
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   RZ_CHECK(out.good(), "writing " << path << " failed (disk full?)");
 }
 

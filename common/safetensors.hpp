@@ -21,6 +21,8 @@ struct NamedTensor {
   std::vector<float> values;
 };
 
+/// The bytes of a safetensors file holding `tensors` (what save_safetensors writes).
+std::string safetensors_bytes(const std::map<std::string, NamedTensor>& tensors);
 /// Writes tensors (sorted by name, as the reference implementation does). Errors: unwritable path.
 void save_safetensors(const std::string& path, const std::map<std::string, NamedTensor>& tensors);
 /// Reads every tensor. Errors (each names the file): missing, truncated, header not JSON,

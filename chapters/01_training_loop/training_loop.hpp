@@ -38,6 +38,10 @@ class TrainingLoop : public Lesson {
   }
 
   std::unique_ptr<MixedPrecision> mixed;  ///< null in fp32
+  TrainingState training_state(Model& model) override {
+    return replicated_state(model, &optimizer, "");
+  }
+
   Optimizer optimizer;
 };
 

@@ -101,6 +101,10 @@ class CentralReducer : public Lesson {
     return central_reducer_traffic(comm.world_size(), psi_);
   }
 
+  TrainingState training_state(Model& model) override {  // rank 0 writes; every rank loads
+    return replicated_state(model, optimizer ? &*optimizer : nullptr, "");
+  }
+
   Communicator& comm;
   std::optional<Optimizer> optimizer;  ///< rank 0 only: the others never step
   Buffer scratch;                      ///< rank 0: (Ψ) one incoming gradient; others: empty

@@ -88,6 +88,9 @@ class RingDataParallel : public Lesson {
   }
 
   Communicator& comm;
+  TrainingState training_state(Model& model) override {
+    return replicated_state(model, &optimizer, "");
+  }
   Optimizer optimizer;
   bool ring;       ///< our ring (true) or MPI_Allreduce
   Buffer scratch;  ///< one incoming ring chunk of the largest parameter

@@ -76,6 +76,9 @@ class DDPTraining : public Lesson {
   }
 
   Communicator& comm;
+  TrainingState training_state(Model& model) override {
+    return replicated_state(model, &optimizer, "");
+  }
   Optimizer optimizer;
   DDP ddp;
 

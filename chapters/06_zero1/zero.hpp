@@ -47,6 +47,7 @@
 
 #include "chapters/05_ddp_buckets/buckets.hpp"
 #include "chapters/06_zero1/shard.hpp"
+#include "common/checkpoint.hpp"
 #include "common/comm_thread.hpp"
 #include "common/safetensors.hpp"
 #include "common/trace.hpp"
@@ -212,6 +213,9 @@ class ZeRO {
   /// Collective, for the equivalence tests: AdamW's state gathered from every rank's shards
   /// (zero_io.hpp).
   std::map<std::string, NamedTensor> optimizer_state_dict();
+  /// The training state as common/checkpoint.hpp saves and loads it: one piece per bucket
+  /// (this rank's real shard elements and their optimizer) at its global offset (zero_io.hpp).
+  TrainingState training_state();
   /// Elements of the padding that are not zero: must be 0 (zero_io.hpp).
   int64_t nonzero_padding() const;
 

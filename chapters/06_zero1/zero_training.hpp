@@ -83,6 +83,7 @@ class Zero1Training : public Lesson {
   std::optional<std::map<std::string, NamedTensor>> saved_optimizer_state() override {
     return zero.optimizer_state_dict();
   }
+  TrainingState training_state(Model&) override { return zero.training_state(); }
 
   Communicator& comm;
   ZeRO zero;

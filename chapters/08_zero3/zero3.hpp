@@ -39,6 +39,7 @@
 #include "chapters/06_zero1/shard.hpp"
 #include "chapters/08_zero3/desync.hpp"
 #include "chapters/08_zero3/layer_shard.hpp"
+#include "common/checkpoint.hpp"
 #include "common/comm_thread.hpp"
 #include "common/safetensors.hpp"
 #include "common/trace.hpp"
@@ -175,6 +176,9 @@ class ZeRO {
   }
   /// Collective: AdamW's state, named as chapters 06-07 name it (zero_io.hpp).
   std::map<std::string, NamedTensor> optimizer_state_dict();
+  /// The training state as common/checkpoint.hpp saves and loads it: one piece per layer
+  /// (this rank's real shard elements and their optimizer) at its global offset (zero_io.hpp).
+  TrainingState training_state();
 
   /// Elements of the padding of the parameter and gradient shards that are not zero (must be 0).
   int64_t nonzero_padding() const;

@@ -129,4 +129,29 @@ inline std::string ZeRO::describe(const CollectiveHeader& h) const {
   return std::string(out) + " (" + std::to_string(h.size) + " elements)";
 }
 
+inline TrainingState ZeRO::training_state() {
+  TrainingState state;
+  state.model = &model_;
+  state.sharded = true;
+  state.params_replicated = false;  // the parameters exist only as shards
+  state.chapter = "08_zero3";
+  state.zero_stage = 3;
+  state.layout = {{"kind", "layers"}};
+  const auto& params = model_.parameters();
+  for (const LayerShard& s : layout_.layers) {
+    state.layout["layers"].push_back({{"name", s.layer->name()},
+                                      {"offset", s.offset},
+                                      {"numel", s.numel},
+                                      {"padding", s.padded_size - s.numel},
+                                      {"shard_size", s.shard_size}});
+    std::vector<int> segment_params;
+    for (Parameter* p : s.segment_params)
+      segment_params.push_back(
+          static_cast<int>(std::find(params.begin(), params.end(), p) - params.begin()));
+    state.pieces.push_back({shard(params_, s), s.offset + comm_.rank() * s.shard_size,
+                            &optimizers_[&s - layout_.layers.data()], std::move(segment_params)});
+  }
+  return state;
+}
+
 }  // namespace ringzero

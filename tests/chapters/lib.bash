@@ -51,3 +51,37 @@ close() {
   echo "== $a vs $b (AdamW, $steps steps)"
   "$COMPARE" "$WORK/$a.safetensors" "$WORK/$b.safetensors" --adam-bound "$lr" --steps "$steps"
 }
+
+# fails NAME NP BINARY PATTERN ARGS... : the run must exit non-zero (within RUN_TIMEOUT, so a
+# hang fails too) and its output must contain PATTERN (grep -E).
+fails() {
+  local name=$1 np=$2 binary=$3 pattern=$4; shift 4
+  local cmd=("$BIN/$binary" --log-every 1000 "$@")
+  if [ "$np" -gt 0 ]; then cmd=("$MPIRUN" -np "$np" --oversubscribe "${cmd[@]}"); fi
+  local rc=0
+  timeout "${RUN_TIMEOUT:-120}" "${cmd[@]}" >"$WORK/$name.log" 2>&1 || rc=$?
+  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then
+    echo "FAILED: expected an error (exit $rc): ${cmd[*]}"; cat "$WORK/$name.log"; exit 1
+  fi
+  if ! grep -qE -- "$pattern" "$WORK/$name.log"; then
+    echo "FAILED: no '$pattern' in the output of ${cmd[*]}"; cat "$WORK/$name.log"; exit 1
+  fi
+  echo "ok: $name refused: $(grep -E -m1 -- "$pattern" "$WORK/$name.log" | cut -c1-220)"
+}
+
+# same_tail FULL RESUMED : the resumed run's step records (step, epoch, loss) equal, exactly,
+# those of the uninterrupted run from the resumed run's first step on; nothing skipped or
+# repeated (the resumed run logs every step up to the end of the uninterrupted one).
+same_tail() {
+  python3 - "$WORK/$1.jsonl" "$WORK/$2.jsonl" <<'PY'
+import json, sys
+def steps(p):
+    return [(j["step"], j["epoch"], j["loss"]) for j in map(json.loads, open(p)) if j["type"] == "step"]
+full, res = steps(sys.argv[1]), steps(sys.argv[2])
+assert res, "the resumed run logged no step"
+first = res[0][0]
+tail = [s for s in full if s[0] >= first]
+assert tail == res, f"resumed from step {first}: {res[:3]}... vs {tail[:3]}..."
+print(f"ok: steps {first}..{res[-1][0]} equal (epochs {sorted(set(s[1] for s in res))})")
+PY
+}
