@@ -24,8 +24,9 @@ std::vector<int64_t> TrainConfig::layer_sizes() const {
 void add_train_flags(CLI::App& app, TrainConfig& c, bool with_grad_accum) {
   app.option_defaults()
       ->always_capture_default();  // --help shows every default, ours and the chapter's
-  app.add_option("--data", c.data,
-                 "fashion-mnist | synthetic (the seeds' 1000 x (1024 -> 256) regression set)")
+  app.add_option(
+         "--data", c.data,
+         "fashion-mnist | synthetic (the 1000-sample standard-normal 1024 -> 256 regression set)")
       ->check(CLI::IsMember({"fashion-mnist", "synthetic"}));
   app.add_option("--data-dir", c.data_dir, "directory with the four Fashion-MNIST .gz files");
   app.add_option("--model", c.model,

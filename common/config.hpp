@@ -1,4 +1,5 @@
-// config: the command line every chapter shares (DESIGN.md §4), parsed with CLI11.
+// config: the command line every chapter shares (listed in README.md, "Reading the code"), parsed
+// with CLI11.
 //
 // Provides: TrainConfig, add_train_flags() to register the shared flags on a CLI::App, and
 // validate(), which checks what CLI11 cannot (sizes that must divide) and derives the

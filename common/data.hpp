@@ -1,4 +1,4 @@
-// data: Fashion-MNIST from its IDX .gz files, the seeds' synthetic regression set, and the
+// data: Fashion-MNIST from its IDX .gz files, the synthetic regression set, and the
 // sampler that decides which samples make up each optimizer step.
 //
 // Provides: read_idx_gz (validating), load_fashion_mnist, make_synthetic, Dataset::gather, and
@@ -52,14 +52,14 @@ struct Dataset {
 /// file, image and label counts that differ, a label outside 0..9.
 Dataset load_fashion_mnist(const std::string& dir, bool train);
 
-/// The seeds' dummy regression set: x (n, in) and y (n, out), all standard normal, from
-/// (seed, stream). The seeds use n = 1000, in = 1024, out = 256.
+/// The synthetic regression set: x (n, in) and y (n, out), all standard normal, from
+/// (seed, stream). The ToyModel uses n = 1000, in = 1024, out = 256.
 Dataset make_synthetic(int64_t n, int64_t in_features, int64_t out_features, uint64_t seed,
                        uint64_t stream);
 
 /// Which dataset indices form each optimizer step. Per epoch: a permutation of [0, n) drawn
 /// from (seed, epoch) by Fisher-Yates (identity with shuffle = false); step t uses positions
-/// [t B, (t+1) B); the last partial batch is dropped (drop_last, as the seeds' DataLoader).
+/// [t B, (t+1) B); the last partial batch is dropped (drop_last=True in PyTorch's DataLoader).
 class Sampler {
  public:
   /// Errors: global_batch_size <= 0 or larger than the dataset.

@@ -44,8 +44,9 @@ void verify_same_flags(Communicator& comm, const CLI::App& app,
 
 /// The samples rank `rank` trains on at `micro_step` of global batch t: chunk
 /// rank * grad_accum_steps + micro_step of world_size * grad_accum_steps equal pieces
-/// (DESIGN.md §3). Ranks and micro-steps only cut the same global batch, so the set of samples
-/// of step t does not depend on world_size or grad_accum_steps.
+/// (docs/design.md, "Samples per step depend only on (seed, epoch, t)"). Ranks and micro-steps only
+/// cut the same global batch, so the set of samples of step t does not depend on world_size or
+/// grad_accum_steps.
 std::span<const int64_t> rank_micro_batch(const Sampler& sampler, int64_t t, int rank,
                                           int world_size, int64_t grad_accum_steps,
                                           int64_t micro_step);

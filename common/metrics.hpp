@@ -2,7 +2,8 @@
 //
 // Provides: StepLogger, which prints the line every chapter shares (so logs diff cleanly)
 //   step 120/937 | epoch 1 | loss 0.4321 | 15234 samples/s | 4.2 ms/step
-// and writes DESIGN.md §4's JSON lines ({"type":"step"|"eval"|"summary", ...}); and the
+// and writes the --metrics FILE.jsonl lines ({"type":"step"|"eval"|"summary", ...}; flags in
+// README.md, "Reading the code"); and the
 // per-rank ledger table printed beside a formula. Only rank 0 prints and writes.
 // Leaves out: TensorBoard, wandb, anything networked.
 #pragma once

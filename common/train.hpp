@@ -22,7 +22,7 @@ struct TrainTestData {
 };
 
 /// Fashion-MNIST from --data-dir, or the synthetic set: 1000 training samples from
-/// (seed, stream 1) as in the seeds, plus 200 held-out samples from (seed, stream 2).
+/// (seed, stream 1), plus 200 held-out samples from (seed, stream 2).
 TrainTestData load_data(const TrainConfig& config);
 
 /// The model of --model/--hidden-sizes, initialised from --seed or loaded from --init-from.

@@ -11,7 +11,8 @@
 //   stage 3         (p + g + K)Ψ/N          everything sharded
 //
 // with p, g the bytes of a parameter and of a gradient and K the optimizer's bytes per
-// parameter: fp32 + Adam (the seeds') p = g = 4, K = 8 (exp_avg, exp_avg_sq); mixed precision
+// parameter (the ZeRO paper's K, written K_os in the docs): fp32 + Adam p = g = 4, K = 8 (exp_avg,
+// exp_avg_sq); mixed precision
 // + Adam (the paper's) p = g = 2, K = 12 (fp32 master weights, exp_avg, exp_avg_sq). The ring
 // traffic each rank sends per optimizer step: stages 0-2 one reduce-scatter of gradients and
 // one all-gather of parameters, (N−1)/N·(g + p)Ψ (for fp32: 2(N−1)/N·4Ψ); stage 3 gathers the
@@ -59,7 +60,8 @@ inline ModelStateBytes zero_model_state_bytes(int zero_stage, double psi, int wo
   return m;
 }
 
-/// The formula as text, in the seeds' notation: "4Ψ + 4Ψ + 8Ψ/N" for fp32 ZeRO-1.
+/// The formula as text, in the ZeRO paper's notation (Ψ parameters): "4Ψ + 4Ψ + 8Ψ/N" for fp32
+/// ZeRO-1.
 inline std::string zero_formula_text(int zero_stage, StateBytes b = kFp32Adam) {
   auto n = [](double x) { return std::to_string(static_cast<int>(x)); };
   switch (zero_stage) {
@@ -88,7 +90,7 @@ inline double zero_bytes_sent_per_rank(int zero_stage, double psi, int world_siz
   return (N - 1) / N * (b.grad + (zero_stage == 3 ? 2 : 1) * b.param) * psi;
 }
 
-/// Decimal gigabytes with at most one decimal, as the seeds and the paper print them:
+/// Decimal gigabytes with at most one decimal, as the ZeRO paper prints them:
 /// 112e9 -> "112", 38.5e9 -> "38.5", 1.875e9 -> "1.9"; below 1 GB two: 0.234e9 -> "0.23".
 inline std::string gigabytes(double bytes) {
   char buf[32];

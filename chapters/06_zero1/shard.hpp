@@ -9,7 +9,8 @@
 //   padded bucket   | a0 a1 a2 | a3 a4 a5 | a6 0  0 |     rank 2 owns one real element
 //   owner           |  rank 0  |  rank 1  | rank 2  |     and two of padding
 //
-// Why per bucket (as DeepSpeed's flat partitions) rather than per parameter (as the seeds):
+// Why per bucket (as DeepSpeed's flat partitions) rather than per parameter (as simple from-scratch
+// ZeRO):
 //  - chapter 04's ring cuts n elements into chunks of ceil(n / N) and rank r reduces chunk r.
 //    On the padded bucket every chunk is exactly s = ceil(n / N), so each real element lands
 //    in the same chunk, and is summed in the same ring order, as in chapter 05's all-reduce of

@@ -2,19 +2,19 @@
 # Chapter 01 against PyTorch 1.13 (Debian python3-torch) on one thread, in the same run:
 #   1. ToyModel (1024-1024-1024-256, MSE, AdamW, batch 64, synthetic data): median ms per step
 #      over 30 steps, ours from the metrics summary (ms_per_step, first step excluded), PyTorch's
-#      from ../shared/peers/torch_toymodel.py (30 steps after 3 warm-up). Goal: ours <= 0.75x.
+#      from bench/peers/torch_toymodel.py (30 steps after 3 warm-up). Goal: ours <= 0.75x.
 #   2. Fashion-MNIST MLP (784-512-512-10, cross-entropy, AdamW, batch 64): samples/s over one
 #      epoch of training steps (batch gathering included, evaluation excluded), ours from the
-#      step records, PyTorch's from ../shared/peers/torch_fashion_mlp.py --epochs 1.
-# Skips (with a notice) where /usr/bin/python3 cannot import torch, where the peer scripts are
-# not beside the repository, or (part 2) where Fashion-MNIST is not installed.
+#      step records, PyTorch's from bench/peers/torch_fashion_mlp.py --epochs 1.
+# Skips (with a notice) where /usr/bin/python3 cannot import torch, where bench/peers/ is
+# missing, or (part 2) where Fashion-MNIST is not installed.
 #   BUILD=build-debug scripts/bench.d/01-ch01-vs-pytorch.sh   another build directory (default: build)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
 CH01="$BUILD/bin/ch01_training_loop"
 PY=/usr/bin/python3
-PEERS="$(git rev-parse --show-toplevel)/../shared/peers"
+PEERS="$(git rev-parse --show-toplevel)/bench/peers"
 DATA=/usr/share/datasets/fashion-mnist
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT

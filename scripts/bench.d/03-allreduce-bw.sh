@@ -3,8 +3,8 @@
 # 4 KiB to 64 MiB on NP ranks (default 2), both measured in the same process and run
 # (ch04_ring_allreduce --bench-allreduce; nccl-tests definitions: algbw = S/t, busbw = algbw ·
 # 2(N-1)/N). Goal: ours >= 0.9x MPI_Allreduce's busbw at every size >= 1 MiB.
-# Then, clearly labelled and only when mpicc and ../shared/peers are there: the peer program
-# ../shared/peers/mpi_allreduce_bw.c (MPI_Allreduce alone, its own timing loop) as a
+# Then, clearly labelled and only when mpicc is there: the peer program
+# bench/peers/mpi_allreduce_bw.c (MPI_Allreduce alone, its own timing loop) as a
 # cross-check of the MPI column. It is compiled into a temporary directory, never into the
 # project.
 #   BUILD=build-foo NP=4 scripts/bench.d/03-allreduce-bw.sh
@@ -27,10 +27,10 @@ awk -F'|' '$1 + 0 >= 1048576 {
     printf "goal: ring busbw >= 0.90x MPI_Allreduce at >= 1 MiB: worst ratio %.2f -> %s\n", min, (min >= 0.9 ? "MET" : "NOT MET")
   }' "$TMP/table.txt"
 
-PEER="$(git rev-parse --show-toplevel)/../shared/peers/mpi_allreduce_bw.c"
+PEER="$(git rev-parse --show-toplevel)/bench/peers/mpi_allreduce_bw.c"
 if command -v mpicc >/dev/null && [ -f "$PEER" ]; then
   echo
-  echo "cross-check (peer program ../shared/peers/mpi_allreduce_bw.c, MPI_Allreduce alone, not part of RingZero):"
+  echo "cross-check (peer program bench/peers/mpi_allreduce_bw.c, MPI_Allreduce alone, not part of RingZero):"
   mpicc -O2 "$PEER" -o "$TMP/peer_bw"
   mpirun -np "$NP" --oversubscribe "$TMP/peer_bw"
 else

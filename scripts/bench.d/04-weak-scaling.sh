@@ -2,7 +2,7 @@
 # Chapter 04 weak scaling: per-rank throughput at NP ranks (default 2) against one rank, with the
 # same work per rank (64 samples per rank per step, so the global batch grows with the ranks).
 # Per-rank throughput = (global batch / ranks) / median step time (the summary's ms_per_step,
-# first step excluded). Goal: >= 0.85x of one rank's, for the seeds' ToyModel
+# first step excluded). Goal: >= 0.85x of one rank's, for the ToyModel
 # (1024-1024-1024-256, MSE, AdamW) and the Fashion-MNIST MLP (784-512-512-10).
 # Each configuration runs REPEATS times (default 3), interleaved; the median of the runs'
 # median step times is used. On fewer cores than ranks this measures the oversubscription,

@@ -3,7 +3,7 @@
 #   - ToyModel (1024-1024-1024-256, 6 parameter tensors) and an MLP with 25 Linear layers (50
 #     parameter tensors, --hidden-sizes 256 x 24), 2 ranks, 64 samples per rank per step (the
 #     peer's batch): ch05 / ch04 (goal on the 50-tensor model: <= 0.9);
-#   - ToyModel, 2 ranks: ch05 / PyTorch DDP over gloo (../shared/peers/torch_toymodel.py
+#   - ToyModel, 2 ranks: ch05 / PyTorch DDP over gloo (bench/peers/torch_toymodel.py
 #     --world 2; goal <= 0.75). Skipped, with a notice, where PyTorch is not installed.
 # Each configuration runs REPEATS times (default 3), interleaved, and the median of the runs'
 # median step times is used; all ratios come from this one invocation.
@@ -59,7 +59,7 @@ done
 if /usr/bin/python3 -c "import torch" 2>/dev/null; then
   torch_runs=""
   for ((i = 0; i < REPEATS; i++)); do
-    out=$(/usr/bin/python3 ../shared/peers/torch_toymodel.py --world "$NP" --steps 40 2>&1)
+    out=$(/usr/bin/python3 bench/peers/torch_toymodel.py --world "$NP" --steps 40 2>&1)
     torch_runs+="$(echo "$out" | sed -n 's/.*median_step_ms=\([0-9.]*\).*/\1/p') "
   done
   # shellcheck disable=SC2086

@@ -38,7 +38,7 @@ run ch03_np2_k2 2 ch03_data_parallel "${common[@]}" --grad-accum-steps 2
 run ch03_np2_k2_sgd 2 ch03_data_parallel "${common[@]}" "${sgd[@]}" --grad-accum-steps 2
 close ch02_k4 ch03_np2_k2 start 20
 
-# The seeds' ToyModel (MSE, synthetic data), bitwise at N = 4. (Not at N = 3: there the last-bit
+# The ToyModel (MLP 1024→1024→1024→256, MSE, synthetic data), bitwise at N = 4. (Not at N = 3: there the last-bit
 # differences once switched a ReLU unit whose pre-activation sat at 0 for one sample, and Adam
 # then moved that unit's weights apart by 2.8e-3 in 10 steps; a tolerance that admits that
 # would admit real bugs. The MLP above covers N = 3.)

@@ -23,7 +23,7 @@ for N in 1 2 3 4; do
     close ch03_np$N ch04_np$N start 20
   fi
 done
-toy=(--model toy --global-batch-size 48 --max-steps 10 --eval-every-epoch 0 --seed 3)  # the seeds' ToyModel
+toy=(--model toy --global-batch-size 48 --max-steps 10 --eval-every-epoch 0 --seed 3)  # the ToyModel
 run toy_ch03_np2 2 ch03_data_parallel "${toy[@]}"
 run toy_ch04_np2 2 ch04_ring_allreduce "${toy[@]}"
 same toy_ch03_np2 toy_ch04_np2 --bitwise

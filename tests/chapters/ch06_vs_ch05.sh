@@ -19,7 +19,7 @@
 # From the summary record, on every rank: bytes sent per step = theory exactly (2(N−1)·s per
 # padded bucket: 2(N−1)/N·4(Ψ + padding)), the same per step for K = 3 as for K = 1; and
 # model-state bytes (current and peak) = the exact formula 8(Ψ + padding) + 8·(real shard).
-# Last, the memory calculator against the seeds' table and the ZeRO paper's Figure 1.
+# Last, the memory calculator against the 7B fp32 + Adam table (docs/memory.md) and the ZeRO paper's Figure 1.
 source "$(dirname "$0")/lib.bash"
 
 # check_zero NAME: traffic and model states of every rank against the summary's theory.
@@ -83,7 +83,7 @@ run mpi05_sgd 3 ch05_ddp_buckets "${common[@]}" --collectives mpi "${sgd[@]}"
 run mpi06_sgd 3 ch06_zero1 "${common[@]}" --collectives mpi "${sgd[@]}"
 close mpi05 mpi06 start 12
 
-# The memory calculator reproduces the seeds' table and the ZeRO paper's Figure 1 (no mpirun).
+# The memory calculator reproduces the 7B fp32 + Adam table and the ZeRO paper's Figure 1 (no mpirun).
 "$BIN/ch06_zero1" --memory-calculator --params 7e9 --world-size 8 >"$WORK/calc.log"
 "$BIN/ch07_zero2" --memory-calculator --params 7.5e9 --world-size 64 --mixed-precision >"$WORK/paper.log"
 for row in "DDP .*\| +112 GB" "ZeRO-1 .*\| +63 GB" "ZeRO-2 .*\| +38.5 GB" "ZeRO-3 .*\| +14 GB"; do
@@ -92,4 +92,4 @@ done
 for row in "DDP .*\| +120 GB" "ZeRO-1 .*\| +31.4 GB" "ZeRO-2 .*\| +16.6 GB" "ZeRO-3 .*\| +1.9 GB"; do
   grep -Eq "$row\$" "$WORK/paper.log" || { echo "FAILED: calculator row /$row/"; cat "$WORK/paper.log"; exit 1; }
 done
-echo "ok: --memory-calculator: 112 / 63 / 38.5 / 14 GB (seeds) and 120 / 31.4 / 16.6 / 1.9 GB (paper)"
+echo "ok: --memory-calculator: 112 / 63 / 38.5 / 14 GB (7B, fp32) and 120 / 31.4 / 16.6 / 1.9 GB (paper)"

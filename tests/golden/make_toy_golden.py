@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Makes the external reference for tests/unit/golden_toy_test.cpp: PyTorch training the seeds'
-ToyModel for 5 AdamW steps on one fixed batch.
+"""Makes the external reference for tests/unit/golden_toy_test.cpp: PyTorch training the
+ToyModel (an MLP 1024->1024->1024->256 with MSE) for 5 AdamW steps on one fixed batch.
 
 Run once, with Debian's python3-torch (1.13), and commit the outputs; the tests need no PyTorch:
     /usr/bin/python3 tests/golden/make_toy_golden.py

@@ -1,5 +1,5 @@
 // Data: the IDX .gz reader on a good file and on corrupt ones, load_fashion_mnist on a temp
-// directory, the synthetic set, the sampler's contract (DESIGN.md §3: the samples of step t
+// directory, the synthetic set, the sampler's contract (docs/design.md: the samples of step t
 // depend only on (seed, epoch, t)), and the RNG's determinism.
 // The .gz fixtures are written here, at test time, with zlib.
 #include <catch2/catch.hpp>
@@ -128,7 +128,8 @@ TEST_CASE("load_fashion_mnist scales pixels, checks counts and labels", "[data][
     REQUIRE(ds.in_features == 784);
     REQUIRE(ds.num_classes == 10);
     REQUIRE(ds.labels == std::vector<int32_t>{3, 1, 2});
-    for (int64_t i : {0, 1, 37, 784 * 3 - 1})  // pixel / 255, nothing else (DESIGN.md §4)
+    for (int64_t i :
+         {0, 1, 37, 784 * 3 - 1})  // pixel / 255, nothing else (README.md, "Reading the code")
       REQUIRE(ds.inputs.data()[i] == static_cast<float>(static_cast<uint8_t>(i * 7)) / 255.0f);
   }
   SECTION("image and label counts that differ") {

@@ -1,5 +1,5 @@
-// The external reference: chapter 01's training step on the seeds' ToyModel reproduces
-// PyTorch 1.13 (losses and final weights over 5 AdamW steps), from PyTorch's own initial
+// The external reference: chapter 01's training step on the ToyModel (MLP 1024→1024→1024→256, MSE)
+// reproduces PyTorch 1.13 (losses and final weights over 5 AdamW steps), from PyTorch's own initial
 // weights and a fixed batch, both committed in tests/golden/ by make_toy_golden.py.
 //
 // The step is chapter 01's own train_step (chapters/01_training_loop/training_loop.hpp), with
