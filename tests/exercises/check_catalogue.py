@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""Every exercise and bug hunt in exercises/catalogue.json still points at real code.
+
+Code moves (a file renamed, a line reworded) silently break `scripts/exercise start/bug` while
+the default `exercises` proof (a subset) still passes. This check is cheap and covers all of
+them: every file named exists, every exercise ID has a BEGIN/END region pair in each of its
+files, and every bug-hunt patch's `find` text occurs exactly once in its file (so the patch
+applies to one place only). Exit 1 naming each broken entry.
+"""
+import json
+import pathlib
+import sys
+
+root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".")
+catalogue = json.loads((root / "exercises/catalogue.json").read_text())
+broken = []
+for ex in catalogue["exercises"]:
+    for f in ex["files"]:
+        path = root / f
+        if not path.is_file():
+            broken.append(f"exercise {ex['id']}: file {f} does not exist")
+            continue
+        text = path.read_text()
+        begins = text.count(f"BEGIN EXERCISE {ex['id']} ")
+        ends = text.count(f"END EXERCISE {ex['id']}\n")
+        if begins == 0 or begins != ends:
+            broken.append(f"exercise {ex['id']}: {f} has {begins} BEGIN and {ends} END markers")
+for bug in catalogue["bugs"]:
+    for patch in bug["patch"]:
+        path = root / patch["file"]
+        if not path.is_file():
+            broken.append(f"bug hunt {bug['id']}: file {patch['file']} does not exist")
+            continue
+        n = path.read_text().count(patch["find"])
+        if n != 1:
+            broken.append(f"bug hunt {bug['id']}: its patch text occurs {n} times in "
+                          f"{patch['file']} (must be exactly once): {patch['find'][:80]!r}")
+for line in broken:
+    print("BROKEN:", line)
+n_ex, n_bug = len(catalogue["exercises"]), len(catalogue["bugs"])
+print(f"{n_ex} exercises, {n_bug} bug hunts: {'all point at real code' if not broken else f'{len(broken)} broken'}")
+sys.exit(1 if broken else 0)
