@@ -7,11 +7,13 @@
 // loop prints; the lesson is the loop body in train_step().
 #include <cstdio>
 
+#include "common/atomic_file.hpp"
 #include "common/check.hpp"
 #include "common/config.hpp"
 #include "common/metrics.hpp"
 #include "common/safetensors.hpp"
 #include "common/train.hpp"
+#include "common/zero_memory.hpp"
 
 using namespace ringzero;
 
@@ -36,7 +38,10 @@ int main(int argc, char** argv) {
   if (int rc = parse_flags(app, argc, argv); rc >= 0) return rc;
 
   return run_main([&] {
+    refuse_multi_process_launch("ch01_training_loop");  // one process: N copies would clash
     validate(config, /*world_size=*/1);
+    check_output_path("--save-final", config.save_final);  // before training, not after it
+    check_output_path("--metrics", config.metrics);
     TrainTestData data = load_data(config);
     std::unique_ptr<Model> model = build_model(config);
     Optimizer optimizer(config, parameter_sizes(*model));
@@ -71,8 +76,10 @@ int main(int argc, char** argv) {
     if (!config.save_final.empty()) save_safetensors(config.save_final, state_dict(*model));
     const double psi = static_cast<double>(model->num_parameters());
     const nlohmann::json ledger = ledger_json();
-    print0(format_ledger({ledger}, "formula (one process, fp32 + AdamW): 4Ψ + 4Ψ + 8Ψ = 16Ψ = " +
-                                       human_bytes(16 * psi) +
+    const StateBytes states = fp32_state_bytes(config.optimizer, config.momentum);
+    print0(format_ledger({ledger}, "formula (one process, " + std::string(states.name) +
+                                       "): " + full_copy_formula_text(states) + " = " +
+                                       human_bytes(states.per_param() * psi) +
                                        " with Ψ = " + std::to_string(model->num_parameters())));
     logger.summary({{"chapter", "01_training_loop"},
                     {"world_size", 1},

@@ -11,13 +11,17 @@
 #include <optional>
 
 #include "chapters/03_data_parallel/central_reducer.hpp"
+#include "common/atomic_file.hpp"
 #include "common/check.hpp"
+#include "common/data_check.hpp"
+#include "common/finite_check.hpp"
 #include "common/comm.hpp"
 #include "common/config.hpp"
 #include "common/dist.hpp"
 #include "common/metrics.hpp"
 #include "common/safetensors.hpp"
 #include "common/train.hpp"
+#include "common/zero_memory.hpp"
 
 using namespace ringzero;
 
@@ -39,7 +43,7 @@ static double train_step(Communicator& comm, Model& model, std::optional<Optimiz
     tape.backward(loss, 1.0f / K);  // grads += dloss/K: the mean over this rank's share
   }
   const double loss_value = global_mean(comm, loss_sum / K);  // equal shares: mean of means
-  check_finite_loss(loss_value, step);  // every rank sees the same value, so all stop together
+  check_finite_loss(comm, loss_sum / K, loss_value, step);  // all stop together; names the rank(s)
 
   std::span<float> grads = model.grads_memory.span(), params = model.params_memory.span();
   reduce_to_rank0(comm, grads, scratch.span());  // rank 0: Σ over ranks of the share means
@@ -60,10 +64,17 @@ int main(int argc, char** argv) {
   if (int rc = parse_flags_on_every_rank(comm, app, argc, argv); rc >= 0) return rc;
 
   return run_main([&] {
-    verify_same_flags(comm, app, {"seed", "init-from"});  // those two: the parameter check
+    verify_same_flags(comm, app,
+                      {seed_checked_elsewhere(config), "init-from",
+                       "data-dir"});  // those two: the parameter check
     const int N = comm.world_size();
     validate(config, N);
+    if (comm.rank() == 0) {                                  // the rank that writes them
+      check_output_path("--save-final", config.save_final);  // before training, not after it
+      check_output_path("--metrics", config.metrics);
+    }
     TrainTestData data = load_data(config);
+    verify_same_data(comm, data);  // same samples and content on every rank, or stop here
     std::unique_ptr<Model> model = build_model(config);
     broadcast_and_verify_parameters(comm, *model);  // same start on every rank, or stop here
     std::optional<Optimizer> optimizer;             // rank 0 only: the others never step
@@ -103,9 +114,11 @@ int main(int argc, char** argv) {
     if (!config.save_final.empty() && comm.rank() == 0)
       save_safetensors(config.save_final, state_dict(*model));
     const int64_t psi = model->num_parameters();
+    const StateBytes states = fp32_state_bytes(config.optimizer, config.momentum);
     const std::string ledger_formula =
-        "formula (fp32 + AdamW on rank 0 only): rank 0 4Ψ + 4Ψ + 8Ψ = 16Ψ = " +
-        human_bytes(16.0 * psi) + ", other ranks 4Ψ + 4Ψ = 8Ψ = " + human_bytes(8.0 * psi) +
+        "formula (" + std::string(states.name) + " on rank 0 only): rank 0 " +
+        full_copy_formula_text(states) + " = " + human_bytes(states.per_param() * psi) +
+        ", other ranks 4Ψ + 4Ψ = 8Ψ = " + human_bytes(8.0 * psi) +
         "; rank 0's comm_buffers: one gradient, 4Ψ";
     nlohmann::json summary =
         end_of_run_report(comm, step, startup, ledger_formula, central_reducer_traffic(N, psi));

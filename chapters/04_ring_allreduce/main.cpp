@@ -13,13 +13,17 @@
 
 #include "chapters/04_ring_allreduce/bench_allreduce.hpp"
 #include "chapters/04_ring_allreduce/ring.hpp"
+#include "common/atomic_file.hpp"
 #include "common/check.hpp"
+#include "common/data_check.hpp"
+#include "common/finite_check.hpp"
 #include "common/comm.hpp"
 #include "common/config.hpp"
 #include "common/dist.hpp"
 #include "common/metrics.hpp"
 #include "common/safetensors.hpp"
 #include "common/train.hpp"
+#include "common/zero_memory.hpp"
 
 using namespace ringzero;
 
@@ -55,7 +59,7 @@ static double train_step(Communicator& comm, Model& model, Optimizer& optimizer,
     tape.backward(loss, 1.0f / K);  // grads += dloss/K: the mean over this rank's share
   }
   const double loss_value = global_mean(comm, loss_sum / K);  // equal shares: mean of means
-  check_finite_loss(loss_value, step);  // every rank sees the same value, so all stop together
+  check_finite_loss(comm, loss_sum / K, loss_value, step);  // all stop together; names the rank(s)
 
   all_reduce_gradients(comm, model, ring, scratch);  // identical grads on every rank, bit for bit
   if (config.clip_grad_norm > 0) clip_grad_norm(model.grads_memory.span(), config.clip_grad_norm);
@@ -77,11 +81,18 @@ int main(int argc, char** argv) {
   if (int rc = parse_flags_on_every_rank(comm, app, argc, argv); rc >= 0) return rc;
 
   return run_main([&] {
-    verify_same_flags(comm, app, {"seed", "init-from"});  // those two: the parameter check
+    verify_same_flags(comm, app,
+                      {seed_checked_elsewhere(config), "init-from",
+                       "data-dir"});  // those two: the parameter check
     const int N = comm.world_size();
     if (bench) return bench_allreduce(comm), 0;
     validate(config, N);
+    if (comm.rank() == 0) {                                  // the rank that writes them
+      check_output_path("--save-final", config.save_final);  // before training, not after it
+      check_output_path("--metrics", config.metrics);
+    }
     TrainTestData data = load_data(config);
+    verify_same_data(comm, data);  // same samples and content on every rank, or stop here
     std::unique_ptr<Model> model = build_model(config);
     broadcast_and_verify_parameters(comm, *model);         // same start on every rank, or stop here
     Optimizer optimizer(config, parameter_sizes(*model));  // every rank: replicated optimizer state
@@ -129,9 +140,11 @@ int main(int argc, char** argv) {
       theory = {std::vector<int64_t>(N, 4 * psi), std::vector<int64_t>(N, 4 * psi),
                 "MPI_Allreduce: the counters show the Ψ·4 = " + human_bytes(4.0 * psi) +
                     " handed to MPI per step"};
-    const std::string ledger_formula =
-        "formula (fp32 + AdamW, every rank): 4Ψ + 4Ψ + 8Ψ = 16Ψ = " + human_bytes(16.0 * psi) +
-        "; comm_buffers: one chunk of the largest parameter";
+    const StateBytes states = fp32_state_bytes(config.optimizer, config.momentum);
+    const std::string ledger_formula = "formula (" + std::string(states.name) +
+                                       ", every rank): " + full_copy_formula_text(states) + " = " +
+                                       human_bytes(states.per_param() * psi) +
+                                       "; comm_buffers: one chunk of the largest parameter";
     nlohmann::json summary = end_of_run_report(comm, step, startup, ledger_formula, theory);
     if (comm.rank() == 0) {
       summary.update({{"chapter", "04_ring_allreduce"},

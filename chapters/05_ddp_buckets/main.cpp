@@ -14,7 +14,10 @@
 #include <optional>
 
 #include "chapters/05_ddp_buckets/ddp.hpp"
+#include "common/atomic_file.hpp"
 #include "common/check.hpp"
+#include "common/data_check.hpp"
+#include "common/finite_check.hpp"
 #include "common/comm.hpp"
 #include "common/config.hpp"
 #include "common/dist.hpp"
@@ -22,6 +25,7 @@
 #include "common/safetensors.hpp"
 #include "common/trace.hpp"
 #include "common/train.hpp"
+#include "common/zero_memory.hpp"
 
 using namespace ringzero;
 
@@ -51,7 +55,7 @@ static double train_step(Communicator& comm, Model& model, Optimizer& optimizer,
     ddp.finalize_backward();  // every bucket all-reduced and / N; MPI is this thread's again
   }
   const double loss_value = global_mean(comm, loss_sum / K);  // equal shares: mean of means
-  check_finite_loss(loss_value, step);  // every rank sees the same value, so all stop together
+  check_finite_loss(comm, loss_sum / K, loss_value, step);  // all stop together; names the rank(s)
 
   Tracer::Span opt(tracer, "optimizer step", "optimizer");
   if (config.clip_grad_norm > 0) clip_grad_norm(model.grads_memory.span(), config.clip_grad_norm);
@@ -88,10 +92,18 @@ int main(int argc, char** argv) {
 
   return run_main([&] {
     // The same flags on every rank; seeds and bucket caps are checked by what they change.
-    verify_same_flags(comm, app, {"seed", "init-from", "bucket-cap-mb", "first-bucket-cap-mb"});
+    verify_same_flags(comm, app,
+                      {seed_checked_elsewhere(config), "init-from", "data-dir", "bucket-cap-mb",
+                       "first-bucket-cap-mb"});
     const int N = comm.world_size();
     validate(config, N);
+    if (comm.rank() == 0) {                                  // the rank that writes them
+      check_output_path("--save-final", config.save_final);  // before training, not after it
+      check_output_path("--metrics", config.metrics);
+      check_output_path("--trace", trace_path);
+    }
     TrainTestData data = load_data(config);
+    verify_same_data(comm, data);  // same samples and content on every rank, or stop here
     std::unique_ptr<Model> model = build_model(config);
     broadcast_and_verify_parameters(comm, *model);         // same start on every rank, or stop here
     Optimizer optimizer(config, parameter_sizes(*model));  // every rank: replicated optimizer state
@@ -149,9 +161,11 @@ int main(int argc, char** argv) {
       theory = {std::vector<int64_t>(N, 4 * psi), std::vector<int64_t>(N, 4 * psi),
                 "MPI_Allreduce: the counters show the Ψ·4 = " + human_bytes(4.0 * psi) +
                     " handed to MPI per step"};
-    const std::string ledger_formula =
-        "formula (fp32 + AdamW, every rank): 4Ψ + 4Ψ + 8Ψ = 16Ψ = " + human_bytes(16.0 * psi) +
-        "; comm_buffers: one chunk of the largest bucket";
+    const StateBytes states = fp32_state_bytes(config.optimizer, config.momentum);
+    const std::string ledger_formula = "formula (" + std::string(states.name) +
+                                       ", every rank): " + full_copy_formula_text(states) + " = " +
+                                       human_bytes(states.per_param() * psi) +
+                                       "; comm_buffers: one chunk of the largest bucket";
     nlohmann::json summary = end_of_run_report(comm, step, startup, ledger_formula, theory);
     if (comm.rank() == 0) {
       summary.update({{"chapter", "05_ddp_buckets"},

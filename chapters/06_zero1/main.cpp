@@ -13,7 +13,10 @@
 #include <optional>
 
 #include "chapters/06_zero1/zero.hpp"
+#include "common/atomic_file.hpp"
 #include "common/check.hpp"
+#include "common/data_check.hpp"
+#include "common/finite_check.hpp"
 #include "common/comm.hpp"
 #include "common/config.hpp"
 #include "common/dist.hpp"
@@ -51,7 +54,7 @@ static double train_step(Communicator& comm, Model& model, ZeRO& zero, Tracer& t
     zero.finalize_backward();  // every bucket reduce-scattered: this rank's shard holds the mean
   }
   const double loss_value = global_mean(comm, loss_sum / K);  // equal shares: mean of means
-  check_finite_loss(loss_value, step);  // every rank sees the same value, so all stop together
+  check_finite_loss(comm, loss_sum / K, loss_value, step);  // all stop together; names the rank(s)
 
   Tracer::Span opt(tracer, "optimizer step + all_gather", "optimizer");
   if (config.clip_grad_norm > 0)
@@ -93,11 +96,20 @@ int main(int argc, char** argv) {
 
   return run_main([&] {
     // The same flags on every rank; seeds and bucket caps are checked by what they change.
-    verify_same_flags(comm, app, {"seed", "init-from", "bucket-cap-mb", "first-bucket-cap-mb"});
+    verify_same_flags(comm, app,
+                      {seed_checked_elsewhere(config), "init-from", "data-dir", "bucket-cap-mb",
+                       "first-bucket-cap-mb"});
     if (calculator.enabled) return print0(memory_calculator(calculator)), 0;
     const int N = comm.world_size();
     validate(config, N);
+    if (comm.rank() == 0) {                                  // the rank that writes them
+      check_output_path("--save-final", config.save_final);  // before training, not after it
+      check_output_path("--metrics", config.metrics);
+      check_output_path("--trace", trace_path);
+      check_output_path("--save-optimizer-state", optimizer_state_path);
+    }
     TrainTestData data = load_data(config);
+    verify_same_data(comm, data);  // same samples and content on every rank, or stop here
     std::unique_ptr<Model> model = build_model(config);
     broadcast_and_verify_parameters(comm, *model);  // same start on every rank, or stop here
     const int64_t psi = model->num_parameters();  // read it now: the ZeRO takes the model's buffers

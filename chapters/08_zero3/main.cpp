@@ -15,7 +15,10 @@
 #include <cstdio>
 
 #include "chapters/08_zero3/zero.hpp"
+#include "common/atomic_file.hpp"
 #include "common/check.hpp"
+#include "common/data_check.hpp"
+#include "common/finite_check.hpp"
 #include "common/comm.hpp"
 #include "common/config.hpp"
 #include "common/dist.hpp"
@@ -64,7 +67,7 @@ static double train_step(Communicator& comm, Model& model, ZeRO& zero, Tracer& t
   }
   zero.finalize_backward();  // nothing in flight, no layer gathered: only the shards
   const double loss_value = global_mean(comm, loss_sum / K);  // equal shares: mean of means
-  check_finite_loss(loss_value, step);  // every rank sees the same value, so all stop together
+  check_finite_loss(comm, loss_sum / K, loss_value, step);  // all stop together; names the rank(s)
 
   Tracer::Span opt(tracer, "optimizer step", "optimizer");
   if (config.clip_grad_norm > 0)
@@ -108,11 +111,20 @@ int main(int argc, char** argv) {
   if (int rc = parse_flags_on_every_rank(comm, app, argc, argv); rc >= 0) return rc;
 
   return run_main([&] {
-    verify_same_flags(comm, app, {"seed", "init-from"});  // those two: the parameter check
+    verify_same_flags(comm, app,
+                      {seed_checked_elsewhere(config), "init-from",
+                       "data-dir"});  // those two: the parameter check
     if (calculator.enabled) return print0(memory_calculator(calculator)), 0;
     const int N = comm.world_size();
     validate(config, N);
+    if (comm.rank() == 0) {                                  // the rank that writes them
+      check_output_path("--save-final", config.save_final);  // before training, not after it
+      check_output_path("--metrics", config.metrics);
+      check_output_path("--trace", trace_path);
+      check_output_path("--save-optimizer-state", optimizer_state_path);
+    }
     TrainTestData data = load_data(config);
+    verify_same_data(comm, data);  // same samples and content on every rank, or stop here
     std::unique_ptr<Model> model = build_model(config);
     broadcast_and_verify_parameters(comm, *model);  // same start on every rank, or stop here
     const int64_t psi = model->num_parameters();  // read it now: the ZeRO takes the model's buffers
