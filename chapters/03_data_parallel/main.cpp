@@ -74,10 +74,10 @@ int main(int argc, char** argv) {
       check_output_path("--metrics", config.metrics);
     }
     TrainTestData data = load_data(config);
-    verify_same_data(comm, data);  // same samples and content on every rank, or stop here
     std::unique_ptr<Model> model = build_model(config);
     broadcast_and_verify_parameters(comm, *model);  // same start on every rank, or stop here
-    std::optional<Optimizer> optimizer;             // rank 0 only: the others never step
+    verify_same_data(comm, data);        // same samples and content on every rank, or stop here
+    std::optional<Optimizer> optimizer;  // rank 0 only: the others never step
     if (comm.rank() == 0) optimizer.emplace(config, parameter_sizes(*model));
     Buffer scratch(comm.rank() == 0 ? model->num_parameters() : 0,
                    MemTag::comm_buffers);  // (Ψ) one incoming gradient

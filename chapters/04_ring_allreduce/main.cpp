@@ -92,9 +92,9 @@ int main(int argc, char** argv) {
       check_output_path("--metrics", config.metrics);
     }
     TrainTestData data = load_data(config);
-    verify_same_data(comm, data);  // same samples and content on every rank, or stop here
     std::unique_ptr<Model> model = build_model(config);
-    broadcast_and_verify_parameters(comm, *model);         // same start on every rank, or stop here
+    broadcast_and_verify_parameters(comm, *model);  // same start on every rank, or stop here
+    verify_same_data(comm, data);  // same samples and content on every rank, or stop here
     Optimizer optimizer(config, parameter_sizes(*model));  // every rank: replicated optimizer state
     int64_t largest = 0;
     for (int64_t n : parameter_sizes(*model)) largest = std::max(largest, n);

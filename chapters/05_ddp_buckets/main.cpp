@@ -103,9 +103,9 @@ int main(int argc, char** argv) {
       check_output_path("--trace", trace_path);
     }
     TrainTestData data = load_data(config);
-    verify_same_data(comm, data);  // same samples and content on every rank, or stop here
     std::unique_ptr<Model> model = build_model(config);
-    broadcast_and_verify_parameters(comm, *model);         // same start on every rank, or stop here
+    broadcast_and_verify_parameters(comm, *model);  // same start on every rank, or stop here
+    verify_same_data(comm, data);  // same samples and content on every rank, or stop here
     Optimizer optimizer(config, parameter_sizes(*model));  // every rank: replicated optimizer state
     Tracer tracer;
     ddp_options.tracer = &tracer;

@@ -124,9 +124,9 @@ int main(int argc, char** argv) {
       check_output_path("--save-optimizer-state", optimizer_state_path);
     }
     TrainTestData data = load_data(config);
-    verify_same_data(comm, data);  // same samples and content on every rank, or stop here
     std::unique_ptr<Model> model = build_model(config);
     broadcast_and_verify_parameters(comm, *model);  // same start on every rank, or stop here
+    verify_same_data(comm, data);  // same samples and content on every rank, or stop here
     const int64_t psi = model->num_parameters();  // read it now: the ZeRO takes the model's buffers
     Tracer tracer;
     zero_options.tracer = &tracer;
