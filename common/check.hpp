@@ -29,6 +29,11 @@ int context_world_size();
 /// Throws Error("[rank r/N] file:line: msg"). Used by RZ_CHECK; callable directly.
 [[noreturn]] void fail(const char* file, int line, const std::string& msg);
 
+/// The starter stub of a coursework exercise (scripts/exercise start ID puts a call in place of
+/// the solution region): throws Error("EXERCISE <id> is not done yet: <task> ..."), so a run
+/// that reaches unfinished code stops at once, on every rank, naming the exercise.
+[[noreturn]] void exercise_stub(const char* id, const char* task);
+
 /// Runs body(); on ringzero::Error or any std::exception prints the message to stderr and
 /// aborts every rank (MPI_Abort with code 1 when MPI is initialised, else returns 1).
 /// CLI11 parse results (--help, bad flags) are handled by the caller before this.

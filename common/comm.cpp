@@ -130,6 +130,21 @@ void Communicator::set_wait_sleep_us_this_thread(int us) {
 
 void Communicator::sendrecv(std::span<const float> send_buf, int dest, std::span<float> recv_buf,
                             int src) {
+  sendrecv_raw(send_buf.data(), static_cast<int64_t>(send_buf.size()), dest, recv_buf.data(),
+               static_cast<int64_t>(recv_buf.size()), src, /*elem_bytes=*/4);
+}
+
+void Communicator::sendrecv(std::span<const uint16_t> send_buf, int dest,
+                            std::span<uint16_t> recv_buf, int src) {
+  sendrecv_raw(send_buf.data(), static_cast<int64_t>(send_buf.size()), dest, recv_buf.data(),
+               static_cast<int64_t>(recv_buf.size()), src, /*elem_bytes=*/2);
+}
+
+void Communicator::sendrecv_raw(const void* send_data, int64_t send_n, int dest, void* recv_data,
+                                int64_t recv_n, int src, int elem_bytes) {
+  const MPI_Datatype type = elem_bytes == 4 ? MPI_FLOAT : MPI_UINT16_T;
+  const auto* send_bytes = static_cast<const char*>(send_data);
+  auto* recv_bytes = static_cast<char*>(recv_data);
   Counters& c = counter("sendrecv");
   if (scope_.empty()) c.calls += 1;
   // Each direction is cut into pieces on its own: the sender's send length is the receiver's
@@ -138,19 +153,19 @@ void Communicator::sendrecv(std::span<const float> send_buf, int dest, std::span
   // sides differ, e.g. a ring with empty chunks: a stray empty message then truncates the next.)
   // Everything is posted at once and completed together, so a ring cannot deadlock.
   std::vector<MPI_Request> requests;
-  for (auto [off, n] : split_count(static_cast<int64_t>(recv_buf.size()))) {
+  for (auto [off, n] : split_count(recv_n)) {
     requests.emplace_back();
-    MPI_CALL(MPI_Irecv(recv_buf.data() + off, static_cast<int>(n), MPI_FLOAT, src, 0,
+    MPI_CALL(MPI_Irecv(recv_bytes + off * elem_bytes, static_cast<int>(n), type, src, 0,
                        MPI_COMM_WORLD, &requests.back()));
     c.messages_received += 1;
-    c.bytes_received += n * 4;
+    c.bytes_received += n * elem_bytes;
   }
-  for (auto [off, n] : split_count(static_cast<int64_t>(send_buf.size()))) {
+  for (auto [off, n] : split_count(send_n)) {
     requests.emplace_back();
-    MPI_CALL(MPI_Isend(send_buf.data() + off, static_cast<int>(n), MPI_FLOAT, dest, 0,
+    MPI_CALL(MPI_Isend(send_bytes + off * elem_bytes, static_cast<int>(n), type, dest, 0,
                        MPI_COMM_WORLD, &requests.back()));
     c.messages_sent += 1;
-    c.bytes_sent += n * 4;
+    c.bytes_sent += n * elem_bytes;
   }
   if (wait_sleep_us == 0) {
     MPI_CALL(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));

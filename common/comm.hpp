@@ -13,7 +13,8 @@
 // record the payload handed to MPI (the send buffer as sent, the result as received).
 // Metrics traffic (loss and accuracy sums, reports) is counted under "metrics" so that
 // per-step gradient traffic can be compared with theory exactly.
-// Leaves out: communicators other than MPI_COMM_WORLD, dtypes other than float32/float64.
+// Leaves out: communicators other than MPI_COMM_WORLD, dtypes other than float32/float64
+// (and 16-bit values in sendrecv).
 #pragma once
 
 #include <climits>
@@ -52,6 +53,9 @@ class Communicator {
   void recv(std::span<float> buf, int src);
   /// Sends to dest and receives from src at once (no deadlock in a ring).
   void sendrecv(std::span<const float> send_buf, int dest, std::span<float> recv_buf, int src);
+  /// The same for 16-bit values (bf16 or fp16 bits; MPI_UINT16_T, counted at 2 bytes each).
+  void sendrecv(std::span<const uint16_t> send_buf, int dest, std::span<uint16_t> recv_buf,
+                int src);
   /// How the CALLING thread waits in sendrecv (thread_local): 0, the default, spins in
   /// MPI_Waitall, the fastest when the thread has a core to itself; us > 0 tests for completion
   /// and sleeps `us` microseconds between tests, so that a communication thread sharing a core
@@ -107,6 +111,8 @@ class Communicator {
 
  private:
   Counters& counter(const char* op);
+  void sendrecv_raw(const void* send_data, int64_t send_n, int dest, void* recv_data,
+                    int64_t recv_n, int src, int elem_bytes);
   int rank_ = 0, world_size_ = 1, local_rank_ = 0;
   std::string scope_;
   std::map<std::string, Counters> counters_;

@@ -60,6 +60,24 @@ void add_train_flags(CLI::App& app, TrainConfig& c, bool with_grad_accum) {
   app.add_option("--save-final", c.save_final, "write final parameters to a safetensors file");
   app.add_option("--eval-every-epoch", c.eval_every_epoch,
                  "1: evaluate on the test set after each epoch, 0: never");
+  app.add_option("--precision", c.precision,
+                 "fp32 | bf16 | fp16: 16-bit parameters and gradients with fp32 master weights "
+                 "(docs/mixed-precision.md)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--reduce-dtype", c.reduce_dtype,
+                 "fp32 | bf16 | fp16: the dtype gradients are summed in across ranks "
+                 "(default: the --precision's)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--checkpoint-dir", c.checkpoint_dir,
+                 "write checkpoints to D/step_SSSSSSSS (docs/checkpoints.md); with no "
+                 "--checkpoint-every, only at the end of the run");
+  app.add_option("--checkpoint-every", c.checkpoint_every,
+                 "save a checkpoint every S optimizer steps (0: only at the end)");
+  app.add_option("--keep-checkpoints", c.keep_checkpoints,
+                 "keep the newest K committed checkpoints (0: keep all)");
+  app.add_option("--resume", c.resume,
+                 "continue from a checkpoint: a step_* directory, or the newest committed one "
+                 "in a --checkpoint-dir");
 }
 
 void validate(const TrainConfig& c, int world_size) {
@@ -69,6 +87,9 @@ void validate(const TrainConfig& c, int world_size) {
           << c.model << " does not fit --data " << c.dataset()
           << "; use --model mlp with --data fashion-mnist, or --model toy with --data synthetic");
   RZ_CHECK(c.epochs > 0, "--epochs " << c.epochs << " must be positive");
+  RZ_CHECK(c.precision == "fp32" || c.optimizer == "adamw",
+           "--precision " << c.precision << " keeps fp32 master weights for AdamW only; use "
+                          << "--optimizer adamw or --precision fp32");
   RZ_CHECK(c.max_steps == -1 || c.max_steps > 0,
            "--max-steps " << c.max_steps << " must be positive (or -1: no limit)");
   RZ_CHECK(c.global_batch_size > 0,

@@ -34,6 +34,12 @@ struct TrainConfig {
   std::string metrics;                ///< JSONL path, "" for none
   std::string init_from, save_final;  ///< safetensors paths
   int64_t eval_every_epoch = 1;       ///< 0: skip evaluation (tests)
+  std::string precision = "fp32";     ///< fp32 | bf16 | fp16 (common/mixed.hpp)
+  std::string reduce_dtype;           ///< fp32 | bf16 | fp16; "" = the precision's
+  std::string checkpoint_dir;         ///< where checkpoints go (common/checkpoint.hpp)
+  int64_t checkpoint_every = 0;       ///< optimizer steps between checkpoints; 0: none
+  int64_t keep_checkpoints = 0;       ///< keep the newest K committed checkpoints; 0: all
+  std::string resume;                 ///< a checkpoint directory, or a --checkpoint-dir
 
   /// Layer sizes {in, hidden..., out} for the chosen model.
   std::vector<int64_t> layer_sizes() const;

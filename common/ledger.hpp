@@ -3,8 +3,9 @@
 // Provides: MemTag (the categories of the ZeRO paper's accounting plus ours), the process-wide
 // Ledger of current and peak bytes per tag, and Buffer, the one owning allocation type: every
 // float buffer in RingZero is a Buffer, so the ledger is complete by construction.
-// Leaves out: allocator caching and fragmentation (PyTorch's caching allocator would report
-// reserved bytes above these figures).
+// Leaves out: allocator caching and fragmentation. Freed buffers stay in the process for reuse
+// (glibc settings in ledger.cpp, what PyTorch's caching allocator does too): the resident
+// memory can sit above these figures, which count what is allocated.
 #pragma once
 
 #include <array>
@@ -45,8 +46,18 @@ class Ledger {
   /// Resets every peak to the current value (call after set-up to measure the steady state).
   void reset_peaks();
 
+  /// The device column: bytes of GPU memory (DeviceBuffer, common/gpu/device.hpp) per tag, kept
+  /// apart from the host bytes above. Zero everywhere on a CPU run.
+  void add_device(MemTag tag, int64_t bytes);
+  int64_t device_current(MemTag tag) const { return device_current_[static_cast<int>(tag)]; }
+  int64_t device_peak(MemTag tag) const { return device_peak_[static_cast<int>(tag)]; }
+  int64_t device_total_current() const { return device_total_; }
+  int64_t device_total_peak() const { return device_total_peak_; }
+
  private:
   std::array<int64_t, kNumMemTags> current_{}, peak_{};
+  std::array<int64_t, kNumMemTags> device_current_{}, device_peak_{};
+  int64_t device_total_ = 0, device_total_peak_ = 0;
   int64_t total_ = 0, total_peak_ = 0, model_states_peak_ = 0;
 };
 

@@ -72,6 +72,15 @@ nlohmann::json ledger_json() {
   }
   j["model_states_current"] = l.model_states_current();
   j["model_states_peak"] = l.model_states_peak();
+  if (l.device_total_peak() > 0) {  // only on a --device cuda run: CPU output stays as it was
+    nlohmann::json d;
+    for (int t = 0; t < kNumMemTags; ++t) {
+      auto tag = static_cast<MemTag>(t);
+      d[mem_tag_name(tag)] = {{"current", l.device_current(tag)}, {"peak", l.device_peak(tag)}};
+    }
+    d["total_peak"] = l.device_total_peak();
+    j["device"] = d;
+  }
   return j;
 }
 
@@ -118,6 +127,19 @@ std::string format_ledger(const std::vector<nlohmann::json>& per_rank,
       out += buf;
     }
     out += " | " + human_bytes(per_rank[r].at("model_states_peak").get<double>()) + "\n";
+    if (per_rank[r].contains("device")) {  // the same tags in GPU memory (--device cuda)
+      const auto& dev = per_rank[r].at("device");
+      std::snprintf(buf, sizeof buf, "  %-5s", ("gpu" + std::to_string(r)).c_str());
+      out += buf;
+      for (const char* c : cols) {
+        const auto& e = dev.at(c);
+        std::string cell = human_bytes(e.at("current").get<double>()) + " / " +
+                           human_bytes(e.at("peak").get<double>());
+        std::snprintf(buf, sizeof buf, " | %-21s", cell.c_str());
+        out += buf;
+      }
+      out += " | device total peak " + human_bytes(dev.at("total_peak").get<double>()) + "\n";
+    }
   }
   return out + "  " + formula_line;
 }

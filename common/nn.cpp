@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "check.hpp"
+#include "mixed.hpp"
 #include "ops.hpp"
 #include "rng.hpp"
 
@@ -32,6 +33,7 @@ Linear::Linear(const std::string& name, int64_t in_features, int64_t out_feature
       bias(name + ".bias", {out_features}) {}
 
 Var Linear::forward(Tape& tape, const Var& inp) {
+  if (compute_dtype != Dtype::fp32) return linear_half(tape, inp, weight, bias, compute_dtype);
   return linear(tape, inp, weight, bias);
 }
 

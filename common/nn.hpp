@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "autograd.hpp"
+#include "half.hpp"
 
 namespace ringzero {
 
@@ -54,6 +55,8 @@ class Linear : public Module {
   Linear(const std::string& name, int64_t in_features, int64_t out_features);
   std::vector<Parameter*> parameters() override { return {&weight, &bias}; }
   Parameter weight, bias;
+  /// fp32: linear(); bf16/fp16: linear_half() (set by HalfStorage, common/mixed.hpp).
+  Dtype compute_dtype = Dtype::fp32;
 
  protected:
   Var forward(Tape& tape, const Var& inp) override;

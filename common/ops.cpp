@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "check.hpp"
+#include "kernels.hpp"
 
 namespace ringzero {
 
@@ -13,13 +14,17 @@ void linear_forward(Tensor out, const Tensor& inp, const Tensor& weight, const T
            "linear: inp " << shape_str(inp.shape()) << ", weight " << shape_str(weight.shape())
                           << ", out " << shape_str(out.shape())
                           << " do not fit (B, C) x (OC, C)ᵀ -> (B, OC)");
-  auto o = out.mat();
-  o.noalias() = inp.mat() * weight.mat().transpose();
-  o.rowwise() += bias.mat().row(0);
+  out.mat().noalias() = inp.mat() * weight.mat().transpose();
+  const int64_t B = out.rows(), OC = out.cols();
+  float* o = out.data();
+  const float* b = bias.data();
+  for (int64_t i = 0; i < B; ++i)
+    for (int64_t j = 0; j < OC; ++j) o[i * OC + j] += b[j];  // bias add, kernels.cu's too
 }
 
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
                      const Tensor& inp, const Tensor& weight) {
+  // BEGIN EXERCISE 01.1 (linear backward)
   if (dinp.defined()) dinp.mat().noalias() += dout.mat() * weight.mat();  // (B, OC)(OC, C)
   dweight.mat().noalias() += dout.mat().transpose() * inp.mat();          // (OC, B)(B, C)
   // Column sums in row order, by hand: Eigen's colwise().sum() sums the columns it vectorises
@@ -32,30 +37,34 @@ void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& do
     for (int64_t b = 0; b < B; ++b) s += d[b * OC + j];
     dbias[j] += s;
   }
+  // END EXERCISE 01.1
 }
 
 void relu_forward(Tensor out, const Tensor& inp) {
-  out.vec() = inp.vec().cwiseMax(0.0f);
+  float* o = out.data();
+  const float* x = inp.data();
+  for (int64_t i = 0, n = inp.numel(); i < n; ++i) o[i] = kernels::relu(x[i]);
 }
 
 void relu_backward(Tensor dinp, const Tensor& dout, const Tensor& out) {
-  dinp.vec().array() += (out.vec().array() > 0.0f).select(dout.vec().array(), 0.0f);
+  float* dx = dinp.data();
+  const float *dy = dout.data(), *y = out.data();
+  for (int64_t i = 0, n = out.numel(); i < n; ++i) dx[i] += kernels::relu_grad(dy[i], y[i]);
 }
 
 float mse_forward(const Tensor& pred, const Tensor& target) {
   RZ_CHECK(pred.shape() == target.shape(),
            "mse: pred " << shape_str(pred.shape()) << " vs target " << shape_str(target.shape()));
   double sum = 0.0;
-  for (int64_t i = 0; i < pred.numel(); ++i) {
-    double d = static_cast<double>(pred[i]) - target[i];
-    sum += d * d;
-  }
+  for (int64_t i = 0; i < pred.numel(); ++i) sum += kernels::squared_error(pred[i], target[i]);
   return static_cast<float>(sum / static_cast<double>(pred.numel()));
 }
 
 void mse_backward(Tensor dpred, float dloss, const Tensor& pred, const Tensor& target) {
   const float scale = 2.0f * dloss / static_cast<float>(pred.numel());
-  dpred.vec().array() += scale * (pred.vec().array() - target.vec().array());
+  float* d = dpred.data();
+  const float *p = pred.data(), *t = target.data();
+  for (int64_t i = 0, n = pred.numel(); i < n; ++i) d[i] += kernels::mse_grad(p[i], t[i], scale);
 }
 
 float cross_entropy_forward(Tensor probs, const Tensor& logits, std::span<const int32_t> labels) {
@@ -68,6 +77,7 @@ float cross_entropy_forward(Tensor probs, const Tensor& logits, std::span<const 
              "cross_entropy: label " << labels[b] << " outside [0, " << C << ")");
     const float* z = logits.data() + b * C;
     float* p = probs.data() + b * C;
+    // BEGIN EXERCISE 01.2 (cross-entropy from logits: forward)
     // log-softmax with the max subtracted: exp never overflows, the largest term is exp(0) = 1.
     const float zmax = *std::max_element(z, z + C);
     double sum = 0.0;
@@ -75,19 +85,23 @@ float cross_entropy_forward(Tensor probs, const Tensor& logits, std::span<const 
     const double log_sum = std::log(sum);
     for (int64_t c = 0; c < C; ++c) p[c] = static_cast<float>(std::exp(z[c] - zmax - log_sum));
     nll += log_sum - (z[labels[b]] - zmax);
+    // END EXERCISE 01.2
   }
   return static_cast<float>(nll / static_cast<double>(B));
 }
 
 void cross_entropy_backward(Tensor dlogits, float dloss, const Tensor& probs,
                             std::span<const int32_t> labels) {
+  // BEGIN EXERCISE 01.2 (cross-entropy from logits: backward)
   const int64_t B = probs.rows(), C = probs.cols();
   const float scale = dloss / static_cast<float>(B);
   for (int64_t b = 0; b < B; ++b) {
     float* d = dlogits.data() + b * C;
     const float* p = probs.data() + b * C;
-    for (int64_t c = 0; c < C; ++c) d[c] += scale * (p[c] - (c == labels[b] ? 1.0f : 0.0f));
+    for (int64_t c = 0; c < C; ++c)
+      d[c] += kernels::cross_entropy_grad(p[c], c == labels[b], scale);
   }
+  // END EXERCISE 01.2
 }
 
 Var linear(Tape& tape, const Var& inp, Parameter& weight, Parameter& bias) {

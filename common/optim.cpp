@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "check.hpp"
+#include "kernels.hpp"
 
 namespace ringzero {
 
@@ -20,6 +21,21 @@ AdamW::AdamW(std::vector<int64_t> segment_sizes, AdamWOptions options)
   exp_avg_sq_ = Buffer(total, MemTag::optimizer_state);
 }
 
+kernels::AdamWStep adamw_step_constants(const AdamWOptions& o, int64_t t) {
+  // In double, as torch (Python floats): 1 - beta2^t cancels catastrophically in float32
+  // (relative error ~1e-5 for small t, e.g. t = 2), which would move every update by as much.
+  const double bias_correction1 =
+      1.0 - std::pow(static_cast<double>(o.beta1), static_cast<double>(t));
+  const double bias_correction2 =
+      1.0 - std::pow(static_cast<double>(o.beta2), static_cast<double>(t));
+  return {.decay = 1.0f - o.lr * o.weight_decay,
+          .beta1 = o.beta1,
+          .beta2 = o.beta2,
+          .eps = o.eps,
+          .step_size = static_cast<float>(o.lr / bias_correction1),
+          .bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2))};
+}
+
 void AdamW::step(std::span<float> params, std::span<const float> grads) {
   RZ_CHECK(params.size() == grads.size() && static_cast<int64_t>(params.size()) == exp_avg_.size(),
            "AdamW::step: " << params.size() << " params, " << grads.size() << " grads, state for "
@@ -29,25 +45,20 @@ void AdamW::step(std::span<float> params, std::span<const float> grads) {
   float* v = exp_avg_sq_.data();
   int64_t begin = 0;
   for (size_t s = 0; s < sizes_.size(); ++s) {
+    // BEGIN EXERCISE 01.3 (AdamW step)
     const int64_t t = ++steps_[s];
-    // In double, as torch (Python floats): 1 - beta2^t cancels catastrophically in float32
-    // (relative error ~1e-5 for small t, e.g. t = 2), which would move every update by as much.
-    const double bias_correction1 =
-        1.0 - std::pow(static_cast<double>(o.beta1), static_cast<double>(t));
-    const double bias_correction2 =
-        1.0 - std::pow(static_cast<double>(o.beta2), static_cast<double>(t));
-    const auto step_size = static_cast<float>(o.lr / bias_correction1);
-    const auto bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
-    const float decay = 1.0f - o.lr * o.weight_decay;
+    const kernels::AdamWStep k = adamw_step_constants(o, t);
     float* p = params.data();
     const float* g = grads.data();
     for (int64_t i = begin, end = begin + sizes_[s]; i < end; ++i) {
-      p[i] *= decay;
-      m[i] = m[i] * o.beta1 + (1.0f - o.beta1) * g[i];
-      v[i] = v[i] * o.beta2 + (1.0f - o.beta2) * g[i] * g[i];
-      const float denom = std::sqrt(v[i]) / bias_correction2_sqrt + o.eps;
-      p[i] -= step_size * (m[i] / denom);
+      // The same formula as kernels::adamw_update (the device's), written out for the lesson.
+      p[i] *= k.decay;
+      m[i] = m[i] * k.beta1 + (1.0f - k.beta1) * g[i];
+      v[i] = v[i] * k.beta2 + (1.0f - k.beta2) * g[i] * g[i];
+      const float denom = std::sqrt(v[i]) / k.bias_correction2_sqrt + k.eps;
+      p[i] -= k.step_size * (m[i] / denom);
     }
+    // END EXERCISE 01.3
     begin += sizes_[s];
   }
 }
@@ -65,20 +76,16 @@ void SGD::step(std::span<float> params, std::span<const float> grads) {
            "SGD::step: " << params.size() << " params, " << grads.size() << " grads");
   const SGDOptions& o = options_;
   float* buf = momentum_buffer_.data();
-  for (size_t i = 0; i < params.size(); ++i) {
-    float d = grads[i] + o.weight_decay * params[i];
-    if (o.momentum > 0) {
-      buf[i] = first_step_ ? d : o.momentum * buf[i] + d;
-      d = buf[i];
-    }
-    params[i] -= o.lr * d;
-  }
+  float no_buffer = 0.0f;  // sgd_update ignores buf without momentum
+  for (size_t i = 0; i < params.size(); ++i)
+    kernels::sgd_update(params[i], o.momentum > 0 ? buf[i] : no_buffer, grads[i], o.lr, o.momentum,
+                        o.weight_decay, first_step_);
   first_step_ = false;
 }
 
 double sum_of_squares(std::span<const float> grads) {
   double s = 0.0;
-  for (float g : grads) s += static_cast<double>(g) * g;
+  for (float g : grads) s += kernels::square(g);
   return s;
 }
 

@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "kernels.hpp"
 #include "ledger.hpp"
 
 namespace ringzero {
@@ -25,6 +26,10 @@ struct AdamWOptions {
   float eps = 1e-8f;
   float weight_decay = 1e-2f;
 };
+
+/// The constants of AdamW's update at step t (bias corrections in float64, as torch), shared by
+/// AdamW::step and the GPU kernel.
+kernels::AdamWStep adamw_step_constants(const AdamWOptions& options, int64_t t);
 
 class AdamW {
  public:
@@ -42,6 +47,12 @@ class AdamW {
   std::span<const float> exp_avg() const { return exp_avg_.span(); }
   std::span<const float> exp_avg_sq() const { return exp_avg_sq_.span(); }
   const std::vector<int64_t>& segment_steps() const { return steps_; }
+  /// Writable state, for loading a checkpoint (common/checkpoint.hpp): the moments and each
+  /// segment's step count (torch.optim.Optimizer.load_state_dict's state["step"]).
+  std::span<float> exp_avg() { return exp_avg_.span(); }
+  std::span<float> exp_avg_sq() { return exp_avg_sq_.span(); }
+  std::vector<int64_t>& segment_steps() { return steps_; }
+  const std::vector<int64_t>& segment_sizes() const { return sizes_; }
 
  private:
   std::vector<int64_t> sizes_, steps_;
@@ -61,6 +72,12 @@ class SGD {
   SGD(int64_t size, SGDOptions options);
   /// g' = g + wd p;  buf = g' on the first step, else momentum buf + g';  p -= lr buf.
   void step(std::span<float> params, std::span<const float> grads);
+
+  /// The momentum buffer (empty without momentum), and whether a step was taken (the next
+  /// step then blends into the buffer instead of setting it); for checkpoints.
+  std::span<float> momentum_buffer() { return momentum_buffer_.span(); }
+  bool started() const { return !first_step_; }
+  void set_started(bool started) { first_step_ = !started; }
 
  private:
   SGDOptions options_;

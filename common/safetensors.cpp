@@ -13,7 +13,7 @@
 
 namespace ringzero {
 
-void save_safetensors(const std::string& path, const std::map<std::string, NamedTensor>& tensors) {
+std::string safetensors_bytes(const std::map<std::string, NamedTensor>& tensors) {
   nlohmann::json header;
   header["__metadata__"] = {{"format", "pt"}, {"producer", "ringzero"}};
   int64_t offset = 0;
@@ -28,11 +28,16 @@ void save_safetensors(const std::string& path, const std::map<std::string, Named
   std::string out;
   out.reserve(8 + h.size() + static_cast<size_t>(offset));
   const uint64_t n = h.size();
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(n >> (8 * i)));
+  for (int i = 0; i < 8; ++i)
+    out.push_back(static_cast<char>(static_cast<unsigned char>(n >> (8 * i))));
   out += h;
   for (const auto& [name, t] : tensors)
     out.append(reinterpret_cast<const char*>(t.values.data()), t.values.size() * sizeof(float));
-  write_file_atomically(path, out);
+  return out;
+}
+
+void save_safetensors(const std::string& path, const std::map<std::string, NamedTensor>& tensors) {
+  write_file_atomically(path, safetensors_bytes(tensors));
 }
 
 std::map<std::string, NamedTensor> load_safetensors(const std::string& path) {

@@ -23,6 +23,8 @@ struct NamedTensor {
   std::vector<float> values;
 };
 
+/// The bytes of a safetensors file holding `tensors` (what save_safetensors writes).
+std::string safetensors_bytes(const std::map<std::string, NamedTensor>& tensors);
 /// Writes tensors (sorted by name, as the reference implementation does), atomically
 /// (common/atomic_file.hpp: a crash mid-write leaves the previous file intact). Errors:
 /// unwritable path, full disk (each names the path).

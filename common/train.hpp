@@ -59,6 +59,8 @@ class Optimizer {
   void step(std::span<float> params, std::span<const float> grads);
   /// AdamW's state (exp_avg, exp_avg_sq), empty for SGD; for the equivalence tests.
   const AdamW* adamw() const { return std::get_if<AdamW>(&impl_); }
+  AdamW* adamw() { return std::get_if<AdamW>(&impl_); }
+  SGD* sgd() { return std::get_if<SGD>(&impl_); }
 
  private:
   std::variant<AdamW, SGD> impl_;

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Draws a RingZero --trace file (Chrome trace events) as a PNG timeline.
 
     python3 scripts/render_trace.py ddp.json ddp.png [--steps 3:4] [--title "..."]
@@ -10,18 +10,46 @@ thread (green, labelled with its bucket), the wait for the buckets (grey), the o
 --steps a:b shows optimizer steps a..b (1-based, as traced) of rank 0, with a small margin;
 --steps auto:K shows the K consecutive steps (after step 1) that took least time on rank 0: on
 a busy machine, the window least disturbed by other processes.
-Needs matplotlib (a tool for the docs, not a dependency of the project: pip install matplotlib).
+Needs matplotlib: Debian's python3-matplotlib, which scripts/setup installs.
 """
 import argparse
 import json
 
-import matplotlib
+import sys
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+try:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ImportError:
+    sys.exit("render_trace.py needs matplotlib: run scripts/setup (it installs Debian's "
+             "python3-matplotlib), or apt-get install python3-matplotlib")
 
 COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "comm": "#55A868", "ddp": "#B0B0B0",
           "optimizer": "#8172B3", "zero": "#55A868", "wait": "#B0B0B0"}
+
+
+def labels(name):
+    """A span's labels, longest first: "all_gather 2 (forward)" -> ["AG 2 fwd", "AG2", "2"],
+    "forward 0" -> ["F0"], "wait reduce_scatter 0" -> ["wait RS 0", "w RS0"]."""
+    name = name.replace(" (Linear)", "")
+    for long, short in (("optimizer step", "opt"), ("all_reduce bucket ", "b")):
+        if name.startswith(long):
+            return [short + name[len(long):]]
+    wait = name.startswith("wait ")
+    core = name[5:] if wait else name
+    for prefix, short in (("forward ", "F"), ("backward ", "B"), ("all_gather ", "AG"),
+                          ("reduce_scatter ", "RS")):
+        if core.startswith(prefix):
+            rest = core[len(prefix):]
+            layer, _, phase = rest.partition(" (")
+            phase = {"forward)": " fwd", "backward)": " bwd", "state)": " state"}.get(phase, "")
+            out = [f"{short}{layer}"] if short in ("F", "B") else [f"{short} {layer}{phase}", f"{short}{layer}"]
+            if wait:
+                out = [f"wait {out[0]}", f"w {out[1]}"]
+            return out + ([layer] if not wait and short in ("AG", "RS") else [])
+    return [core] if not wait else ["wait"]
 
 
 def main():
@@ -58,6 +86,8 @@ def main():
     rows = [(r, tid) for r in ranks for tid in (0, 1)]
     y = {row: len(rows) - 1 - i for i, row in enumerate(rows)}
     fig, ax = plt.subplots(figsize=(13, 0.55 * len(rows) + 1.4), dpi=110)
+    # Width of one character of a 7-point label, in ms of the x axis (axes ~88 % of the figure).
+    char_ms = 7 * 0.62 / 72 / (13 * 0.88) * (t1 - t0) / 1e3
     for e in spans:
         if e["cat"] == "step" or (e["pid"], e["tid"]) not in y:
             continue
@@ -67,12 +97,16 @@ def main():
         x, w = (e["ts"] - t0) / 1e3, e["dur"] / 1e3
         ax.broken_barh([(x, w)], (row - 0.38, 0.76), facecolors=COLORS.get(e["cat"], "#999999"),
                        edgecolor="white", linewidth=0.4)
-        label = e["name"].replace("all_reduce bucket ", "b").replace(" (Linear)", "").replace("forward ", "F")
-        label = label.replace("backward ", "B").replace("optimizer step", "opt")
-        if "ReLU" in label or "finalize" in label:
+        if "ReLU" in e["name"] or "finalize" in e["name"]:
             continue
-        if w > (t1 - t0) / 1e3 / 60:
-            ax.text(x + w / 2, row, label, ha="center", va="center", fontsize=7, color="white", clip_on=True)
+        # The longest of the bar's labels that fits inside it, or none (the legend names the
+        # colours): overlapping, cut-off text is worse than no text.
+        shown = min(x + w, (t1 - t0) / 1e3) - max(x, 0)  # the part inside the window
+        for label in labels(e["name"]):
+            if len(label) * char_ms <= shown * 0.92:
+                ax.text(max(x, 0) + shown / 2, row, label, ha="center", va="center", fontsize=7,
+                        color="white", clip_on=True)
+                break
     for e in instants:
         if (e["pid"], e["tid"]) in y and t0 <= e["ts"] <= t1:
             x = (e["ts"] - t0) / 1e3

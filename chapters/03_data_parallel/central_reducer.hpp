@@ -18,13 +18,16 @@
 // Leaves out: overlapping communication with backward, and tree or ring schedules (chapter 04).
 #pragma once
 
+#include <optional>
 #include <span>
 #include <string>
 
 #include "common/check.hpp"
 #include "common/comm.hpp"
 #include "common/dist.hpp"
+#include "common/lesson.hpp"
 #include "common/metrics.hpp"
+#include "common/train.hpp"
 
 namespace ringzero {
 
@@ -35,6 +38,7 @@ namespace ringzero {
 inline void reduce_to_rank0(Communicator& comm, std::span<float> grads, std::span<float> scratch) {
   comm.count_call("central_reduce");
   Communicator::Scope scope(comm, "central_reduce");
+  // BEGIN EXERCISE 03.1 (central reducer: gather and sum on rank 0)
   if (comm.rank() != 0) {
     comm.send(grads, /*dest=*/0);
     return;
@@ -47,6 +51,7 @@ inline void reduce_to_rank0(Communicator& comm, std::span<float> grads, std::spa
     const float* __restrict in = scratch.data();
     for (size_t i = 0; i < grads.size(); ++i) g[i] += in[i];
   }
+  // END EXERCISE 03.1
 }
 
 /// Rank 0's `params` copied to every other rank: rank 0 sends Ψ floats to ranks 1..N−1 in
@@ -54,11 +59,13 @@ inline void reduce_to_rank0(Communicator& comm, std::span<float> grads, std::spa
 inline void broadcast_from_rank0(Communicator& comm, std::span<float> params) {
   comm.count_call("central_broadcast");
   Communicator::Scope scope(comm, "central_broadcast");
+  // BEGIN EXERCISE 03.2 (central reducer: broadcast from rank 0)
   if (comm.rank() != 0) {
     comm.recv(params, /*src=*/0);
     return;
   }
   for (int dest = 1; dest < comm.world_size(); ++dest) comm.send(params, dest);
+  // END EXERCISE 03.2
 }
 
 /// Bytes each rank moves per optimizer step, for the end-of-run table: rank 0 receives and
@@ -75,6 +82,74 @@ inline TrafficTheory central_reducer_traffic(int world_size, int64_t psi) {
                    " per step, every other rank Ψ·4 = " + human_bytes(4.0 * psi) +
                    "; N = " + std::to_string(world_size) + ", Ψ = " + std::to_string(psi);
   return theory;
+}
+
+/// Chapter 03's lesson object: the only optimizer (on rank 0) and rank 0's buffer for one
+/// incoming gradient; train_step() below is the step it drives.
+class CentralReducer : public Lesson {
+ public:
+  explicit CentralReducer(SetUp& s)
+      : comm(*s.comm),
+        psi_(s.model.num_parameters()),
+        states_(fp32_state_bytes(s.config.optimizer, s.config.momentum)) {
+    if (comm.rank() == 0) optimizer.emplace(s.config, parameter_sizes(s.model));  // rank 0 only
+    scratch = Buffer(comm.rank() == 0 ? psi_ : 0, MemTag::comm_buffers);  // (Ψ) one gradient
+  }
+  std::string ledger_formula(int64_t psi) const override {
+    return "formula (" + std::string(states_.name) + " on rank 0 only): rank 0 " +
+           full_copy_formula_text(states_) + " = " +
+           human_bytes(states_.per_param() * static_cast<double>(psi)) +
+           ", other ranks 4Ψ + 4Ψ = 8Ψ = " + human_bytes(8.0 * psi) +
+           "; rank 0's comm_buffers: one gradient, 4Ψ";
+  }
+  TrafficTheory traffic_theory() const override {
+    return central_reducer_traffic(comm.world_size(), psi_);
+  }
+
+  TrainingState training_state(Model& model) override {  // rank 0 writes; every rank loads
+    return replicated_state(model, optimizer ? &*optimizer : nullptr, "");
+  }
+
+  Communicator& comm;
+  std::optional<Optimizer> optimizer;  ///< rank 0 only: the others never step
+  Buffer scratch;                      ///< rank 0: (Ψ) one incoming gradient; others: empty
+
+ private:
+  int64_t psi_;
+  StateBytes states_;  // bytes per parameter in fp32: p, g and --optimizer's state
+};
+
+/// One optimizer step on the global batch: K micro-steps on this rank's share, then the
+/// central reducer. Returns the global batch's mean loss (on every rank). Errors: a non-finite
+/// loss stops every rank (check_finite_loss: the global mean is the same everywhere; the error
+/// names the rank(s) whose own loss is not finite).
+inline double train_step(CentralReducer& reducer, const Step& step) {
+  Communicator& comm = reducer.comm;
+  Model& model = step.model;
+  const int64_t K = step.config.grad_accum_steps;
+  const int N = comm.world_size();
+  model.zero_grad();
+  double loss_sum = 0;
+  for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
+    Batch batch = step.micro_batch(micro_step);  // (B/(N K), in)
+    Tape tape;
+    Var loss = forward_loss(tape, model, batch);  // mean over this micro-batch
+    loss_sum += loss->value[0];
+    tape.backward(loss, 1.0f / K);  // grads += dloss/K: the mean over this rank's share
+  }
+  const double loss_value = global_mean(comm, loss_sum / K);  // equal shares: mean of means
+  // Every rank stops together; the error names the rank(s) whose loss is not finite.
+  check_finite_loss(comm, loss_sum / K, loss_value, step.step);
+
+  std::span<float> grads = model.grads_memory.span(), params = model.params_memory.span();
+  reduce_to_rank0(comm, grads, reducer.scratch.span());  // rank 0: Σ over ranks of share means
+  if (comm.rank() == 0) {
+    for (float& g : grads) g /= N;  // mean of N equal shares = global-batch mean
+    if (step.config.clip_grad_norm > 0) clip_grad_norm(grads, step.config.clip_grad_norm);
+    reducer.optimizer->step(params, grads);
+  }
+  broadcast_from_rank0(comm, params);  // everyone continues from rank 0's weights
+  return loss_value;
 }
 
 }  // namespace ringzero

@@ -5,13 +5,17 @@
 // buffer each rank must send (and receive) in a bandwidth-optimal all-reduce, so busbw is
 // comparable across N and with the link's bandwidth: a perfect ring runs at busbw = link speed.
 //
-// Method: sizes 4 KiB, 16 KiB, ..., 64 MiB of float32 (zeros: repeated sums never overflow
-// and never go denormal, and the adds cost the same whatever the values). For each
+// Method: sizes 4 KiB, 16 KiB, ..., 64 MiB of float32. Each size is first CHECKED: every rank
+// fills the buffer with integers (rank + 1)·(i mod 13 + 1), all-reduces it once with the ring
+// and once with MPI_Allreduce, and both results must equal the exact sum on every element
+// (small integers add exactly in float32 in any order); a wrong ring stops the benchmark with
+// the element and the values. It is then timed on zeros: repeated in-place sums of zeros never
+// overflow and never go denormal, and the adds cost the same whatever the values. For each
 // size, a warm-up call of each, then `rounds` rounds that alternate ours and MPI's, each round
 // timing `iters` back-to-back calls on rank 0 after a barrier; the best round counts (the least
 // disturbed by other processes on a shared machine). The scratch buffer is allocated once, as
 // a training loop would keep it.
-// Leaves out: out-of-place variants, other dtypes, a correctness check (tests/mpi do that).
+// Leaves out: out-of-place variants, other dtypes.
 #pragma once
 
 #include <mpi.h>
@@ -25,6 +29,28 @@
 #include "common/ledger.hpp"
 
 namespace ringzero {
+
+/// The benchmark's correctness check for one size: ring and MPI_Allreduce both give the exact
+/// sum of (rank + 1)·(i mod 13 + 1) over ranks on every element; leaves `data` zeroed for the
+/// timing. Errors: the first wrong element, with expected and got, on the rank that sees it.
+inline void check_sizes(Communicator& comm, std::span<float> data, std::span<float> scratch) {
+  const int N = comm.world_size(), r = comm.rank();
+  for (bool ring : {true, false}) {
+    for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>((r + 1) * (i % 13 + 1));
+    if (ring)
+      ring_all_reduce(comm, data, scratch);
+    else
+      comm.all_reduce(data);
+    for (size_t i = 0; i < data.size(); ++i) {
+      const auto expected = static_cast<float>(N * (N + 1) / 2 * (i % 13 + 1));
+      RZ_CHECK(data[i] == expected, (ring ? "ring_all_reduce" : "MPI_Allreduce")
+                                        << " of " << data.size() * 4 << " bytes: element " << i
+                                        << " is " << data[i] << ", expected " << expected
+                                        << " (the benchmark checks before it times)");
+    }
+  }
+  std::fill(data.begin(), data.end(), 0.0f);
+}
 
 inline void bench_allreduce(Communicator& comm) {
   const int N = comm.world_size();
@@ -43,6 +69,7 @@ inline void bench_allreduce(Communicator& comm) {
   for (int64_t bytes = 4096; bytes <= kMaxBytes; bytes *= 4) {
     std::span<float> data = buf.span().first(static_cast<size_t>(bytes / 4));
     const int iters = bytes < (int64_t{1} << 20) ? 200 : bytes < (int64_t{16} << 20) ? 20 : 5;
+    check_sizes(comm, data, scratch.span());
     const int rounds = 3;
     auto time_it = [&](bool ring) {
       comm.barrier();

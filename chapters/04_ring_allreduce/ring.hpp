@@ -30,6 +30,7 @@
 #include "common/check.hpp"
 #include "common/comm.hpp"
 #include "common/dist.hpp"
+#include "common/half.hpp"
 #include "common/ledger.hpp"
 #include "common/metrics.hpp"
 
@@ -90,6 +91,7 @@ inline void ring_reduce_scatter(Communicator& comm, std::span<float> buf,
   RZ_CHECK(static_cast<int64_t>(scratch.size()) >= s, "ring_reduce_scatter: scratch has "
                                                           << scratch.size()
                                                           << " elements, the chunk needs " << s);
+  // BEGIN EXERCISE 04.1 (ring reduce-scatter)
   for (int k = 0; k < N - 1; ++k) {
     const Chunk send = ring_chunk(n, N, ring_mod(r - k - 1, N));
     const Chunk recv = ring_chunk(n, N, ring_mod(r - k - 2, N));
@@ -99,6 +101,7 @@ inline void ring_reduce_scatter(Communicator& comm, std::span<float> buf,
     const float* __restrict src = scratch.data();
     for (int64_t i = 0; i < recv.size; ++i) dst[i] += src[i];
   }
+  // END EXERCISE 04.1
 }
 
 /// All-gather phase in place: on entry chunk rank() of buf is this rank's; afterwards every
@@ -109,12 +112,14 @@ inline void ring_all_gather(Communicator& comm, std::span<float> buf) {
   comm.count_call("ring_all_gather");
   if (N == 1) return;
   Communicator::Scope scope(comm, "ring_all_gather");
+  // BEGIN EXERCISE 04.2 (ring all-gather)
   for (int k = 0; k < N - 1; ++k) {
     const Chunk send = ring_chunk(n, N, ring_mod(r - k, N));
     const Chunk recv = ring_chunk(n, N, ring_mod(r - k - 1, N));
     comm.sendrecv(buf.subspan(send.offset, send.size), ring_mod(r + 1, N),
                   buf.subspan(recv.offset, recv.size), ring_mod(r - 1, N));
   }
+  // END EXERCISE 04.2
 }
 
 /// Sum over ranks, in place, on every rank: reduce-scatter then all-gather. `scratch` as for
@@ -122,6 +127,59 @@ inline void ring_all_gather(Communicator& comm, std::span<float> buf) {
 inline void ring_all_reduce(Communicator& comm, std::span<float> buf,
                             std::span<float> scratch = {}) {
   ring_reduce_scatter(comm, buf, scratch);
+  ring_all_gather(comm, buf);
+}
+
+/// The same ring on 16-bit values (bf16 or fp16 bits, --reduce-dtype bf16|fp16): half the
+/// bytes on every link. Each hop ADDS IN FP32 AND ROUNDS ONCE: the receiver widens the chunk
+/// it received and its own chunk to float32, adds them, and rounds the sum to 16 bits
+/// (accumulate_half), which is what NCCL's bf16/fp16 reductions do per hop. A chunk's sum is
+/// therefore rounded N − 1 times, once per hop, in ring order starting at rank c + 1; an fp32
+/// ring (--reduce-dtype fp32) rounds to fp32 instead and only the sender's 16-bit inputs are
+/// 16-bit. The all-gather copies, so every rank still gets identical bits.
+inline void ring_reduce_scatter(Communicator& comm, std::span<uint16_t> buf, Dtype dtype,
+                                std::span<uint16_t> scratch = {}) {
+  const int N = comm.world_size(), r = comm.rank();
+  const auto n = static_cast<int64_t>(buf.size());
+  comm.count_call("ring_reduce_scatter");
+  if (N == 1) return;
+  Communicator::Scope scope(comm, "ring_reduce_scatter");
+  const int64_t s = ring_chunk(n, N, 0).size;
+  Buffer16 owned;
+  if (scratch.empty()) {
+    owned = Buffer16(s, MemTag::comm_buffers);
+    scratch = owned.span();
+  }
+  RZ_CHECK(static_cast<int64_t>(scratch.size()) >= s, "ring_reduce_scatter: scratch has "
+                                                          << scratch.size()
+                                                          << " elements, the chunk needs " << s);
+  for (int k = 0; k < N - 1; ++k) {
+    const Chunk send = ring_chunk(n, N, ring_mod(r - k - 1, N));
+    const Chunk recv = ring_chunk(n, N, ring_mod(r - k - 2, N));
+    comm.sendrecv(std::span<const uint16_t>(buf.subspan(send.offset, send.size)),
+                  ring_mod(r + 1, N), scratch.first(recv.size), ring_mod(r - 1, N));
+    accumulate_half(dtype, buf.subspan(recv.offset, recv.size), scratch.first(recv.size));
+  }
+}
+
+inline void ring_all_gather(Communicator& comm, std::span<uint16_t> buf) {
+  const int N = comm.world_size(), r = comm.rank();
+  const auto n = static_cast<int64_t>(buf.size());
+  comm.count_call("ring_all_gather");
+  if (N == 1) return;
+  Communicator::Scope scope(comm, "ring_all_gather");
+  for (int k = 0; k < N - 1; ++k) {
+    const Chunk send = ring_chunk(n, N, ring_mod(r - k, N));
+    const Chunk recv = ring_chunk(n, N, ring_mod(r - k - 1, N));
+    comm.sendrecv(std::span<const uint16_t>(buf.subspan(send.offset, send.size)),
+                  ring_mod(r + 1, N), buf.subspan(recv.offset, recv.size), ring_mod(r - 1, N));
+  }
+}
+
+/// 16-bit sum over ranks, in place, on every rank (see the 16-bit ring_reduce_scatter).
+inline void ring_all_reduce(Communicator& comm, std::span<uint16_t> buf, Dtype dtype,
+                            std::span<uint16_t> scratch = {}) {
+  ring_reduce_scatter(comm, buf, dtype, scratch);
   ring_all_gather(comm, buf);
 }
 

@@ -36,6 +36,7 @@
 
 #include "common/check.hpp"
 #include "common/comm.hpp"
+#include "common/lesson.hpp"
 #include "common/metrics.hpp"
 #include "common/nn.hpp"
 
@@ -77,6 +78,7 @@ inline std::vector<Bucket> plan_buckets(std::span<const int64_t> param_sizes,
     RZ_CHECK(param_sizes[i] > 0, "parameter " << i << " has " << param_sizes[i] << " elements");
     offsets[i + 1] = offsets[i] + param_sizes[i];
   }
+  // BEGIN EXERCISE 05.1 (bucket assignment in reverse order)
   std::vector<Bucket> plan;
   Bucket current;
   int64_t limit = std::min(first_bucket_cap_bytes, bucket_cap_bytes);
@@ -96,6 +98,7 @@ inline std::vector<Bucket> plan_buckets(std::span<const int64_t> param_sizes,
   }
   if (!current.params.empty()) close();
   return plan;
+  // END EXERCISE 05.1
 }
 
 /// Elements per bucket, in plan order.
@@ -164,6 +167,20 @@ inline void check_bucket_plans_match(Communicator& comm, const std::vector<Bucke
                        << ". Every rank must run the same model with the same --bucket-cap-mb and "
                        << "--first-bucket-cap-mb: launch all ranks with the same command line");
   }
+}
+
+/// Registers the bucket flags DDP and ZeRO-1/2 share. The caps are left out of the start-up
+/// flag check: check_bucket_plans_match() reports a mismatch by the plan it changes.
+inline void add_bucket_flags(CommandLine& cli, double& bucket_cap_mb, double& first_bucket_cap_mb,
+                             bool& find_unused_parameters) {
+  cli.app.add_option("--bucket-cap-mb", bucket_cap_mb,
+                     "bucket size limit in MiB (PyTorch's default: 25)");
+  cli.app.add_option("--first-bucket-cap-mb", first_bucket_cap_mb,
+                     "the first bucket's limit in MiB (1)");
+  cli.app.add_flag("--find-unused-parameters", find_unused_parameters,
+                   "count a parameter that gets no gradient as a zero gradient instead of failing");
+  cli.checked_elsewhere.insert(cli.checked_elsewhere.end(),
+                               {"bucket-cap-mb", "first-bucket-cap-mb"});
 }
 
 }  // namespace ringzero

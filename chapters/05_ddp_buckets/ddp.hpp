@@ -84,6 +84,7 @@ class DDP {
   DDP& operator=(const DDP&) = delete;
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
+  const Options& options() const { return options_; }
   /// The --explain-buckets table of this plan.
   std::string explain() const {
     return explain_buckets(buckets_, model_, options_.bucket_cap_mb, options_.first_bucket_cap_mb);
@@ -109,7 +110,9 @@ class DDP {
   /// divided by world_size. Does nothing inside no_sync(). Errors: unused parameters without
   /// find_unused_parameters (names them), a failed all-reduce.
   void finalize_backward() {
+    // BEGIN EXERCISE 05.3 (no_sync: finalize)
     if (!require_sync_) return;
+    // END EXERCISE 05.3
     std::string unused;
     for (size_t i = 0; i < ready_.size(); ++i)
       if (!ready_[i]) unused += (unused.empty() ? "" : ", ") + model_.parameters()[i]->name();
@@ -147,16 +150,20 @@ class DDP {
 
   // The gradient-ready hook of parameter i (main thread, during backward).
   void mark_ready(int i) {
+    // BEGIN EXERCISE 05.3 (no_sync: the hook)
     if (!require_sync_) return;
+    // END EXERCISE 05.3
     RZ_CHECK(!ready_[i],
              "parameter "
                  << model_.parameters()[i]->name() << " became ready twice in one backward; "
                  << "call finalize_backward() after every backward that is not inside no_sync()");
+    // BEGIN EXERCISE 05.2 (the gradient-ready hook launches buckets)
     ready_[i] = 1;
     ready_order_.push_back(i);
     --pending_[bucket_of_[i]];
     while (next_bucket_ < static_cast<int>(buckets_.size()) && pending_[next_bucket_] == 0)
       launch(next_bucket_++);
+    // END EXERCISE 05.2
   }
 
   // Queues bucket b's all-reduce on the communication thread; returns at once.

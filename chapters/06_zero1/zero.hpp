@@ -47,6 +47,7 @@
 
 #include "chapters/05_ddp_buckets/buckets.hpp"
 #include "chapters/06_zero1/shard.hpp"
+#include "common/checkpoint.hpp"
 #include "common/comm_thread.hpp"
 #include "common/safetensors.hpp"
 #include "common/trace.hpp"
@@ -191,6 +192,7 @@ class ZeRO {
   /// bucket, then each bucket's parameters are all-gathered on the comm thread (bucket b's
   /// while the optimizer works on b + 1). Returns when every rank holds every parameter.
   void step() {
+    // BEGIN EXERCISE 06.1 (ZeRO-1: shard step and parameter all-gather)
     for (size_t b = 0; b < layout_.buckets.size(); ++b) {
       optimizers_[b].step(shard_params(b), shard_grads(b));
       Tracer* tracer = options_.tracer;
@@ -206,11 +208,15 @@ class ZeRO {
       });
     }
     comm_thread_.wait_all();
+    // END EXERCISE 06.1
   }
 
   /// Collective, for the equivalence tests: AdamW's state gathered from every rank's shards
   /// (zero_io.hpp).
   std::map<std::string, NamedTensor> optimizer_state_dict();
+  /// The training state as common/checkpoint.hpp saves and loads it: one piece per bucket
+  /// (this rank's real shard elements and their optimizer) at its global offset (zero_io.hpp).
+  TrainingState training_state();
   /// Elements of the padding that are not zero: must be 0 (zero_io.hpp).
   int64_t nonzero_padding() const;
 

@@ -55,6 +55,7 @@
 
 #include "chapters/05_ddp_buckets/buckets.hpp"
 #include "chapters/06_zero1/shard.hpp"
+#include "common/checkpoint.hpp"
 #include "common/comm_thread.hpp"
 #include "common/safetensors.hpp"
 #include "common/trace.hpp"
@@ -243,6 +244,9 @@ class ZeRO {
   /// Collective, for the equivalence tests: AdamW's state gathered from every rank's shards
   /// (zero_io.hpp).
   std::map<std::string, NamedTensor> optimizer_state_dict();
+  /// The training state as common/checkpoint.hpp saves and loads it: one piece per bucket
+  /// (this rank's real shard elements and their optimizer) at its global offset (zero_io.hpp).
+  TrainingState training_state();
   /// Elements of the padding that are not zero: must be 0 (zero_io.hpp).
   int64_t nonzero_padding() const;
 
@@ -310,6 +314,7 @@ class ZeRO {
     tickets_[b] = comm_thread_.submit([this, b, tracer, launched] {
       const double start = tracer ? tracer->now_us() : 0;
       const BucketShard& s = layout_.buckets[b];
+      // BEGIN EXERCISE 07.1 (ZeRO-2: reduce-scatter in backward)
       std::span<float> bucket = bucket_grads_[b].span();
       std::span<float> shard =
           reduce_scatter_bucket(comm_, bucket, s.shard_size, scratch_.span(),
@@ -317,6 +322,7 @@ class ZeRO {
       for (float& g : shard)
         g /= static_cast<float>(comm_.world_size());  // as chapter 05: the mean
       std::copy(shard.begin(), shard.end(), grad_shard_.data() + s.shard_offset);  // all we keep
+      // END EXERCISE 07.1
       if (tracer)
         tracer->complete("reduce_scatter bucket " + std::to_string(b), "comm", Tracer::kCommTrack,
                          start, tracer->now_us() - start,

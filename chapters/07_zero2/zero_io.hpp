@@ -69,4 +69,25 @@ inline int64_t ZeRO::nonzero_padding() const {
   return count;
 }
 
+inline TrainingState ZeRO::training_state() {
+  TrainingState state;
+  state.model = &model_;
+  state.sharded = true;
+  state.params_replicated = true;  // params_ holds every parameter on every rank
+  state.chapter = "07_zero2";
+  state.zero_stage = 7;
+  state.layout = {{"kind", "buckets"}, {"padding_total", layout_.padding_total}};
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    const BucketShard& s = layout_.buckets[b];
+    state.layout["buckets"].push_back({{"offset", s.offset},
+                                       {"size", s.size},
+                                       {"padding", s.padding},
+                                       {"padded_offset", s.padded_offset},
+                                       {"shard_size", s.shard_size}});
+    state.pieces.push_back({shard_params(b), s.offset + comm_.rank() * s.shard_size,
+                            &optimizers_[b], s.segment_params});
+  }
+  return state;
+}
+
 }  // namespace ringzero

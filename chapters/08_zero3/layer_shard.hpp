@@ -128,7 +128,7 @@ inline int64_t gathered_peak_bytes(const LayerLayout& layout, bool prefetch) {
 
 /// Bytes each rank sends and receives per optimizer step: per micro-step, per layer, two ring
 /// all-gathers of its parameters (forward and backward) and one ring reduce-scatter of its
-/// gradient, (N − 1) s_l elements each, plus a 16-byte desync header per collective (zero.hpp):
+/// gradient, (N − 1) s_l elements each, plus a 16-byte desync header per collective (zero3.hpp):
 /// 3(N−1)/N·4(Ψ + padding) + 48 L bytes per micro-step, 1.5× DDP's 2(N−1)/N·4Ψ. With MPI's
 /// collectives the counters see the payload handed to MPI: s_l sent and (N − 1) s_l received
 /// per all-gather, the reverse per reduce-scatter.

@@ -1,8 +1,8 @@
 // ZeRO-3's members that are not the lesson: what it reports (the ledger's formula line), how
 // it evaluates in lockstep, what it saves (--save-final, --save-optimizer-state: the shards
 // all-gathered one layer at a time), what a desync message says and what the tests check (the
-// padding stays zero). Included at the end of zero.hpp, which declares them.
-// Leaves out: everything the training step does (zero.hpp).
+// padding stays zero). Included at the end of zero3.hpp, which declares them.
+// Leaves out: everything the training step does (zero3.hpp).
 #pragma once
 
 #include <algorithm>
@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "chapters/08_zero3/zero.hpp"
+#include "chapters/08_zero3/zero3.hpp"
 
 namespace ringzero {
 
@@ -127,6 +127,31 @@ inline std::string ZeRO::describe(const CollectiveHeader& h) const {
   std::snprintf(out + n, sizeof out - n,
                 h.kind < 4 ? what[h.kind] : "an unknown collective on layer %s", layer.c_str());
   return std::string(out) + " (" + std::to_string(h.size) + " elements)";
+}
+
+inline TrainingState ZeRO::training_state() {
+  TrainingState state;
+  state.model = &model_;
+  state.sharded = true;
+  state.params_replicated = false;  // the parameters exist only as shards
+  state.chapter = "08_zero3";
+  state.zero_stage = 3;
+  state.layout = {{"kind", "layers"}};
+  const auto& params = model_.parameters();
+  for (const LayerShard& s : layout_.layers) {
+    state.layout["layers"].push_back({{"name", s.layer->name()},
+                                      {"offset", s.offset},
+                                      {"numel", s.numel},
+                                      {"padding", s.padded_size - s.numel},
+                                      {"shard_size", s.shard_size}});
+    std::vector<int> segment_params;
+    for (Parameter* p : s.segment_params)
+      segment_params.push_back(
+          static_cast<int>(std::find(params.begin(), params.end(), p) - params.begin()));
+    state.pieces.push_back({shard(params_, s), s.offset + comm_.rank() * s.shard_size,
+                            &optimizers_[&s - layout_.layers.data()], std::move(segment_params)});
+  }
+  return state;
 }
 
 }  // namespace ringzero

@@ -54,8 +54,11 @@ NcclCommunicator::NcclCommunicator(Communicator& comm) : comm_(comm) {
   ncclComm_t nccl;
   NCCL_CALL(ncclCommInitRank(&nccl, comm.world_size(), id, comm.rank()));
   nccl_ = nccl;
+  // A blocking stream (not cudaStreamNonBlocking): it waits for the kernels already queued on
+  // the legacy default stream, where common/gpu/kernels.cu runs, so a gradient is complete
+  // before NCCL reads it.
   cudaStream_t stream;
-  CUDA_CALL(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CUDA_CALL(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
   stream_ = stream;
 }
 
@@ -66,6 +69,28 @@ NcclCommunicator::~NcclCommunicator() {
 
 void NcclCommunicator::synchronize() {
   CUDA_CALL(cudaStreamSynchronize(as_stream(stream_)));
+}
+
+void NcclCommunicator::sendrecv(const float* send_buf, int64_t n_send, int dest, float* recv_buf,
+                                int64_t n_recv, int src) {
+  auto& c = counters_[scope_.empty() ? "sendrecv" : scope_];
+  if (scope_.empty()) c.calls += 1;
+  // Messages as Communicator counts them (one per INT_MAX piece, none for an empty side).
+  c.messages_sent += static_cast<int64_t>(split_count(n_send).size());
+  c.bytes_sent += n_send * 4;
+  c.messages_received += static_cast<int64_t>(split_count(n_recv).size());
+  c.bytes_received += n_recv * 4;
+  // One group: NCCL starts both sides together, so every rank of a ring sending to its right
+  // and receiving from its left cannot deadlock (NCCL docs, "Point-to-point communication").
+  NCCL_CALL(ncclGroupStart());
+  if (n_send > 0)
+    NCCL_CALL(ncclSend(send_buf, static_cast<size_t>(n_send), ncclFloat32, dest, as_comm(nccl_),
+                       as_stream(stream_)));
+  if (n_recv > 0)
+    NCCL_CALL(ncclRecv(recv_buf, static_cast<size_t>(n_recv), ncclFloat32, src, as_comm(nccl_),
+                       as_stream(stream_)));
+  NCCL_CALL(ncclGroupEnd());
+  synchronize();
 }
 
 void NcclCommunicator::all_reduce(float* buf, int64_t n) {

@@ -3,13 +3,14 @@
 // CUDA toolkit and NCCL are found).
 //
 // Provides: gpu_device_count() (0, never an error, when no driver or device is present, so
-// callers can skip cleanly), and NcclCommunicator: one NCCL communicator per MPI rank on
-// device local_rank, bootstrapped by broadcasting the ncclUniqueId over MPI (the standard
-// NCCL-with-MPI recipe, NCCL docs "Example 2: One device per process"); all_reduce,
-// reduce_scatter, all_gather, broadcast on float32 device pointers, with 64-bit counts, and
-// byte counters like Communicator's (payload handed to NCCL; its ring/tree is internal).
-// Leaves out: the training chapters on GPU (they run on CPU; see docs/multi-node-gpu.md),
-// multiple devices per process, streams other than one per communicator.
+// callers can skip cleanly), and NcclCommunicator, the NCCL DeviceComm (device_comm.hpp): one
+// NCCL communicator per MPI rank on device local_rank, bootstrapped by broadcasting the
+// ncclUniqueId over MPI (the standard NCCL-with-MPI recipe, NCCL docs "Example 2: One device per
+// process"); sendrecv as ncclSend + ncclRecv in one group (what chapter 04's ring needs);
+// all_reduce, reduce_scatter, all_gather, broadcast on float32 device pointers, with 64-bit
+// counts, and byte counters exactly like Communicator's (payload handed to NCCL; its ring/tree
+// is internal).
+// Leaves out: multiple devices per process, streams other than one per communicator.
 #pragma once
 
 #include <cstdint>
@@ -17,32 +18,40 @@
 #include <string>
 
 #include "common/comm.hpp"
+#include "common/gpu/device_comm.hpp"
 
 namespace ringzero {
 
 /// Number of visible CUDA devices; 0 when there is no driver, no device, or CUDA fails.
 int gpu_device_count(std::string* why = nullptr);
 
-class NcclCommunicator {
+class NcclCommunicator final : public DeviceComm {
  public:
   /// Picks device comm.local_rank() and joins every rank into one NCCL communicator.
   /// Errors: fewer visible devices than local ranks (names both numbers), any CUDA or NCCL
   /// failure (with NCCL's error string). Collective over all ranks of `comm`.
   explicit NcclCommunicator(Communicator& comm);
-  ~NcclCommunicator();
+  ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
 
   int device() const { return device_; }
+  int rank() const override { return comm_.rank(); }
+  int world_size() const override { return comm_.world_size(); }
+  void sendrecv(const float* send_buf, int64_t n_send, int dest, float* recv_buf, int64_t n_recv,
+                int src) override;
   /// In-place sum over ranks of n floats at device pointer buf; returns when complete.
-  void all_reduce(float* buf, int64_t n);
+  void all_reduce(float* buf, int64_t n) override;
   /// in: world_size * n floats, out: n floats (block r of the sum lands on rank r).
-  void reduce_scatter(const float* in, float* out, int64_t n);
+  void reduce_scatter(const float* in, float* out, int64_t n) override;
   /// in: n floats, out: world_size * n floats (block r from rank r).
-  void all_gather(const float* in, float* out, int64_t n);
-  void broadcast(float* buf, int64_t n, int root);
+  void all_gather(const float* in, float* out, int64_t n) override;
+  void broadcast(float* buf, int64_t n, int root) override;
 
-  const std::map<std::string, Communicator::Counters>& counters() const { return counters_; }
+  std::map<std::string, Communicator::Counters> counters() const override { return counters_; }
+  std::string transport() const override { return "nccl"; }
+  /// Relabels sendrecv traffic, as Communicator::Scope ("ring_all_reduce"); "" for none.
+  void set_scope(std::string op) { scope_ = std::move(op); }
 
  private:
   void synchronize();
@@ -51,6 +60,7 @@ class NcclCommunicator {
   void* nccl_ = nullptr;    // ncclComm_t
   void* stream_ = nullptr;  // cudaStream_t
   std::map<std::string, Communicator::Counters> counters_;
+  std::string scope_;
 };
 
 }  // namespace ringzero

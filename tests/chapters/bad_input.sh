@@ -87,4 +87,12 @@ fails init_from_missing "$WORK/none.safetensors" "not found" -- "${CH01[@]}" --m
 toy=(--model toy --hidden-sizes 32 --lr 1e10 --max-steps 10 --eval-every-epoch 0)
 fails nan_loss_ch01 "loss is inf at step 2" "lower --lr" -- "${CH01[@]}" "${toy[@]}"
 fails nan_loss_ch02 "loss is inf at step 2" "lower --lr" -- "${CH02[@]}" "${toy[@]}" --grad-accum-steps 4
+# --device: an unknown one; cuda where it cannot run (a chapter without a GPU step; with no GPU
+# or no CUDA build, every chapter). On a machine with a GPU, scripts/gpu-check covers cuda.
+fails device_unknown "--device" "tpu" -- "${CH01[@]}" --device tpu
+fails device_cuda_ch03 "chapter 03_data_parallel trains on the CPU only so far" "--device cpu" \
+  -- "$BIN/ch03_data_parallel" --model toy --device cuda --max-steps 1
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  fails device_cuda_no_gpu "--device cuda" "--device cpu" -- "${CH01[@]}" --model toy --device cuda --max-steps 1
+fi
 echo "all bad-input cases fail with their message"

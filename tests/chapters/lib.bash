@@ -24,3 +24,64 @@ same() {
   echo "== $a vs $b ($*)"
   "$COMPARE" "$WORK/$a.safetensors" "$WORK/$b.safetensors" "$WORK/$a.jsonl" "$WORK/$b.jsonl" "$@"
 }
+
+# Two runs that cannot be bitwise (another summation order somewhere) are compared twice, with
+# criteria that hold on any CPU (their derivation: tests/chapters/ch02_vs_ch01.sh):
+#  - the same two runs under SGD (no momentum, no weight decay: the update is lr·g, linear in
+#    the gradient): ||Δparam||_2 <= 1e-4 · ||param - start||_2 and every loss within 1e-6;
+#  - under AdamW: every element within AdamW's own bound 2·lr·Σ_t R_t (compare_runs.cpp).
+sgd=(--optimizer sgd --weight-decay 0)
+
+# start_point NAME ARGS...: the initial parameters of runs with ARGS (only --model,
+# --hidden-sizes and --seed matter): one SGD step of lr 1e-30 moves no weight by over ~1e-30.
+start_point() {
+  local name=$1 keep=(); shift
+  while [ $# -gt 0 ]; do
+    case $1 in --model | --hidden-sizes | --seed) keep+=("$1" "$2"); shift 2 ;; *) shift ;; esac
+  done
+  run "$name" 0 ch01_training_loop "${keep[@]}" --global-batch-size 48 --epochs 1 \
+    --eval-every-epoch 0 "${sgd[@]}" --max-steps 1 --lr 1e-30
+}
+
+# close A B START STEPS [LR]: runs A_sgd, B_sgd under SGD and A, B under AdamW (STEPS steps of
+# lr LR, default 1e-3), all from the parameters in run START, are as close as rounding allows.
+close() {
+  local a=$1 b=$2 start=$3 steps=$4 lr=${5:-1e-3}
+  same "${a}_sgd" "${b}_sgd" --start "$WORK/$start.safetensors" --rel-l2 1e-4 --loss-atol 1e-6
+  echo "== $a vs $b (AdamW, $steps steps)"
+  "$COMPARE" "$WORK/$a.safetensors" "$WORK/$b.safetensors" --adam-bound "$lr" --steps "$steps"
+}
+
+# fails NAME NP BINARY PATTERN ARGS... : the run must exit non-zero (within RUN_TIMEOUT, so a
+# hang fails too) and its output must contain PATTERN (grep -E).
+fails() {
+  local name=$1 np=$2 binary=$3 pattern=$4; shift 4
+  local cmd=("$BIN/$binary" --log-every 1000 "$@")
+  if [ "$np" -gt 0 ]; then cmd=("$MPIRUN" -np "$np" --oversubscribe "${cmd[@]}"); fi
+  local rc=0
+  timeout "${RUN_TIMEOUT:-120}" "${cmd[@]}" >"$WORK/$name.log" 2>&1 || rc=$?
+  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then
+    echo "FAILED: expected an error (exit $rc): ${cmd[*]}"; cat "$WORK/$name.log"; exit 1
+  fi
+  if ! grep -qE -- "$pattern" "$WORK/$name.log"; then
+    echo "FAILED: no '$pattern' in the output of ${cmd[*]}"; cat "$WORK/$name.log"; exit 1
+  fi
+  echo "ok: $name refused: $(grep -E -m1 -- "$pattern" "$WORK/$name.log" | cut -c1-220)"
+}
+
+# same_tail FULL RESUMED : the resumed run's step records (step, epoch, loss) equal, exactly,
+# those of the uninterrupted run from the resumed run's first step on; nothing skipped or
+# repeated (the resumed run logs every step up to the end of the uninterrupted one).
+same_tail() {
+  python3 - "$WORK/$1.jsonl" "$WORK/$2.jsonl" <<'PY'
+import json, sys
+def steps(p):
+    return [(j["step"], j["epoch"], j["loss"]) for j in map(json.loads, open(p)) if j["type"] == "step"]
+full, res = steps(sys.argv[1]), steps(sys.argv[2])
+assert res, "the resumed run logged no step"
+first = res[0][0]
+tail = [s for s in full if s[0] >= first]
+assert tail == res, f"resumed from step {first}: {res[:3]}... vs {tail[:3]}..."
+print(f"ok: steps {first}..{res[-1][0]} equal (epochs {sorted(set(s[1] for s in res))})")
+PY
+}

@@ -8,19 +8,18 @@
 //    4(Ψ + padding) + 4·shard + 8·(real shard); during a step with K = 1 the peak is that plus
 //    exactly two consecutive buckets at most (buckets_in_flight_bytes()); with K > 1, plus every
 //    bucket (no_sync accumulates full gradients, as DDP does).
-#include "chapters/07_zero2/zero.hpp"
-#include "mpi/zero_harness.hpp"
-
 #include <catch2/catch.hpp>
 
+#include "chapters/07_zero2/zero_training.hpp"
 #include "mpi/zero_cases.hpp"
+#include "mpi/zero_harness.hpp"
 
 using namespace ringzero;
 using namespace ringzero::test;
 
 TEST_CASE("ZeRO-2 equals chapter 05's DDP bit for bit: parameters, losses, AdamW state",
           "[zero2]") {
-  require_bitwise_equal_to_ddp();
+  require_bitwise_equal_to_ddp<Zero2Training>();
 }
 
 TEST_CASE("the ledger: gradients are the shard between steps, two buckets at most in flight",

@@ -1,4 +1,4 @@
-// ZeRO-3 (chapters/08_zero3: layer_shard.hpp, zero.hpp) under mpirun, np 1..4:
+// ZeRO-3 (chapters/08_zero3: layer_shard.hpp, zero3.hpp) under mpirun, np 1..4:
 //  - the per-layer layout: shards of ceil(Ψ_l / N) (the ring's chunks), every real element
 //    owned by exactly one rank, segments that tile each rank's real elements;
 //  - bit for bit the same parameters, losses and AdamW state (exp_avg, exp_avg_sq, step) as an
@@ -15,7 +15,7 @@
 #include <cstring>
 #include <numeric>
 
-#include "chapters/08_zero3/zero.hpp"
+#include "chapters/08_zero3/zero3.hpp"
 #include "common/rng.hpp"
 #include "mpi/test_comm.hpp"
 

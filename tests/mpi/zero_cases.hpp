@@ -1,10 +1,15 @@
 // The cases chapters 06 and 07 share in their MPI tests (tests/mpi/zero1.cpp, zero2.cpp):
-// the models, and the bitwise check against chapter 05's DDP. Include after Catch2 and after
-// the chapter's zero.hpp and mpi/zero_harness.hpp (run_zero uses the chapter's ZeRO class).
+// the models, and the bitwise check of a ZeRO lesson against chapter 05's DDP.
+// Self-contained: includes what it uses, in any order.
 #pragma once
+
+#include <catch2/catch.hpp>
 
 #include <utility>
 #include <vector>
+
+#include "mpi/test_comm.hpp"
+#include "mpi/zero_harness.hpp"
 
 namespace ringzero::test {
 
@@ -19,8 +24,9 @@ inline const std::vector<std::pair<std::vector<int64_t>, double>> kModels = {
 
 /// Every model with K in {1, 3} and clipping off/on: parameters, losses and AdamW state
 /// (exp_avg, exp_avg_sq, per-parameter step) bit for bit equal to chapter 05's DDP with one
-/// unsharded optimizer, and the padding exactly zero.
-inline void require_bitwise_equal_to_ddp() {
+/// unsharded optimizer, and the padding exactly zero. L: the chapter's lesson (Zero1Training).
+template <class L>
+void require_bitwise_equal_to_ddp() {
   for (const auto& [sizes, cap] : kModels) {
     for (int64_t K : {1, 3}) {
       for (float clip : {0.0f, 0.05f}) {
@@ -32,7 +38,7 @@ inline void require_bitwise_equal_to_ddp() {
         INFO("sizes[1] = " << sizes[1] << ", cap " << cap << " MiB, K = " << K << ", clip " << clip
                            << ", N = " << test_comm().world_size() << ", rank "
                            << test_comm().rank());
-        const RunResult ddp = run_ddp_reference(c), zero = run_zero(c);
+        const RunResult ddp = run_ddp_reference(c), zero = run_zero<L>(c);
         REQUIRE(bit_differences(ddp.params, zero.params) == 0);
         REQUIRE(bit_differences(ddp.losses, zero.losses) == 0);
         REQUIRE(zero.nonzero_padding == 0);

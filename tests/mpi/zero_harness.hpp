@@ -1,8 +1,8 @@
 // Shared by tests/mpi/zero1.cpp and zero2.cpp: small training runs of chapter 05's DDP (the
-// reference) and of a chapter's ZeRO class on the same model, data and flags, on every rank,
-// returning what the equivalence tests compare: final parameters, every micro-step's loss and
-// AdamW's state (exp_avg, exp_avg_sq, step per parameter) in the unpadded layout.
-// Include AFTER the chapter's zero.hpp, which defines ringzero::ZeRO.
+// reference) and of a chapter's ZeRO lesson on the same model, data and flags, on every rank,
+// each step the chapter's own train_step, returning what the equivalence tests compare: final
+// parameters, every step's loss and AdamW's state (exp_avg, exp_avg_sq, step per parameter) in
+// the unpadded layout. Self-contained: includes what it uses, in any order.
 #pragma once
 
 #include <cstring>
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "chapters/05_ddp_buckets/ddp.hpp"
+#include "chapters/05_ddp_buckets/ddp_training.hpp"
 #include "common/rng.hpp"
 #include "common/safetensors.hpp"
 #include "common/train.hpp"
@@ -29,7 +29,7 @@ struct ZeroCase {
 
 struct RunResult {
   std::vector<float> params;                     // (Ψ) registration order
-  std::vector<float> losses;                     // every micro-step's loss on this rank
+  std::vector<float> losses;                     // every step's global-batch mean loss
   std::map<std::string, NamedTensor> optimizer;  // "<param>.exp_avg" / ".exp_avg_sq" / ".step"
   int64_t nonzero_padding = 0;                   // ZeRO only
 };
@@ -84,24 +84,34 @@ void zero_test_backward(const ZeroCase& c, Model& model, Wrapper& wrapper, int r
   wrapper.finalize_backward();
 }
 
-/// The reference: chapter 05's DDP and one optimizer over every parameter.
+// `steps` optimizer steps of lesson L (built as the chapter builds it) with the chapter's own
+// train_step, rank r's micro-batch k of step t being zero_test_batch(c, r, t, k).
+template <class L>
+void run_steps(const ZeroCase& c, Model& model, const TrainConfig& config, L& lesson,
+               Tracer& tracer, RunResult& out) {
+  const int rank = test_comm().rank();
+  for (int64_t step = 0; step < c.steps; ++step) {
+    out.losses.push_back(static_cast<float>(train_step(
+        lesson, Step{model, config, step + 1,
+                     [&](int64_t k) { return zero_test_batch(c, rank, step, k); }, tracer})));
+    if constexpr (requires { lesson.zero.nonzero_padding(); })
+      out.nonzero_padding += lesson.zero.nonzero_padding();
+  }
+}
+
+/// The reference: chapter 05's DDPTraining (DDP and one optimizer over every parameter).
 inline RunResult run_ddp_reference(const ZeroCase& c) {
-  Communicator& comm = test_comm();
   const TrainConfig config = zero_test_config(c);
   Model model(c.sizes, /*seed=*/5);
-  DDP::Options options;
-  options.bucket_cap_mb = c.bucket_cap_mb;
-  DDP ddp(comm, model, options);
-  Optimizer optimizer(config, parameter_sizes(model));
+  Tracer tracer;
+  SetUp setup{&test_comm(), model, config, tracer};
+  DDPTraining::Flags flags;
+  flags.ddp.bucket_cap_mb = c.bucket_cap_mb;
+  DDPTraining lesson(setup, flags);
   RunResult out;
-  for (int64_t step = 0; step < c.steps; ++step) {
-    model.zero_grad();
-    zero_test_backward(c, model, ddp, comm.rank(), step, out);
-    if (c.clip_grad_norm > 0) clip_grad_norm(model.grads_memory.span(), c.clip_grad_norm);
-    optimizer.step(model.params_memory.span(), model.grads_memory.span());
-  }
+  run_steps(c, model, config, lesson, tracer, out);
   out.params = model_params(model);
-  const AdamW& adamw = *optimizer.adamw();
+  const AdamW& adamw = *lesson.optimizer.adamw();
   for (size_t i = 0; i < model.parameters().size(); ++i) {
     const Parameter& p = *model.parameters()[i];
     const int64_t off = model.offsets()[i];
@@ -115,24 +125,20 @@ inline RunResult run_ddp_reference(const ZeroCase& c) {
   return out;
 }
 
-/// The same run with the chapter's ZeRO.
-inline RunResult run_zero(const ZeroCase& c) {
-  Communicator& comm = test_comm();
+/// The same run with a chapter's ZeRO lesson (Zero1Training, Zero2Training).
+template <class L>
+RunResult run_zero(const ZeroCase& c) {
   const TrainConfig config = zero_test_config(c);
   Model model(c.sizes, /*seed=*/5);
-  ZeRO::Options options;
-  options.bucket_cap_mb = c.bucket_cap_mb;
-  ZeRO zero(comm, model, config, options);
+  Tracer tracer;
+  SetUp setup{&test_comm(), model, config, tracer};
+  typename L::Flags flags;
+  flags.zero.bucket_cap_mb = c.bucket_cap_mb;
+  L lesson(setup, flags);
   RunResult out;
-  for (int64_t step = 0; step < c.steps; ++step) {
-    zero.zero_grad();
-    zero_test_backward(c, model, zero, comm.rank(), step, out);
-    if (c.clip_grad_norm > 0) zero.clip_grad_norm(c.clip_grad_norm);
-    zero.step();
-    out.nonzero_padding += zero.nonzero_padding();
-  }
+  run_steps(c, model, config, lesson, tracer, out);
   out.params = model_params(model);
-  out.optimizer = zero.optimizer_state_dict();
+  out.optimizer = *lesson.saved_optimizer_state();
   return out;
 }
 

@@ -1,42 +1,30 @@
-// ZeRO-3: the parameters sharded too, each layer gathered just in time, with prefetch
-// (Rajbhandari et al. 2020, §5.3, Pos+g+p; what PyTorch's FSDP and DeepSpeed's stage 3 do).
-//
-// ZeRO-2 shards the optimizer state and the gradients, but every rank still holds all 4Ψ
-// bytes of parameters. ZeRO-3 keeps only this rank's shard of every layer (layer_shard.hpp);
-// a layer's full parameters exist only while that layer computes. Per Linear layer and
-// micro-step, on the module hooks of common/nn.hpp:
-//
+// ZeRO-3 (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
+// Parameter Models", §5.3, P_os+g+p; PyTorch's FSDP and DeepSpeed's stage 3): the parameters are
+// sharded too. Each rank keeps only its shard of every layer (layer_shard.hpp); a layer's full
+// parameters exist only while it computes. Per Linear layer and micro-step, on the module hooks
+// of common/nn.hpp:
 //   pre-forward    all-gather the layer's parameters into a fresh buffer; point weight/bias at it
 //   post-forward   free it
 //   pre-backward   all-gather them again; allocate the layer's full gradient (zeros)
-//   post-backward  free the parameters; reduce-scatter the gradient, add this rank's chunk,
-//                  divided by world_size, to its gradient shard; free the gradient
+//   post-backward  free the parameters; reduce-scatter the gradient, add this rank's chunk / N
+//                  to its gradient shard; free the gradient
+// Backward reads the second gather's buffer because every op reads a parameter's current
+// storage (autograd.hpp, invariant 3). Model states: (4 + 4 + 8)Ψ/N per rank at every moment;
+// the layers in flight are comm_buffers. Prefetch: the communication thread runs collectives in
+// the order posted; layer l+1's all-gather is posted while layer l runs forward (l−1's during
+// backward). Desync: each collective first swaps a 16-byte header with its ring neighbours
+// (desync.hpp), so a rank out of step stops every rank with a message instead of a hang.
+// Leaves out: parameters outside Linear layers, mixed precision, CPU offload, prefetching more
+// than one layer, keeping the last layer gathered from forward to backward (FSDP's root unit).
 //
-// This works because every op reads a parameter's CURRENT storage when it runs (autograd.hpp,
-// invariant 3): the backward reads the second gather's buffer, not the forward's. Each rank
-// steps its optimizer on its shard; nothing is gathered after the step, the next forward
-// gathers what it needs. Model states: (4 + 4 + 8)Ψ/N per rank at every moment; the full
-// layers in flight are the collectives' buffers, counted as comm_buffers (layer_shard.hpp).
-// Accumulation: a layer's full gradient does not outlive its backward, so every micro-step
-// reduce-scatters and the gradient SHARD accumulates (+=); there is no no_sync, and the
-// traffic per optimizer step grows with K (FSDP's no_sync keeps full gradients instead: 4Ψ).
-//
-// Prefetch: collectives run on a communication thread (common/comm_thread.hpp), in the order
-// they are posted. While layer l computes its forward, the all-gather of layer l+1 is already
-// posted; during its backward, the all-gather of layer l−1 is, and the reduce-scatter of layer
-// l+1 may still be running:
-//
-//   main thread:  fwd 0 ─▶ fwd 2 ─▶ fwd 4 ─▶ loss ─▶ bwd 4 ───▶ bwd 2 ──────────▶ bwd 0 ───▶ step
-//   comm thread:   └ gather 2 ┘└ gather 4 ┘  gather 4 ┘└ gather 2 ┘└ rs 4, gather 0 ┘└ rs 2 ┘ rs 0
-//
-// The price is memory: two layers' parameters, and in backward two layers' gradients, at
-// once. Without prefetch every collective is waited for as soon as it is posted.
-//
-// Desync: every rank must post the same collectives in the same order; each collective first
-// swaps a 16-byte header with its ring neighbours (desync.hpp), so a rank that runs a layer
-// once more than the others stops every rank with a message, instead of a hang.
-// Leaves out: parameters outside Linear layers, mixed precision, CPU offload, keeping the last
-// layer gathered from forward to backward (FSDP's root unit), prefetching more than one layer.
+// What changed from chapter 07's zero.hpp (a new file, not a diff: the unit of sharding changed)
+//   chapter 07                          chapter 08
+//   buckets (buckets.hpp)               layers (layer_shard.hpp): one shard per Linear layer
+//   gradient-ready hooks                module hooks: pre/post forward and backward per layer
+//   reduce-scatter per bucket, no_sync  per layer and micro-step; the gradient shard accumulates
+//   all-gather after the step           all-gather before each forward and backward, prefetched
+//   full parameters on every rank       a layer's, only while it computes
+//   -                                   desync check, lockstep evaluate(), gathered state_dict()
 #pragma once
 
 #include <algorithm>
@@ -51,6 +39,7 @@
 #include "chapters/06_zero1/shard.hpp"
 #include "chapters/08_zero3/desync.hpp"
 #include "chapters/08_zero3/layer_shard.hpp"
+#include "common/checkpoint.hpp"
 #include "common/comm_thread.hpp"
 #include "common/safetensors.hpp"
 #include "common/trace.hpp"
@@ -189,6 +178,9 @@ class ZeRO {
   }
   /// Collective: AdamW's state, named as chapters 06-07 name it (zero_io.hpp).
   std::map<std::string, NamedTensor> optimizer_state_dict();
+  /// The training state as common/checkpoint.hpp saves and loads it: one piece per layer
+  /// (this rank's real shard elements and their optimizer) at its global offset (zero_io.hpp).
+  TrainingState training_state();
 
   /// Elements of the padding of the parameter and gradient shards that are not zero (must be 0).
   int64_t nonzero_padding() const;
@@ -233,11 +225,13 @@ class ZeRO {
   // Waits for layer l's all-gather (posting it first unless prefetched) and points its
   // parameters at the gathered buffer.
   void use_gathered(int l, Kind kind) {
+    // BEGIN EXERCISE 08.1 (ZeRO-3: gather a layer before it computes)
     if (!tickets_[l]) post_all_gather(l, kind);
     wait(tickets_[l], "wait all_gather " + name(l));
     const LayerShard& s = layout_.layers[l];
     s.layer->weight.data = Tensor(gathered_[l].data(), s.layer->weight.shape());
     s.layer->bias.data = Tensor(gathered_[l].data() + s.weight_numel, s.layer->bias.shape());
+    // END EXERCISE 08.1
   }
   void post_all_gather(int l, Kind kind) {
     const LayerShard& s = layout_.layers[l];
@@ -248,9 +242,11 @@ class ZeRO {
     tickets_[l] = post(l, kind, gathered_[l].data());
   }
   void release_parameters(int l) {
+    // BEGIN EXERCISE 08.1 (ZeRO-3: release a layer after it computed)
     gathered_[l].release();
     tickets_[l] = 0;
     layout_.layers[l].layer->weight.data = layout_.layers[l].layer->bias.data = Tensor();
+    // END EXERCISE 08.1
   }
   void finish_reduce_scatter() {
     if (!rs_ticket_) return;

@@ -1,0 +1,44 @@
+// Chapter 02's lesson: gradient accumulation, K micro-batches and one optimizer step.
+//
+// Provides: GradientAccumulation (chapter 01's one optimizer, K micro-steps per step) and its
+// train_step().
+// Leaves out: the loop around it (common/run.hpp).
+#pragma once
+
+#include "common/check.hpp"  // exercise_stub (scripts/exercise start 02.1)
+#include "chapters/01_training_loop/training_loop.hpp"
+
+namespace ringzero {
+
+/// Chapter 01's lesson object: the same one optimizer; only the step changes.
+class GradientAccumulation : public TrainingLoop {
+ public:
+  using TrainingLoop::TrainingLoop;
+};
+
+/// One optimizer step on the global batch, in K = grad_accum_steps micro-steps of B/K samples.
+/// Returns the global batch's mean loss. Errors: a non-finite loss (check_finite_loss).
+inline double train_step(GradientAccumulation& lesson, const Step& step) {
+  const int64_t K = step.config.grad_accum_steps;
+  if (lesson.mixed) return train_step_mixed(*lesson.mixed, step, 1.0f / K);
+  Model& model = step.model;
+  model.zero_grad();  // once per optimizer step, not per micro-step: that is the whole trick
+  double loss_sum = 0;
+  for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
+    Batch batch = step.micro_batch(micro_step);  // (B/K, in)
+    Tape tape;
+    Var loss = forward_loss(tape, model, batch);  // mean over the B/K samples
+    loss_sum += loss->value[0];
+    // BEGIN EXERCISE 02.1 (the 1/K scaling of accumulation)
+    tape.backward(loss, 1.0f / K);  // (loss / K).backward(): grads += dloss/K
+    // END EXERCISE 02.1
+  }
+  const double loss_value = loss_sum / K;    // mean of equal-sized micro-batch means = batch mean
+  check_finite_loss(loss_value, step.step);  // stop before a NaN reaches the weights
+  if (step.config.clip_grad_norm > 0)
+    clip_grad_norm(model.grads_memory.span(), step.config.clip_grad_norm);
+  lesson.optimizer.step(model.params_memory.span(), model.grads_memory.span());
+  return loss_value;
+}
+
+}  // namespace ringzero

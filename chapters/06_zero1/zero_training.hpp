@@ -1,0 +1,134 @@
+// Chapter 06's lesson: training with ZeRO-1 (zero.hpp), optimizer state sharded over ranks.
+//
+// Provides: Zero1Training (the ZeRO object, which owns this rank's optimizer shard), its Flags
+// (the bucket flags, --collectives, --explain-buckets, the memory calculator) and train_step().
+// Leaves out: the buckets, shards and collectives (zero.hpp, shard.hpp).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "chapters/06_zero1/zero.hpp"
+#include "common/dist.hpp"
+#include "common/lesson.hpp"
+#include "common/run.hpp"
+#include "common/train.hpp"
+#include "common/zero_memory.hpp"
+
+namespace ringzero {
+
+/// Chapter 06's lesson object: the ZeRO-1 engine, which owns the parameters, the gradients and
+/// this rank's optimizer shard.
+class Zero1Training : public Lesson {
+ public:
+  /// The chapter's flags: ZeRO's options, --explain-buckets and the memory calculator.
+  struct Flags : LessonOptions {
+    ZeRO::Options zero;
+    bool explain = false;
+    MemoryCalculatorFlags calculator;
+
+    void add_flags(CommandLine& cli) override {
+      cli.app
+          .add_option("--collectives", zero.collectives,
+                      "ring (ours, chapter 04) | mpi (MPI_Reduce_scatter_block + MPI_Allgather)")
+          ->check(CLI::IsMember({"ring", "mpi"}));
+      add_bucket_flags(cli, zero.bucket_cap_mb, zero.first_bucket_cap_mb,
+                       zero.find_unused_parameters);
+      cli.app.add_flag("--explain-buckets", explain,
+                       "print the bucket plan (buckets, parameters, elements, bytes)");
+      add_memory_calculator_flags(cli.app, calculator);
+    }
+    bool run_instead(Communicator*) override {
+      if (calculator.enabled) print0(memory_calculator(calculator));
+      return calculator.enabled;
+    }
+  };
+
+  /// Plans buckets and shards, moves the model's parameters into ZeRO's buffers, builds this
+  /// rank's optimizer shard.
+  Zero1Training(SetUp& s, const Flags& flags)
+      : comm(*s.comm),
+        zero(*s.comm, s.model, s.config, with_tracer(flags.zero, s.tracer)),
+        model_(s.model),
+        flags_(flags) {}
+
+  std::string banner() const override {
+    return " | " + std::to_string(zero.buckets().size()) + " buckets | collectives " +
+           flags_.zero.collectives;
+  }
+  std::string explanation() const override {
+    return flags_.explain ? explain_buckets(zero.buckets(), model_, flags_.zero.bucket_cap_mb,
+                                            flags_.zero.first_bucket_cap_mb)
+                          : "";
+  }
+  bool reset_ledger_peaks() const override { return true; }
+  void start_trace(Tracer& tracer) override { trace_layers(tracer, model_); }
+  std::string ledger_formula(int64_t) const override { return zero.ledger_formula(); }
+  TrafficTheory traffic_theory() const override {
+    return zero.traffic_theory();  // reduce-scatter + all-gather per padded bucket
+  }
+  /// The gradients' reduce-scatter overlaps backward; the parameters' all-gather follows the
+  /// optimizer step.
+  CommSchedule comm_schedule() const override {
+    return {Overlap::backward, {"ring_reduce_scatter"}};
+  }
+  nlohmann::json summary_fields() const override {
+    return {{"zero_stage", 1},
+            {"collectives", flags_.zero.collectives},
+            {"buckets", zero.buckets().size()},
+            {"model_states_exact_bytes", zero.model_states_bytes()},
+            {"padding", zero.layout().padding_total},
+            {"theory_bytes_sent_per_rank_per_step", zero.traffic_theory().bytes_sent}};
+  }
+  std::optional<std::map<std::string, NamedTensor>> saved_optimizer_state() override {
+    return zero.optimizer_state_dict();
+  }
+  TrainingState training_state(Model&) override { return zero.training_state(); }
+
+  Communicator& comm;
+  ZeRO zero;
+
+ private:
+  static ZeRO::Options with_tracer(ZeRO::Options o, Tracer& tracer) {
+    o.tracer = &tracer;
+    return o;
+  }
+  Model& model_;
+  Flags flags_;
+};
+
+/// One optimizer step on the global batch: K micro-steps on this rank's share, the last one's
+/// backward reduce-scattering bucket after bucket, each rank's step on its shard, and the
+/// all-gather of the parameters. Returns the global batch's mean loss (on every rank).
+/// Errors: a non-finite loss stops every rank; a parameter without gradient.
+inline double train_step(Zero1Training& lesson, const Step& step) {
+  Tracer::Span span(step.tracer, "step " + std::to_string(step.step), "step");
+  ZeRO& zero = lesson.zero;
+  const int64_t K = step.config.grad_accum_steps;
+  zero.zero_grad();
+  double loss_sum = 0;
+  for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
+    Batch batch = step.micro_batch(micro_step);  // (B/(N K), in)
+    std::optional<ZeRO::NoSync> no_sync;         // only the last micro-step's backward sends
+    if (micro_step < K - 1) no_sync.emplace(zero);
+    Tape tape;
+    Var loss = forward_loss(tape, step.model, batch);  // mean over this micro-batch
+    loss_sum += loss->value[0];
+    tape.backward(loss, 1.0f / K);  // grads += dloss/K; full buckets start their reduce-scatter
+  }
+  {
+    Tracer::Span wait(step.tracer, "finalize_backward (wait for buckets)", "ddp");
+    zero.finalize_backward();  // every bucket reduce-scattered: this rank's shard holds the mean
+  }
+  const double loss_value = global_mean(lesson.comm, loss_sum / K);  // equal shares
+  // Every rank stops together; the error names the rank(s) whose loss is not finite.
+  check_finite_loss(lesson.comm, loss_sum / K, loss_value, step.step);
+
+  Tracer::Span opt(step.tracer, "optimizer step + all_gather", "optimizer");
+  if (step.config.clip_grad_norm > 0)
+    zero.clip_grad_norm(step.config.clip_grad_norm);  // global norm over the shards
+  zero.step();  // each rank updates its shard, then every rank gathers every shard
+  return loss_value;
+}
+
+}  // namespace ringzero

@@ -1,0 +1,145 @@
+// checkpoint: save the whole training state, resume it bit for bit, at the same or another
+// world size, and consolidate it into one PyTorch-loadable file (docs/checkpoints.md).
+//
+// A checkpoint is a directory D/step_SSSSSSSS holding
+//  - replicated chapters (01-05): model.safetensors, written by rank 0: every parameter under
+//    its PyTorch state_dict() name, the optimizer state as "<name>.exp_avg", "<name>.exp_avg_sq"
+//    (AdamW) or "<name>.momentum_buffer" (SGD);
+//  - ZeRO chapters (06-08): shard_RRRRR.safetensors per rank: the flat tensors "params",
+//    "exp_avg", "exp_avg_sq" / "momentum_buffer" of the real (unpadded) elements the rank owns;
+//  - manifest.json: format version, world size, the chapter's bucket/layer layout and padding,
+//    every tensor's name, shape, global offset and AdamW step count, each file's byte size,
+//    CRC-32 and runs (global offset, offset in the file's flat tensors, length), the global step,
+//    epoch and position in the epoch, the sampler state and the flags that must match.
+// Every offset is in the model's unpadded flat layout (nn.hpp's registration order), which does
+// not depend on the world size or the chapter: that is what makes resharding N -> N' and
+// 05 <-> 06/07/08 a matter of copying ranges (as DeepSpeed's universal checkpoints and
+// zero_to_fp32.py, and torch.distributed.checkpoint's global offsets).
+//
+// Commit protocol (collective): every writer writes its file to NAME.tmp, fsyncs it, renames it
+// to NAME and fsyncs the directory; rank 0 gathers the file records and writes manifest.json the
+// same way, last. A checkpoint exists only once its manifest does, so a crash at any moment
+// leaves the previous checkpoint whole; --resume D ignores directories without a manifest.
+// Then rank 0 keeps the newest --keep-checkpoints K and removes the rest.
+// Leaves out: asynchronous saving, object stores, dtypes other than float32.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "config.hpp"
+#include "nn.hpp"
+#include "safetensors.hpp"
+#include "train.hpp"
+
+namespace ringzero {
+
+class Communicator;
+
+/// The checkpoint format this binary writes and the only one it reads.
+inline constexpr int kCheckpointFormatVersion = 1;
+
+/// One optimizer's share of the training state on this rank: `optimizer` updates `params`,
+/// which are elements [global_offset, global_offset + params.size()) of the model's unpadded
+/// flat layout; segment k of the optimizer belongs to parameter segment_params[k]. optimizer
+/// may be null (chapter 03's ranks other than 0 hold no optimizer).
+struct StatePiece {
+  std::span<float> params;
+  int64_t global_offset = 0;
+  Optimizer* optimizer = nullptr;
+  std::vector<int> segment_params;
+};
+
+/// What a chapter hands the checkpointer: its model (names, shapes, offsets) and its pieces.
+struct TrainingState {
+  const Model* model = nullptr;
+  std::vector<StatePiece> pieces;
+  /// false: the state is the same on every rank (chapters 01-05), rank 0 writes one file;
+  /// true: every rank writes its own shard file (ZeRO).
+  bool sharded = false;
+  /// true: every Parameter::data holds the whole parameter on every rank (01-07), so loading
+  /// writes every parameter, not only the pieces (ZeRO-3 keeps only its pieces).
+  bool params_replicated = true;
+  std::string chapter;
+  int zero_stage = 0;
+  nlohmann::json layout;  ///< the chapter's bucket/layer layout and padding, for the manifest
+};
+
+/// The replicated chapters' state: the whole model and `optimizer` (or none).
+TrainingState replicated_state(const Model& model, Optimizer* optimizer, std::string chapter);
+
+/// Where the training loop stands: `step` optimizer steps done; the next step is position `t`
+/// (0-based, in global batches) of epoch `epoch` (1-based).
+struct TrainPosition {
+  int64_t step = 0;
+  int64_t epoch = 1;
+  int64_t t = 0;
+};
+
+/// A checkpoint read from disk and put together in the model's unpadded flat layout.
+struct CheckpointData {
+  std::string dir;
+  nlohmann::json manifest;
+  /// "params", "exp_avg", "exp_avg_sq" or "momentum_buffer": Ψ elements each.
+  std::map<std::string, std::vector<float>> fields;
+};
+
+/// The committed checkpoint `path` names: a directory with manifest.json, or the newest
+/// committed step_* directory below it. Errors: path missing, nothing committed in it (names
+/// the directories without a manifest).
+std::string resolve_checkpoint(const std::string& path);
+
+/// Reads and checks a committed checkpoint: a known format_version, every file present with the
+/// manifest's size and CRC-32, each field covered exactly once. Errors name the file and field.
+CheckpointData read_checkpoint(const std::string& dir);
+
+/// The full model as one state dict with PyTorch names; with optimizer = true, the optimizer
+/// state too, as "<name>.exp_avg", "<name>.exp_avg_sq", "<name>.step" (or ".momentum_buffer").
+std::map<std::string, NamedTensor> consolidated_state_dict(const CheckpointData& ckpt,
+                                                           bool optimizer);
+
+/// Writes `ckpt` as a committed replicated checkpoint (one model.safetensors + manifest) in
+/// out_dir/step_SSSSSSSS, world size 1: what scripts/consolidate --as-checkpoint makes.
+void write_replicated_checkpoint(const CheckpointData& ckpt, const std::string& out_dir);
+
+/// Writes `bytes` to `path` atomically: path.tmp, fsync, rename, fsync of the directory.
+/// Errors (a short write, ENOSPC, EFBIG) name the file and leave `path` as it was.
+/// (A local writer; common/ may gain a shared one, see docs/checkpoints.md.)
+void atomic_write_file(const std::string& path, const std::string& bytes);
+
+/// --checkpoint-dir / --checkpoint-every / --keep-checkpoints / --resume for one run.
+class Checkpointer {
+ public:
+  /// comm: null in the single-process chapters. Errors: --resume with --init-from,
+  /// --checkpoint-every without --checkpoint-dir, negative values.
+  Checkpointer(const TrainConfig& config, Communicator* comm);
+
+  /// Collective. With --resume: reads the checkpoint, refuses one that does not fit (the
+  /// manifest's flags, tensor names and sizes, format version), loads parameters and optimizer
+  /// state into `state` and returns the position to continue from. Without: {0, 1, 0}.
+  TrainPosition resume(TrainingState& state, int64_t steps_per_epoch);
+
+  /// Collective; call after every optimizer step: saves when `step` is a multiple of
+  /// --checkpoint-every, or is the last step of the run (total_steps).
+  void after_step(const TrainingState& state, int64_t step, int64_t epoch, int64_t t_next,
+                  int64_t steps_per_epoch, int64_t total_steps);
+
+  /// Collective: writes checkpoint D/step_SSSSSSSS for position `pos` and prunes old ones.
+  void save(const TrainingState& state, const TrainPosition& pos, int64_t steps_per_epoch);
+
+ private:
+  const TrainConfig& config_;
+  Communicator* comm_;
+  int rank_ = 0, world_size_ = 1;
+  int64_t last_saved_ = -1;
+};
+
+/// The flags that give the saved state its meaning; a resume with any other value is refused.
+nlohmann::json checkpoint_flags_that_must_match(const TrainConfig& config);
+
+}  // namespace ringzero

@@ -1,0 +1,56 @@
+// The checkpoint extension of the shared driver (common/run.hpp): checkpoints in every chapter
+// with no line in any main.cpp. Listed in run.cpp's extensions().
+#include "check.hpp"
+#include "checkpoint.hpp"
+#include "run.hpp"
+
+namespace ringzero {
+
+namespace {
+
+class CheckpointExtension : public Extension {
+ public:
+  void validate(const RunState& run) override {
+    // A 16-bit run keeps its fp32 master weights and moments in MixedPrecision, which the
+    // checkpoint format does not hold yet: refuse rather than resume a silently different run.
+    const bool wants = !run.config.checkpoint_dir.empty() || !run.config.resume.empty();
+    RZ_CHECK(!wants || run.config.precision == "fp32",
+             "--checkpoint-dir/--resume with --precision " << run.config.precision
+                 << ": checkpoints hold fp32 training state only (the master weights of a "
+                    "16-bit run are not saved yet); use --precision fp32");
+    checkpointer_ = std::make_unique<Checkpointer>(run.config, run.comm);
+  }
+  void after_setup(RunState& run) override {
+    if (run.config.checkpoint_dir.empty() && run.config.resume.empty()) return;
+    state_ = run.lesson->training_state(*run.model);
+    state_.chapter = run.chapter.name;
+    const int64_t per_epoch = run.sampler->steps_per_epoch();
+    const TrainPosition pos = checkpointer_->resume(state_, per_epoch);
+    // The driver derives epoch and position from the step count (every epoch has per_epoch
+    // steps); the manifest's must agree.
+    RZ_CHECK((pos.epoch - 1) * per_epoch + pos.t == pos.step,
+             "--resume: the checkpoint's epoch " << pos.epoch << " and position " << pos.t
+                                                 << " do not follow from its " << pos.step
+                                                 << " steps at " << per_epoch << " per epoch");
+    run.step = pos.step;
+  }
+  void after_step(RunState& run) override {
+    if (run.config.checkpoint_dir.empty()) return;
+    const int64_t per_epoch = run.sampler->steps_per_epoch();
+    const int64_t epoch = 1 + (run.step - 1) / per_epoch;
+    checkpointer_->after_step(state_, run.step, epoch, run.step - (epoch - 1) * per_epoch,
+                              per_epoch, run.steps);
+  }
+
+ private:
+  std::unique_ptr<Checkpointer> checkpointer_;
+  TrainingState state_;
+};
+
+}  // namespace
+
+std::unique_ptr<Extension> checkpoint_extension() {
+  return std::make_unique<CheckpointExtension>();
+}
+
+}  // namespace ringzero

@@ -1,0 +1,255 @@
+#include "common/cost_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "common/check.hpp"
+#include "common/run.hpp"
+
+namespace ringzero {
+
+namespace {
+void check_network(const Network& net) {
+  RZ_CHECK(net.bandwidth_gbps > 0 && std::isfinite(net.bandwidth_gbps),
+           "network bandwidth " << net.bandwidth_gbps
+                                << " Gbit/s: give --net-bandwidth > 0 (Gbit/s per link), or "
+                                   "--net-selftest with scripts/cluster selftest's JSON");
+  RZ_CHECK(net.alpha_us >= 0 && std::isfinite(net.alpha_us),
+           "network latency " << net.alpha_us << " us: give --net-alpha-us >= 0");
+}
+
+std::string fmt(const char* format, double a, double b = 0, double c = 0, double d = 0) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, format, a, b, c, d);
+  return buf;
+}
+}  // namespace
+
+double Network::message_ms(double bytes) const {
+  check_network(*this);
+  return alpha_us * 1e-3 + bytes * 8.0 / (bandwidth_gbps * 1e9) * 1e3;
+}
+
+const char* overlap_name(Overlap overlap) {
+  switch (overlap) {
+    case Overlap::none:
+      return "none";
+    case Overlap::backward:
+      return "backward";
+    case Overlap::forward_and_backward:
+      return "forward_and_backward";
+  }
+  return "?";
+}
+
+double overlappable_fraction(Overlap overlap) {
+  switch (overlap) {
+    case Overlap::none:
+      return 0;
+    case Overlap::backward:
+      return 2.0 / 3.0;  // a linear layer's backward: two matrix products of its forward's size
+    case Overlap::forward_and_backward:
+      return 1;
+  }
+  return 0;
+}
+
+double op_time_ms(const Network& net, const std::vector<OpTraffic>& per_rank) {
+  check_network(net);
+  double worst = 0;
+  for (const OpTraffic& t : per_rank) {
+    const double messages = std::max(t.messages_sent, t.messages_received);
+    const double bytes = std::max(t.bytes_sent, t.bytes_received);
+    worst =
+        std::max(worst, messages * net.alpha_us * 1e-3 + bytes * 8.0 / (net.bandwidth_gbps * 1e6));
+  }
+  return worst;
+}
+
+StepPrediction predict_step(const Network& net, const TrafficPerStep& traffic, int world_size,
+                            double compute_ms, Overlap overlap,
+                            const std::vector<std::string>& overlapped_ops) {
+  check_network(net);
+  RZ_CHECK(world_size >= 1, "predict_step: world_size " << world_size << " < 1");
+  RZ_CHECK(compute_ms >= 0 && std::isfinite(compute_ms),
+           "compute time " << compute_ms
+                           << " ms: give --net-compute-ms >= 0, the step time of this chapter "
+                              "at N = 1 on one rank's share of the batch");
+  StepPrediction p;
+  p.compute_ms = compute_ms;
+  p.overlap = overlap;
+  const double f = overlappable_fraction(overlap);
+  for (const auto& [op, per_rank] : traffic) {
+    if (op == "metrics") continue;  // the loss all-reduce is modelled below; reports are not steps
+    const double ms = op_time_ms(net, per_rank);
+    p.ops_ms.emplace_back(op, ms);
+    p.comm_ms += ms;
+    const bool overlapped =
+        f > 0 && (overlapped_ops.empty() || std::find(overlapped_ops.begin(), overlapped_ops.end(),
+                                                      op) != overlapped_ops.end());
+    if (!overlapped) continue;
+    p.overlapped_comm_ms += ms;
+    double calls = 0;
+    for (const OpTraffic& t : per_rank) calls = std::max(calls, t.calls);
+    p.collectives = std::max(p.collectives, static_cast<int64_t>(std::llround(calls)));
+  }
+  if (world_size > 1) {
+    const double loss_ms = std::ceil(std::log2(world_size)) * net.alpha_us * 1e-3;
+    p.ops_ms.emplace_back("loss all-reduce", loss_ms);
+    p.comm_ms += loss_ms;
+  }
+  p.serial_ms = compute_ms + p.comm_ms;
+  if (p.overlapped_comm_ms == 0) {
+    p.overlapped_ms = p.serial_ms;
+  } else {
+    const double ov = p.overlapped_comm_ms, after = p.comm_ms - ov;
+    const double last = ov / static_cast<double>(std::max<int64_t>(1, p.collectives));
+    p.overlapped_ms = (1 - f) * compute_ms + std::max(f * compute_ms, ov - last) + last + after;
+  }
+  p.predicted_ms = p.overlapped_ms;
+  return p;
+}
+
+TrafficPerStep traffic_per_step(const nlohmann::json& comm_per_rank, int64_t steps) {
+  RZ_CHECK(steps >= 1, "traffic_per_step: " << steps << " steps; the run made no optimizer step");
+  RZ_CHECK(comm_per_rank.is_array(), "traffic_per_step: expected one entry per rank");
+  TrafficPerStep out;
+  const size_t ranks = comm_per_rank.size();
+  for (size_t r = 0; r < ranks; ++r) {
+    const nlohmann::json& entry = comm_per_rank[r];
+    RZ_CHECK(entry.contains("ops"), "traffic_per_step: rank " << r << "'s entry has no \"ops\"");
+    for (const auto& [op, c] : entry.at("ops").items()) {
+      std::vector<OpTraffic>& v = out[op];
+      v.resize(ranks);
+      const double n = static_cast<double>(steps);
+      v[r] = {c.at("calls").get<double>() / n, c.at("messages_sent").get<double>() / n,
+              c.at("bytes_sent").get<double>() / n, c.at("messages_received").get<double>() / n,
+              c.at("bytes_received").get<double>() / n};
+    }
+  }
+  return out;
+}
+
+double central_reducer_ms(const Network& net, int world_size, double bytes) {
+  return 2.0 * (world_size - 1) * net.message_ms(bytes);
+}
+
+double ring_phase_ms(const Network& net, int world_size, double bytes) {
+  return (world_size - 1) * net.message_ms(bytes / world_size);
+}
+
+double ring_all_reduce_ms(const Network& net, int world_size, double bytes) {
+  return 2 * ring_phase_ms(net, world_size, bytes);
+}
+
+std::string format_prediction(const StepPrediction& p, double measured_ms) {
+  std::string s = fmt("step time: predicted %.1f ms (compute %.1f + communication %.1f ms",
+                      p.predicted_ms, p.compute_ms, p.comm_ms);
+  s += std::string(", overlap ") + overlap_name(p.overlap);
+  if (p.overlap != Overlap::none)
+    s += fmt("; %.1f ms of it overlapped; without overlap %.1f ms", p.overlapped_comm_ms,
+             p.serial_ms);
+  s += fmt(") | measured %.1f ms (measured / predicted %.2f)", measured_ms,
+           p.predicted_ms > 0 ? measured_ms / p.predicted_ms : 0.0);
+  for (const auto& [op, ms] : p.ops_ms) s += "\n  " + op + fmt(": %.2f ms", ms);
+  return s;
+}
+
+nlohmann::json prediction_json(const StepPrediction& p) {
+  nlohmann::json ops = nlohmann::json::object();
+  for (const auto& [op, ms] : p.ops_ms) ops[op] = ms;
+  return {{"predicted_ms_per_step", p.predicted_ms},
+          {"compute_ms", p.compute_ms},
+          {"comm_ms", p.comm_ms},
+          {"serial_ms", p.serial_ms},
+          {"overlap", overlap_name(p.overlap)},
+          {"ops_ms", ops}};
+}
+
+Network network_from_selftest(const std::string& path) {
+  std::ifstream in(path);
+  RZ_CHECK(in, "cannot read the selftest file '"
+                   << path
+                   << "': run scripts/cluster selftest, which "
+                      "writes /run/ringzero-cluster/<name>/selftest.json");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    RZ_CHECK(false, "selftest file '" << path << "' is not JSON: " << e.what());
+  }
+  RZ_CHECK(j.contains("latency_us") && j.contains("bandwidth_bps"),
+           "selftest file '" << path << "' lacks latency_us or bandwidth_bps");
+  Network net{j.at("latency_us").get<double>(), j.at("bandwidth_bps").get<double>() / 1e9};
+  check_network(net);
+  return net;
+}
+
+void add_net_flags(CLI::App& app, NetFlags& flags) {
+  const std::string group = "Cost model (docs/cost-model.md)";
+  app.add_option("--net-alpha-us", flags.alpha_us,
+                 "predict the step on a network of this latency per message, us")
+      ->check(CLI::NonNegativeNumber)
+      ->group(group);
+  app.add_option("--net-bandwidth", flags.bandwidth_gbps,
+                 "... and this bandwidth per link and direction, Gbit/s")
+      ->check(CLI::PositiveNumber)
+      ->group(group);
+  app.add_option("--net-selftest", flags.selftest,
+                 "... or take latency and bandwidth from scripts/cluster selftest's JSON")
+      ->group(group);
+  app.add_option("--net-compute-ms", flags.compute_ms,
+                 "compute per step, measured at N = 1 on one rank's share of the batch, ms")
+      ->check(CLI::NonNegativeNumber)
+      ->group(group);
+}
+
+nlohmann::json report_step_prediction(const NetFlags& flags, const nlohmann::json& summary,
+                                      int world_size, const CommSchedule& schedule) {
+  if (!flags.enabled() || summary.empty()) return {};
+  RZ_CHECK(flags.compute_ms >= 0,
+           "the cost model needs --net-compute-ms: the step time of this chapter at N = 1 on one "
+           "rank's share of the batch (scripts/run --cluster measures it)");
+  const Network net = flags.selftest.empty() ? Network{flags.alpha_us, flags.bandwidth_gbps}
+                                             : network_from_selftest(flags.selftest);
+  const StepPrediction p =
+      predict_step(net, traffic_per_step(summary.at("comm"), summary.at("steps").get<int64_t>()),
+                   world_size, flags.compute_ms, schedule.overlap, schedule.overlapped_ops);
+  print0(
+      fmt("network: alpha %.1f us, beta %.3f Gbit/s per link", net.alpha_us, net.bandwidth_gbps));
+  print0(format_prediction(p, summary.at("ms_per_step").get<double>()));
+  nlohmann::json j = prediction_json(p);
+  j["alpha_us"] = net.alpha_us;
+  j["bandwidth_gbps"] = net.bandwidth_gbps;
+  return j;
+}
+
+namespace {
+class CostModelExtension : public Extension {
+ public:
+  void add_flags(CommandLine& cli) override { add_net_flags(cli.app, flags_); }
+  void validate(const RunState&) override {
+    if (!flags_.enabled()) return;
+    RZ_CHECK(flags_.compute_ms >= 0,
+             "--net-bandwidth/--net-selftest need --net-compute-ms: the step time of this chapter "
+             "at N = 1 on one rank's share of the batch (scripts/run --cluster measures it)");
+    if (!flags_.selftest.empty()) network_from_selftest(flags_.selftest);  // readable, now
+  }
+  void report(RunState& state, nlohmann::json& summary) override {
+    if (!flags_.enabled() || state.comm == nullptr || state.rank != 0) return;
+    summary["prediction"] =
+        report_step_prediction(flags_, summary, state.world_size, state.lesson->comm_schedule());
+  }
+
+ private:
+  NetFlags flags_;
+};
+}  // namespace
+
+std::unique_ptr<Extension> cost_model_extension() {
+  return std::make_unique<CostModelExtension>();
+}
+
+}  // namespace ringzero

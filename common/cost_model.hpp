@@ -1,0 +1,156 @@
+// cost_model: what an optimizer step should cost on a network of latency α and per-link
+// bandwidth β, from the chapter's own communication counters and the compute time measured at
+// N = 1; printed beside the measured step time (docs/cost-model.md derives every formula).
+//
+// The model, in three parts:
+//  - a message of n bytes takes α + n/β (Hockney's α-β model: R. W. Hockney, "The
+//    communication challenge for MPP: Intel Paragon and Meiko CS-2", Parallel Computing 20,
+//    1994);
+//  - every rank has one full-duplex link: it sends one message and receives one at a time, a
+//    send and a receive at once (MPI_Sendrecv). An operation (a named counter: central_reduce,
+//    ring_reduce_scatter, ...) therefore takes, on its busiest rank, max(messages sent,
+//    messages received)·α + max(bytes sent, bytes received)/β, and the step's operations run
+//    one after another. This gives Thakur, Rabenseifner and Gropp's costs for the schedules the
+//    chapters write (Int. J. High Performance Computing Applications 19(1), 2005, §2 and §4):
+//    the central reducer 2(N−1)(α + n/β), serialised on rank 0's link; the ring all-reduce
+//    2(N−1)(α + n/(Nβ)), bandwidth-optimal (Patarasuk and Yuan, "Bandwidth optimal all-reduce
+//    algorithms for clusters of workstations", J. Parallel Distrib. Comput. 69(2), 2009);
+//    reduce-scatter or all-gather alone (N−1)(α + n/(Nβ)); ZeRO-3's three passes 3(N−1)(...).
+//    The loss all-reduce of every step (MPI_Allreduce of one double) adds ⌈log2 N⌉·α
+//    (recursive doubling, Thakur et al. §4.4).
+//  - compute: the step time of the same chapter at N = 1 on this rank's share of the batch
+//    (no communication). Without overlap, step = compute + communication. With overlap, the
+//    overlappable share f of compute (backward: 2/3, its two matrix products per forward one;
+//    forward and backward under ZeRO-3's prefetch: 1) hides communication, except the last
+//    collective of the step, which starts only when the compute it waits on has ended:
+//      step = (1 − f)·compute + max(f·compute, comm − last) + last + after,
+//    comm: the overlapped operations, last = comm / their collectives per step, after: the
+//    operations that wait for compute to end (ZeRO-1/2's parameter all-gather).
+// Leaves out: contention between flows on a shared link (every schedule here uses each link
+// once per direction at a time), TCP's slow start, Open MPI's rendezvous handshake for
+// messages above its eager limit (~2α more per message), and MPI's own collectives
+// (--collectives mpi): the counters see the payload handed to MPI, not the messages it sends.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ringzero {
+
+/// A network in Hockney's α-β model: every link the same.
+struct Network {
+  double alpha_us = 0;        ///< α: one-way latency of a small message, µs (>= 0)
+  double bandwidth_gbps = 0;  ///< β: per link and direction, Gbit/s (10^9 bit/s, > 0)
+  /// α + bytes/β, in milliseconds. Errors: bandwidth_gbps <= 0 or alpha_us < 0.
+  double message_ms(double bytes) const;
+};
+
+/// One operation's traffic on one rank per optimizer step (Communicator counters / steps).
+struct OpTraffic {
+  double calls = 0, messages_sent = 0, bytes_sent = 0, messages_received = 0, bytes_received = 0;
+};
+
+/// Per operation name, the traffic of every rank (index = rank).
+using TrafficPerStep = std::map<std::string, std::vector<OpTraffic>>;
+
+/// What the step's communication overlaps with (the chapter's schedule).
+enum class Overlap {
+  none,                  ///< chapters 03, 04, 08 --no-prefetch: communicate, then compute
+  backward,              ///< chapters 05-07: buckets all-reduced while backward runs
+  forward_and_backward,  ///< chapter 08 with prefetch: the next layer's gather while this one runs
+};
+/// What a chapter's step overlaps (Lesson::comm_schedule): the kind of overlap and the
+/// operations that run during compute (empty: all of them).
+struct CommSchedule {
+  Overlap overlap = Overlap::none;
+  std::vector<std::string> overlapped_ops;
+};
+
+/// "none" | "backward" | "forward_and_backward".
+const char* overlap_name(Overlap overlap);
+/// f: the share of compute that communication can hide (0, 2/3, 1).
+double overlappable_fraction(Overlap overlap);
+
+/// The predicted time of one optimizer step and its parts, in milliseconds.
+struct StepPrediction {
+  double compute_ms = 0;          ///< given: measured at N = 1
+  double comm_ms = 0;             ///< Σ over operations, plus the loss all-reduce
+  double serial_ms = 0;           ///< compute + comm
+  double overlapped_ms = 0;       ///< the overlap formula (equals serial_ms for Overlap::none)
+  double predicted_ms = 0;        ///< the chapter's schedule: overlapped_ms
+  double overlapped_comm_ms = 0;  ///< the part of comm_ms that runs during compute
+  int64_t collectives = 0;        ///< calls per step of the overlapped operations (buckets, layers)
+  Overlap overlap = Overlap::none;
+  std::vector<std::pair<std::string, double>> ops_ms;  ///< per operation, plus "loss all-reduce"
+};
+
+/// Time of one operation per step: max over ranks of max(messages sent, messages received)·α +
+/// max(bytes sent, bytes received)/β (see the header). Empty: 0.
+double op_time_ms(const Network& net, const std::vector<OpTraffic>& per_rank);
+
+/// The step: every operation in `traffic` (except "metrics", the loss and report reductions:
+/// modelled as one MPI_Allreduce of a double per step, ⌈log2 N⌉·α) one after another, plus
+/// compute_ms, combined as `overlap` says. `overlapped_ops` names the operations that run
+/// during compute (empty: all of them); the others run after it (ZeRO-1/2's all-gather of the
+/// updated parameters follows the optimizer step). Errors: compute_ms < 0, world_size < 1, the
+/// Network's own.
+StepPrediction predict_step(const Network& net, const TrafficPerStep& traffic, int world_size,
+                            double compute_ms, Overlap overlap,
+                            const std::vector<std::string>& overlapped_ops = {});
+
+/// end_of_run_report's "comm" entries (one per rank: {"rank", "ops": {op: {calls,
+/// messages_sent, bytes_sent, messages_received, bytes_received}}}) divided by `steps`.
+/// Errors: steps < 1, a missing field.
+TrafficPerStep traffic_per_step(const nlohmann::json& comm_per_rank, int64_t steps);
+
+/// Closed forms (Thakur et al. 2005; Patarasuk and Yuan 2009) for `bytes` per rank's buffer, in
+/// ms: what predict_step gives for the chapters' schedules, and what the tests check it against.
+double central_reducer_ms(const Network& net, int world_size, double bytes);  ///< 2(N−1)(α+n/β)
+double ring_all_reduce_ms(const Network& net, int world_size, double bytes);  ///< 2(N−1)(α+n/Nβ)
+double ring_phase_ms(const Network& net, int world_size, double bytes);       ///< (N−1)(α+n/Nβ)
+
+/// "predicted 36.1 ms/step (compute 4.0 + communication 32.1 ms, overlap none) | measured
+/// 37.5 ms/step (measured / predicted 1.04)" and one line per operation.
+std::string format_prediction(const StepPrediction& p, double measured_ms);
+
+/// {"predicted_ms_per_step", "compute_ms", "comm_ms", "serial_ms", "overlap", "ops_ms"}.
+nlohmann::json prediction_json(const StepPrediction& p);
+
+/// The network of a `scripts/cluster selftest` JSON file ({"latency_us", "bandwidth_bps"}: the
+/// medians over links). Errors: the file is missing or lacks those fields.
+Network network_from_selftest(const std::string& path);
+
+/// The cost model's flags, shared by every distributed chapter: without --net-bandwidth (or
+/// --net-selftest) nothing is predicted.
+struct NetFlags {
+  double alpha_us = 0;        ///< --net-alpha-us: α, µs
+  double bandwidth_gbps = 0;  ///< --net-bandwidth: β, Gbit/s per link and direction
+  std::string selftest;       ///< --net-selftest: α and β from scripts/cluster selftest's JSON
+  double compute_ms = -1;     ///< --net-compute-ms: compute per step at N = 1 (this rank's share)
+  bool enabled() const { return bandwidth_gbps > 0 || !selftest.empty(); }
+};
+/// Registers --net-alpha-us, --net-bandwidth, --net-selftest, --net-compute-ms (group "Cost
+/// model").
+void add_net_flags(CLI::App& app, NetFlags& flags);
+
+/// At the end of a run, on rank 0: predicts the step from the summary record's "comm" (per
+/// rank counters) and "steps", prints format_prediction() beside its "ms_per_step", and returns
+/// prediction_json() for the summary ({} when the flags are not given, or on other ranks).
+/// Errors: --net-bandwidth without --net-compute-ms, and predict_step's.
+nlohmann::json report_step_prediction(const NetFlags& flags, const nlohmann::json& summary,
+                                      int world_size, const CommSchedule& schedule);
+
+class Extension;
+/// The cost model as a feature of every distributed chapter (run.cpp's extensions()): the
+/// --net-* flags, checked before set-up, and the prediction printed after the traffic table and
+/// written to the summary record as "prediction", with the lesson's comm_schedule().
+std::unique_ptr<Extension> cost_model_extension();
+
+}  // namespace ringzero

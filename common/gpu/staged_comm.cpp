@@ -1,0 +1,90 @@
+#include "common/gpu/staged_comm.hpp"
+
+#include <cuda_runtime.h>
+
+#include <span>
+
+#include "common/check.hpp"
+#include "common/ledger.hpp"
+
+namespace ringzero {
+
+namespace {
+void check_cuda(cudaError_t rc, const char* call) {
+  RZ_CHECK(rc == cudaSuccess, call << " failed: " << cudaGetErrorString(rc));
+}
+#define CUDA_CALL(...) check_cuda((__VA_ARGS__), #__VA_ARGS__)
+
+void d2h(float* dst, const float* src, int64_t n) {
+  if (n > 0) CUDA_CALL(cudaMemcpy(dst, src, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost));
+}
+void h2d(float* dst, const float* src, int64_t n) {
+  if (n > 0) CUDA_CALL(cudaMemcpy(dst, src, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice));
+}
+std::span<float> span(float* p, int64_t n) {
+  return {p, static_cast<size_t>(n)};
+}
+}  // namespace
+
+StagedCommunicator::~StagedCommunicator() {
+  if (host_) {
+    Ledger::get().add(MemTag::comm_buffers, -host_size_ * 4);
+    cudaFreeHost(host_);
+  }
+}
+
+float* StagedCommunicator::host(int64_t n) {
+  if (n > host_size_) {
+    if (host_) {
+      Ledger::get().add(MemTag::comm_buffers, -host_size_ * 4);
+      cudaFreeHost(host_);
+      host_ = nullptr;
+    }
+    const cudaError_t rc = cudaMallocHost(&host_, static_cast<size_t>(n) * 4);
+    RZ_CHECK(rc == cudaSuccess, "cudaMallocHost of " << n * 4 << " bytes (staging buffer) failed: "
+                                                     << cudaGetErrorString(rc));
+    host_size_ = n;
+    Ledger::get().add(MemTag::comm_buffers, n * 4);
+  }
+  return host_;
+}
+
+void StagedCommunicator::sendrecv(const float* send_buf, int64_t n_send, int dest, float* recv_buf,
+                                  int64_t n_recv, int src) {
+  float* h = host(n_send + n_recv);
+  d2h(h, send_buf, n_send);
+  comm_.sendrecv(span(h, n_send), dest, span(h + n_send, n_recv), src);
+  h2d(recv_buf, h + n_send, n_recv);
+}
+
+void StagedCommunicator::all_reduce(float* buf, int64_t n) {
+  float* h = host(n);
+  d2h(h, buf, n);
+  comm_.all_reduce(span(h, n));
+  h2d(buf, h, n);
+}
+
+void StagedCommunicator::reduce_scatter(const float* in, float* out, int64_t n) {
+  const int64_t total = n * comm_.world_size();
+  float* h = host(total + n);
+  d2h(h, in, total);
+  comm_.reduce_scatter(span(h, total), span(h + total, n));
+  h2d(out, h + total, n);
+}
+
+void StagedCommunicator::all_gather(const float* in, float* out, int64_t n) {
+  const int64_t total = n * comm_.world_size();
+  float* h = host(total + n);
+  d2h(h, in, n);
+  comm_.all_gather(span(h, n), span(h + n, total));
+  h2d(out, h + n, total);
+}
+
+void StagedCommunicator::broadcast(float* buf, int64_t n, int root) {
+  float* h = host(n);
+  if (comm_.rank() == root) d2h(h, buf, n);
+  comm_.broadcast(span(h, n), root);
+  h2d(buf, h, n);
+}
+
+}  // namespace ringzero

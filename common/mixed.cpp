@@ -1,0 +1,308 @@
+#include "mixed.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "check.hpp"
+#include "metrics.hpp"
+#include "ops.hpp"
+#include "train.hpp"
+
+namespace ringzero {
+
+namespace {
+
+constexpr size_t kBlock = 512;  // conversion blocks on the stack: no allocation, stays in L1
+
+// dst16[i] = to_16(to_32(dst16[i]) + to_32(to_16(src[i]))): the fp32 gradient is first rounded
+// to 16 bits (the dtype of a 16-bit op's output), then accumulated in 16 bits.
+void accumulate_rounded(Dtype dtype, std::span<uint16_t> dst16, std::span<const float> src) {
+  uint16_t tmp[kBlock];
+  for (size_t i = 0; i < src.size(); i += kBlock) {
+    const size_t n = std::min(kBlock, src.size() - i);
+    convert_to_half(dtype, src.subspan(i, n), {tmp, n});
+    accumulate_half(dtype, dst16.subspan(i, n), {tmp, n});
+  }
+}
+
+Tensor rounded_copy(const Tensor& t, Dtype dtype) {
+  Tensor c = Tensor::zeros(t.shape(), MemTag::activations);
+  std::copy(t.data(), t.data() + t.numel(), c.data());
+  round_in_place(dtype, c.span());
+  return c;
+}
+
+}  // namespace
+
+Var linear_half(Tape& tape, const Var& inp, Parameter& weight, Parameter& bias, Dtype dtype) {
+  RZ_CHECK(dtype != Dtype::fp32, "linear_half: dtype fp32; use linear()");
+  Tensor x16 = rounded_copy(inp->value, dtype);
+  auto out =
+      make_var(Tensor::zeros({inp->value.rows(), weight.shape()[0]}, MemTag::activations), true);
+  linear_forward(out->value, x16, weight.data, bias.data);  // 16-bit values, fp32 accumulation
+  round_in_place(dtype, out->value.span());
+  tape.record(
+      [out, inp, x16, &weight, &bias, dtype] {
+        Tensor dout16 = rounded_copy(out->grad_buffer(), dtype);
+        Tensor dinp;
+        if (inp->requires_grad) dinp = Tensor::zeros(inp->value.shape(), MemTag::activations);
+        linear_backward(dinp, weight.grad, bias.grad, dout16, x16, weight.data);
+        if (inp->requires_grad) {
+          round_in_place(dtype, dinp.span());
+          inp->grad_buffer().vec() += dinp.vec();
+        }
+      },
+      {&weight, &bias});
+  return out;
+}
+
+HalfStorage::HalfStorage(Model& model, Dtype dtype) : model_(model), dtype_(dtype) {
+  RZ_CHECK(dtype != Dtype::fp32, "HalfStorage: dtype fp32 needs no 16-bit storage");
+  const int64_t psi = model.num_parameters();
+  RZ_CHECK(model.params_memory.size() == psi && model.grads_memory.size() == psi,
+           "HalfStorage: the model's flat buffers are already released (ZeRO?)");
+  params16 = Buffer16(psi, MemTag::parameters);
+  grads16 = Buffer16(psi, MemTag::gradients);
+  convert_to_half(dtype, model.params_memory.span(), params16.span());
+  const std::vector<Linear*> layers = model.linear_layers();
+  int64_t largest = 0;
+  for (Linear* l : layers) largest = std::max(largest, l->weight.numel() + l->bias.numel());
+  work_ = Buffer(largest, MemTag::activations);
+  grad_scratch_ = Buffer(largest, MemTag::activations);
+  model.params_memory.release();
+  model.grads_memory.release();
+
+  const auto& params = model.parameters();
+  const auto& offsets = model.offsets();
+  for (size_t l = 0; l < layers.size(); ++l) {
+    Linear& layer = *layers[l];
+    layer.compute_dtype = dtype;
+    layer.add_pre_forward_hook([this, l](Module&) { load_layer(l); });
+    layer.add_pre_backward_hook([this, l](Module& m) {
+      load_layer(l);
+      auto& lin = static_cast<Linear&>(m);
+      std::fill_n(grad_scratch_.data(), lin.weight.numel() + lin.bias.numel(), 0.0f);
+    });
+    for (Parameter* p : {&layer.weight, &layer.bias}) {
+      const auto i =
+          static_cast<size_t>(std::find(params.begin(), params.end(), p) - params.begin());
+      RZ_CHECK(i < params.size(), "HalfStorage: " << p->name() << " is not a model parameter");
+      const int64_t offset = offsets[i];
+      p->add_grad_ready_hook([this, offset](Parameter& q) {
+        accumulate_rounded(dtype_, grads16.span().subspan(offset, q.numel()), q.grad.span());
+      });
+    }
+  }
+  if (!layers.empty()) load_layer(0);
+}
+
+void HalfStorage::load_layer(size_t l) {
+  Linear& layer = *model_.linear_layers()[l];
+  const auto& params = model_.parameters();
+  const auto& offsets = model_.offsets();
+  int64_t at = 0;
+  for (Parameter* p : {&layer.weight, &layer.bias}) {
+    const auto i = static_cast<size_t>(std::find(params.begin(), params.end(), p) - params.begin());
+    const auto n = static_cast<size_t>(p->numel());
+    convert_to_float(dtype_, params16.span().subspan(static_cast<size_t>(offsets[i]), n),
+                     work_.span().subspan(static_cast<size_t>(at), n));
+    p->data = Tensor(work_.data() + at, p->shape());
+    p->grad = Tensor(grad_scratch_.data() + at, p->shape());
+    at += p->numel();
+  }
+}
+
+void HalfStorage::zero_grad() {
+  std::fill_n(grads16.data(), grads16.size(), uint16_t{0});
+}
+
+std::vector<float> HalfStorage::params_as_float() const {
+  std::vector<float> out(static_cast<size_t>(params16.size()));
+  convert_to_float(dtype_, params16.span(), out);
+  return out;
+}
+
+MasterWeights::MasterWeights(Dtype dtype, std::span<const float> initial,
+                             std::vector<int64_t> segment_sizes, AdamWOptions options)
+    : dtype_(dtype), sizes_(std::move(segment_sizes)), steps_(sizes_.size(), 0), options_(options) {
+  RZ_CHECK(dtype != Dtype::fp32, "MasterWeights: dtype fp32 trains the parameters directly");
+  const int64_t total = std::accumulate(sizes_.begin(), sizes_.end(), int64_t{0});
+  RZ_CHECK(total == static_cast<int64_t>(initial.size()),
+           "MasterWeights: segments sum to " << total << ", " << initial.size() << " values");
+  AdamW check({}, options);  // AdamW's option checks and messages; allocates nothing
+  master_ = Buffer(total, MemTag::optimizer_state);
+  exp_avg_ = Buffer(total, MemTag::optimizer_state);
+  exp_avg_sq_ = Buffer(total, MemTag::optimizer_state);
+  std::copy(initial.begin(), initial.end(), master_.data());
+}
+
+void MasterWeights::step(std::span<uint16_t> params16, std::span<const uint16_t> grads16,
+                         float grad_factor) {
+  RZ_CHECK(
+      params16.size() == grads16.size() && static_cast<int64_t>(params16.size()) == master_.size(),
+      "MasterWeights::step: " << params16.size() << " params, " << grads16.size()
+                              << " grads, state for " << master_.size());
+  const AdamWOptions& o = options_;
+  float* p = master_.data();
+  float* m = exp_avg_.data();
+  float* v = exp_avg_sq_.data();
+  float g[kBlock];
+  int64_t begin = 0;
+  for (size_t s = 0; s < sizes_.size(); ++s) {
+    const int64_t t = ++steps_[s];
+    // Exactly AdamW::step's arithmetic (bias corrections in double), on the fp32 master.
+    const double bias_correction1 =
+        1.0 - std::pow(static_cast<double>(o.beta1), static_cast<double>(t));
+    const double bias_correction2 =
+        1.0 - std::pow(static_cast<double>(o.beta2), static_cast<double>(t));
+    const auto step_size = static_cast<float>(o.lr / bias_correction1);
+    const auto bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+    const float decay = 1.0f - o.lr * o.weight_decay;
+    for (int64_t b = begin, end = begin + sizes_[s]; b < end; b += kBlock) {
+      const auto n = static_cast<size_t>(std::min<int64_t>(kBlock, end - b));
+      convert_to_float(dtype_, grads16.subspan(static_cast<size_t>(b), n), {g, n});
+      if (grad_factor != 1.0f)
+        for (size_t j = 0; j < n; ++j) g[j] *= grad_factor;
+      for (size_t j = 0; j < n; ++j) {
+        const size_t i = static_cast<size_t>(b) + j;
+        p[i] *= decay;
+        m[i] = m[i] * o.beta1 + (1.0f - o.beta1) * g[j];
+        v[i] = v[i] * o.beta2 + (1.0f - o.beta2) * g[j] * g[j];
+        const float denom = std::sqrt(v[i]) / bias_correction2_sqrt + o.eps;
+        p[i] -= step_size * (m[i] / denom);
+      }
+      convert_to_half(dtype_, {p + b, n}, params16.subspan(static_cast<size_t>(b), n));
+    }
+    begin += sizes_[s];
+  }
+}
+
+bool has_non_finite(Dtype dtype, std::span<const uint16_t> values) {
+  RZ_CHECK(dtype != Dtype::fp32, "has_non_finite: dtype fp32 has no 16-bit form");
+  const uint16_t exp_mask = dtype == Dtype::bf16 ? 0x7f80u : 0x7c00u;
+  bool any = false;
+  for (uint16_t h : values) any |= (h & exp_mask) == exp_mask;
+  return any;
+}
+
+double sum_of_squares_half(Dtype dtype, std::span<const uint16_t> grads, float factor) {
+  float g[kBlock];
+  double s = 0.0;
+  for (size_t i = 0; i < grads.size(); i += kBlock) {
+    const size_t n = std::min(kBlock, grads.size() - i);
+    convert_to_float(dtype, grads.subspan(i, n), {g, n});
+    for (size_t j = 0; j < n; ++j) {
+      const double x = static_cast<double>(g[j] * factor);
+      s += x * x;
+    }
+  }
+  return s;
+}
+
+bool found_inf_on_any_rank(Communicator& comm, bool local) {
+  std::array<double, 1> flag{local ? 1.0 : 0.0};
+  comm.all_reduce_metrics(flag);
+  return flag[0] > 0.0;
+}
+
+GradScaler::GradScaler(GradScalerOptions options) : options_(options), scale_(options.init_scale) {
+  RZ_CHECK(options.init_scale > 0 && std::isfinite(options.init_scale),
+           "GradScaler init_scale = " << options.init_scale << " must be positive and finite");
+  RZ_CHECK(options.growth_factor > 1, "GradScaler growth_factor must be > 1");
+  RZ_CHECK(options.backoff_factor > 0 && options.backoff_factor < 1,
+           "GradScaler backoff_factor must lie in (0, 1)");
+  RZ_CHECK(options.growth_interval > 0, "GradScaler growth_interval must be positive");
+}
+
+bool GradScaler::update(bool found_inf) {
+  if (found_inf) {
+    scale_ *= options_.backoff_factor;
+    growth_tracker_ = 0;
+    skipped_ += 1;
+    return false;
+  }
+  if (++growth_tracker_ == options_.growth_interval) {
+    scale_ *= options_.growth_factor;
+    growth_tracker_ = 0;
+  }
+  return true;
+}
+
+namespace {
+
+Dtype precision_dtype(const TrainConfig& config) {
+  const Dtype d = parse_dtype(config.precision, "--precision");
+  RZ_CHECK(d != Dtype::fp32, "MixedPrecision: --precision fp32 trains in fp32; nothing to do");
+  RZ_CHECK(config.optimizer == "adamw",
+           "--precision " << config.precision << " needs --optimizer adamw (fp32 master weights "
+                          << "are kept for AdamW only)");
+  return d;
+}
+
+AdamWOptions adamw_options(const TrainConfig& config) {
+  AdamWOptions o;
+  o.lr = config.lr;
+  o.weight_decay = config.weight_decay;
+  return o;
+}
+
+}  // namespace
+
+MixedPrecision::MixedPrecision(Model& model, const TrainConfig& config)
+    : master_(precision_dtype(config), model.params_memory.span(), parameter_sizes(model),
+              adamw_options(config)),
+      storage_(model, precision_dtype(config)) {
+  if (dtype() == Dtype::fp16) scaler_.emplace();
+}
+
+bool MixedPrecision::step(float clip_grad_norm, Communicator* comm) {
+  const Dtype d = dtype();
+  float factor = scaler_ ? scaler_->inv_scale() : 1.0f;
+  if (scaler_) {
+    bool found_inf = has_non_finite(d, storage_.grads16.span());
+    if (comm != nullptr) found_inf = found_inf_on_any_rank(*comm, found_inf);
+    if (!scaler_->update(found_inf)) return false;  // skipped: Adam's step count stays
+  }
+  if (clip_grad_norm > 0) {
+    const double norm = std::sqrt(sum_of_squares_half(d, storage_.grads16.span(), factor));
+    factor *= clip_coefficient(norm, clip_grad_norm);
+  }
+  master_.step(storage_.params16.span(), storage_.grads16.span(), factor);
+  return true;
+}
+
+std::map<std::string, NamedTensor> MixedPrecision::master_state_dict(const Model& model) const {
+  std::map<std::string, NamedTensor> out;
+  const auto& params = model.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto begin = master_.master().begin() + model.offsets()[i];
+    out[params[i]->name()] = {params[i]->shape(), {begin, begin + params[i]->numel()}};
+  }
+  return out;
+}
+
+nlohmann::json MixedPrecision::summary() const {
+  nlohmann::json j{{"precision", dtype_name(dtype())}};
+  if (scaler_) {
+    j["loss_scale"] = scaler_->scale();
+    j["skipped_steps"] = scaler_->skipped_steps();
+  }
+  return j;
+}
+
+std::string MixedPrecision::ledger_formula(Dtype dtype, int64_t psi) {
+  return std::string("formula (one process, ") + dtype_name(dtype) +
+         " + AdamW with fp32 master weights): 2Ψ + 2Ψ + 12Ψ = 16Ψ = " + human_bytes(16.0 * psi) +
+         " with Ψ = " + std::to_string(psi) +
+         "; plus one layer's fp32 working copy and gradient scratch (activations)";
+}
+
+std::unique_ptr<MixedPrecision> make_mixed_precision(Model& model, const TrainConfig& config) {
+  if (config.precision == "fp32") return nullptr;
+  return std::make_unique<MixedPrecision>(model, config);
+}
+
+}  // namespace ringzero

@@ -1,0 +1,248 @@
+#include "run.hpp"
+
+#include <algorithm>
+
+#include "atomic_file.hpp"
+#include "check.hpp"
+#include "cost_model.hpp"
+#include "data_check.hpp"
+#include "device_ext.hpp"
+#include "dist.hpp"
+#include "ledger.hpp"
+#include "safetensors.hpp"
+
+namespace ringzero {
+
+namespace {
+
+// --precision / --reduce-dtype (registered with the shared flags, config.cpp): which chapters
+// train in 16 bits so far. A chapter not yet wired refuses, naming the flag, rather than
+// silently training in fp32.
+class PrecisionCheck : public Extension {
+ public:
+  void validate(const RunState& s) override {
+    const bool wired =
+        s.chapter.name == "01_training_loop" || s.chapter.name == "02_gradient_accumulation";
+    RZ_CHECK(s.config.precision == "fp32" || wired,
+             "--precision " << s.config.precision << ": chapter " << s.chapter.name
+                            << " trains in fp32 only so far (16 bits: chapters 01-02); drop "
+                            << "--precision or use --precision fp32");
+    RZ_CHECK(s.config.reduce_dtype.empty() ||
+                 (!s.chapter.distributed && s.config.reduce_dtype == s.config.precision),
+             "--reduce-dtype " << s.config.reduce_dtype << ": chapter " << s.chapter.name
+                               << " has no 16-bit gradient reduction yet (the 16-bit ring is "
+                               << "chapters/04_ring_allreduce/ring.hpp); drop --reduce-dtype");
+  }
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Extension>> extensions() {
+  std::vector<std::unique_ptr<Extension>> list;
+  list.push_back(std::make_unique<PrecisionCheck>());
+  // A feature every chapter gets: list.push_back(std::make_unique<MyFeature>());
+  list.push_back(cost_model_extension());  // --net-*: the predicted step (cost_model.hpp)
+  list.push_back(std::make_unique<DeviceExtension>());  // --device cpu|cuda
+  list.push_back(checkpoint_extension());               // --checkpoint-*, --resume (checkpoint.hpp)
+  return list;
+}
+
+Run::Run(int argc, char** argv, Chapter chapter)
+    : argc_(argc), argv_(argv), chapter_(std::move(chapter)), extensions_(extensions()) {
+  if (chapter_.distributed) comm_ = std::make_unique<Communicator>(argc_, argv_);
+  cli_.app.description("RingZero chapter " + chapter_.name.substr(0, 2) + ": " + chapter_.title);
+  add_train_flags(cli_.app, config_, chapter_.grad_accum);
+  if (chapter_.trace) {
+    cli_.app.add_option("--trace", trace_path_,
+                        "write a Chrome trace (ui.perfetto.dev) of the first --trace-steps steps");
+    cli_.app.add_option("--trace-steps", trace_steps_, "optimizer steps to trace")
+        ->check(CLI::Range(1, 1000000));
+  }
+  if (chapter_.optimizer_state)
+    cli_.app.add_option("--save-optimizer-state", optimizer_state_path_,
+                        "write AdamW's state, gathered, to a safetensors file");
+  for (auto& e : extensions_) e->add_flags(cli_);
+}
+
+Run::~Run() = default;
+
+Communicator& Run::comm() {
+  RZ_CHECK(comm_, "chapter " << chapter_.name << " runs on one process: it has no communicator");
+  return *comm_;
+}
+
+int Run::train_impl(LessonOptions& options,
+                    const std::function<std::unique_ptr<Lesson>(SetUp&)>& make_lesson,
+                    const std::function<double(Lesson&, const Step&)>& train_step) {
+  options.add_flags(cli_);
+  const int rc = comm_ ? parse_flags_on_every_rank(*comm_, cli_.app, argc_, argv_)
+                       : parse_flags(cli_.app, argc_, argv_);
+  if (rc >= 0) return rc;
+  return run_main([&] { return run(options, make_lesson, train_step); });
+}
+
+std::string Run::start_line(const Lesson& lesson, int64_t psi, int64_t steps) const {
+  const int N = comm_ ? comm_->world_size() : 1;
+  std::string batch = std::to_string(config_.global_batch_size);
+  if (chapter_.distributed)
+    batch += " = " + std::to_string(N) + " ranks x " + std::to_string(config_.grad_accum_steps) +
+             " x " + std::to_string(config_.micro_batch_size(N));
+  else if (chapter_.grad_accum)
+    batch += " = " + std::to_string(config_.grad_accum_steps) + " x " +
+             std::to_string(config_.micro_batch_size(1));
+  return "ch" + chapter_.name + " | model " + config_.model + " | " + std::to_string(psi) +
+         " parameters | global batch " + batch + " | " + std::to_string(steps) + " steps" +
+         lesson.banner();
+}
+
+int Run::run(LessonOptions& options,
+             const std::function<std::unique_ptr<Lesson>(SetUp&)>& make_lesson,
+             const std::function<double(Lesson&, const Step&)>& train_step) {
+  // One process: N copies under mpirun would each train alone and clash on the output files.
+  if (!comm_) refuse_multi_process_launch("ch" + chapter_.name);
+  if (comm_) {
+    // With --init-from the weights no longer show --seed (it still drives the shuffle): then
+    // --seed is compared as a flag (seed_checked_elsewhere, data_check.hpp).
+    std::vector<std::string> skip = cli_.checked_elsewhere;
+    std::replace(skip.begin(), skip.end(), std::string("seed"),
+                 std::string(seed_checked_elsewhere(config_)));
+    verify_same_flags(*comm_, cli_.app, skip);
+  }
+  if (options.run_instead(comm_.get())) return 0;
+  const int N = comm_ ? comm_->world_size() : 1, rank = comm_ ? comm_->rank() : 0;
+  validate(config_, N);
+  RunState state{chapter_, config_, comm_.get(), rank, N};
+  for (auto& e : extensions_) e->validate(state);
+  if (rank == 0) {  // the rank that writes them: before training, not after it
+    check_output_path("--save-final", config_.save_final);
+    check_output_path("--metrics", config_.metrics);
+    check_output_path("--trace", trace_path_);
+    check_output_path("--save-optimizer-state", optimizer_state_path_);
+  }
+
+  // Set-up: data, the model (the same on every rank, or stop here), the lesson object.
+  TrainTestData data = load_data(config_);
+  std::unique_ptr<Model> model = build_model(config_);
+  if (comm_) {
+    broadcast_and_verify_parameters(*comm_, *model);  // same start on every rank, or stop here
+    verify_same_data(*comm_, data);  // same samples and content on every rank, or stop here
+  }
+  const int64_t psi = model->num_parameters();
+  Tracer tracer;
+  SetUp setup{comm_.get(), *model, config_, tracer};
+  std::unique_ptr<Lesson> lesson = make_lesson(setup);
+  if (lesson->reset_ledger_peaks()) Ledger::get().reset_peaks();
+  if (std::string text = lesson->explanation(); !text.empty()) print0(text);
+  if (!trace_path_.empty()) {
+    lesson->start_trace(tracer);
+    sync_epoch(*comm_, tracer);
+  }
+  Sampler sampler(data.train.size, config_.global_batch_size, config_.seed, !config_.no_shuffle);
+  StepLogger logger(config_.metrics, rank, config_.log_every);
+  const int64_t steps = total_steps(config_, sampler.steps_per_epoch());
+  print0(start_line(*lesson, psi, steps));
+  if (!trace_path_.empty() && trace_steps_ > steps)
+    print0("note: --trace-steps " + std::to_string(trace_steps_) + " is more than this run's " +
+           std::to_string(steps) + " steps: the trace holds all " + std::to_string(steps));
+  const nlohmann::json startup = comm_ ? finish_setup(*comm_) : nlohmann::json();
+  state.data = &data;
+  state.model = model.get();
+  state.lesson = lesson.get();
+  state.sampler = &sampler;
+  state.tracer = &tracer;
+  state.logger = &logger;
+  state.steps = steps;
+  for (auto& e : extensions_) e->after_setup(state);
+
+  // The loop: one train_step per global batch, the step line, evaluation after each epoch.
+  StepTimes times;
+  const int64_t K = config_.grad_accum_steps, per_epoch = sampler.steps_per_epoch();
+  for (int64_t epoch = 1 + state.step / per_epoch; epoch <= config_.epochs && state.step < steps;
+       ++epoch) {
+    sampler.set_epoch(epoch - 1);
+    for (int64_t t = state.step - (epoch - 1) * per_epoch; t < per_epoch && state.step < steps;
+         ++t) {
+      Stopwatch watch;
+      tracer.set_enabled(!trace_path_.empty() && state.step < trace_steps_);
+      Step step{*model, config_, ++state.step,
+                [&, t](int64_t micro_step) {
+                  return make_batch(data.train,
+                                    rank_micro_batch(sampler, t, rank, N, K, micro_step));
+                },
+                tracer};
+      std::optional<double> loss;
+      for (auto& e : extensions_)
+        if (!loss) loss = e->train_step_instead(state, step);
+      state.loss = loss ? *loss : train_step(*lesson, step);
+      tracer.set_enabled(false);
+      times.add(watch.ms());
+      state.last_ms = watch.ms();
+      logger.step(state.step, steps, epoch, state.loss,
+                  config_.global_batch_size / (watch.ms() / 1e3), watch.ms());
+      for (auto& e : extensions_) e->after_step(state);
+    }
+    if (config_.eval_every_epoch) {
+      for (auto& x : extensions_) x->before_model_read(state);
+      std::optional<EvalResult> e = lesson->evaluate(data.test);
+      if (!e) {
+        if (comm_) {
+          e = evaluate_distributed(*comm_, *model, data.test);
+        } else {
+          EvalSums sums = evaluate(*model, data.test, 0, data.test.size);
+          e = EvalResult{sums.loss_sum / sums.count,
+                         config_.classification() ? sums.correct / sums.count : -1};
+        }
+      }
+      state.test_loss = e->test_loss;
+      state.test_accuracy = e->test_accuracy;
+      logger.eval(epoch, state.test_loss, state.test_accuracy);
+    }
+  }
+  for (auto& e : extensions_) e->before_model_read(state);
+  report(state, startup, times.median_ms());
+  return 0;
+}
+
+void Run::report(RunState& state, const nlohmann::json& startup, double median_ms) {
+  Lesson& lesson = *state.lesson;
+  const int64_t psi = state.model->num_parameters();
+  if (!trace_path_.empty()) write_chrome_trace(*comm_, *state.tracer, trace_path_);
+  nlohmann::json summary;
+  if (comm_) {
+    summary = end_of_run_report(*comm_, state.step, startup, lesson.ledger_formula(psi),
+                                lesson.traffic_theory());
+  } else {
+    const nlohmann::json ledger = ledger_json();
+    print0(format_ledger({ledger}, lesson.ledger_formula(psi)));
+    summary = {{"model_states_bytes_per_rank", ledger["model_states_peak"]},
+               {"bytes_sent_per_rank_per_step", 0},
+               {"ledger", {ledger}}};
+  }
+  if (state.rank == 0) {
+    summary.update({{"chapter", chapter_.name},
+                    {"world_size", state.world_size},
+                    {"steps", state.step},
+                    {"final_loss", state.loss},
+                    {"test_loss", state.test_loss},
+                    {"test_accuracy", state.test_accuracy},
+                    {"ms_per_step", median_ms},
+                    {"num_parameters", psi}});
+    summary.update(lesson.summary_fields());
+  }
+  for (auto& e : extensions_) e->report(state, summary);
+  if (state.rank == 0) state.logger->summary(summary);
+
+  // Files last: gathering sharded state is traffic, but not training traffic.
+  if (!config_.save_final.empty()) {
+    auto tensors = lesson.model_state_dict(*state.model);
+    if (state.rank == 0) save_safetensors(config_.save_final, tensors);
+  }
+  if (!optimizer_state_path_.empty()) {
+    auto tensors = lesson.saved_optimizer_state();
+    RZ_CHECK(tensors, "--save-optimizer-state: chapter " << chapter_.name
+                                                         << " does not expose its optimizer state");
+    if (state.rank == 0) save_safetensors(optimizer_state_path_, *tensors);
+  }
+}
+
+}  // namespace ringzero

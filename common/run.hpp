@@ -1,0 +1,182 @@
+// run: the training driver every chapter shares, so that main.cpp states only the chapter's
+// idea: which lesson object it builds and which train_step it runs.
+//
+// Provides: Chapter (name, title, which shared flags apply), RunState (what the driver and its
+// extensions see during a run), Extension (a feature every chapter gets without a line in any
+// main.cpp: register it in run.cpp's extensions()), and Run, which owns the command line and
+// its cross-rank check, data, model, the epoch loop and its logging, evaluation, the trace and
+// the end-of-run report (memory ledger, traffic, summary record, saved files).
+// Leaves out: the training step and the lesson object (lesson.hpp), config files.
+//
+// A run, in order (the extension points in brackets):
+//   flags: shared flags, the lesson's options.add_flags, [Extension::add_flags]; parse on
+//     every rank; check every rank has the same flags; options.run_instead (the memory
+//     calculator, the all-reduce benchmark); validate(config) [Extension::validate]
+//   set-up: data, model, broadcast_and_verify_parameters, the lesson object, start-up line,
+//     --explain, trace tracks [Extension::after_setup: e.g. load a checkpoint, move state
+//     to step > 0]
+//   loop: per optimizer step train_step, the step line (StepLogger, metrics.hpp)
+//     [Extension::after_step]; evaluation after each epoch
+//   report: trace file, ledger and traffic tables [Extension::report adds lines and summary
+//     fields], summary record, --save-final, --save-optimizer-state
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "comm.hpp"
+#include "config.hpp"
+#include "data.hpp"
+#include "lesson.hpp"
+#include "metrics.hpp"
+#include "nn.hpp"
+#include "trace.hpp"
+#include "train.hpp"
+
+namespace ringzero {
+
+/// What a chapter is, for --help, the start-up line and the summary record.
+struct Chapter {
+  std::string name;              ///< its folder, "05_ddp_buckets"; the binary is ch<name>
+  std::string title;             ///< --help's first line
+  bool distributed = true;       ///< under mpirun: ranks, flag cross-check, distributed evaluation
+  bool grad_accum = true;        ///< has --grad-accum-steps (chapter 01 does not)
+  bool optimizer_state = false;  ///< has --save-optimizer-state (the lesson exposes the state)
+  bool trace = false;            ///< has --trace/--trace-steps (its train_step records spans)
+};
+
+/// What the driver knows during a run; extensions read and (at after_setup) move it.
+struct RunState {
+  const Chapter& chapter;
+  TrainConfig& config;
+  Communicator* comm = nullptr;  ///< null on one process
+  int rank = 0, world_size = 1;
+  TrainTestData* data = nullptr;
+  Model* model = nullptr;
+  Lesson* lesson = nullptr;
+  Sampler* sampler = nullptr;
+  Tracer* tracer = nullptr;
+  StepLogger* logger = nullptr;
+  int64_t steps = 0;  ///< optimizer steps of the whole run
+  /// Optimizer steps done. The loop starts at global batch step % steps_per_epoch of epoch
+  /// 1 + step / steps_per_epoch: an extension that restores a run at after_setup sets it.
+  int64_t step = 0;
+  double loss = 0;                           ///< the last step's global-batch mean loss
+  double test_loss = 0, test_accuracy = -1;  ///< the last evaluation
+  double last_ms = 0;                        ///< the last step's wall time
+};
+
+/// A feature every chapter has, with no line in any main.cpp (checkpoints, precision, devices,
+/// a network cost model). Every hook runs on every rank; a collective in one runs on all.
+class Extension {
+ public:
+  virtual ~Extension() = default;
+  /// Registers the feature's flags (before parsing).
+  virtual void add_flags(CommandLine&) {}
+  /// After parsing and the cross-rank check, before set-up: RZ_CHECK the flags' values.
+  virtual void validate(const RunState&) {}
+  /// After set-up (model, lesson object, start-up line), before the first step.
+  virtual void after_setup(RunState&) {}
+  /// After each optimizer step (state.step is that step's number, state.loss its loss).
+  virtual void after_step(RunState&) {}
+  /// Runs the optimizer step INSTEAD of the lesson's train_step when it returns a loss (the GPU
+  /// step of --device cuda); nullopt (the default) leaves the step to the lesson. The first
+  /// extension that returns a loss wins.
+  virtual std::optional<double> train_step_instead(RunState&, const Step&) { return std::nullopt; }
+  /// Before the driver reads the model's host buffers (each evaluation, the end-of-run report
+  /// and --save-final): an extension that trains elsewhere (a GPU) writes them back here.
+  virtual void before_model_read(RunState&) {}
+  /// End of run, after the ledger and traffic tables: print lines, add summary fields (rank 0's
+  /// `summary` is the one written).
+  virtual void report(RunState&, nlohmann::json& /*summary*/) {}
+};
+
+/// The extensions every run has, in hook order. Add a feature here (run.cpp).
+std::vector<std::unique_ptr<Extension>> extensions();
+
+/// Checkpoints: --checkpoint-dir, --checkpoint-every, --keep-checkpoints, --resume
+/// (common/checkpoint.hpp; the flags are registered with the shared ones in config.cpp).
+std::unique_ptr<Extension> checkpoint_extension();
+
+/// A lesson's options: its flags and, optionally, a job that replaces training.
+struct LessonOptions {
+  virtual ~LessonOptions() = default;
+  /// Registers the lesson's flags (bucket caps, collectives, --explain-*...).
+  virtual void add_flags(CommandLine&) {}
+  /// After the flags are checked, before set-up: returns true when it did the whole job (the
+  /// memory calculator, the all-reduce benchmark) and the run ends there.
+  virtual bool run_instead(Communicator*) { return false; }
+};
+
+/// The training driver. Construct it first in main (it starts MPI for distributed chapters),
+/// then call train() once.
+class Run {
+ public:
+  Run(int argc, char** argv, Chapter chapter);
+  ~Run();
+
+  /// Parses the flags, sets up, trains and reports (see the top of this file); returns main's
+  /// exit code. The lesson object is built after the model as L(SetUp&, const Flags&) (or
+  /// L(SetUp&) without flags); train_step(lesson, step) runs one optimizer step and returns the
+  /// global-batch mean loss, equal on every rank.
+  template <class L, class Flags>
+  int train(Flags& flags, double (*train_step)(L&, const Step&)) {
+    static_assert(std::is_base_of_v<Lesson, L> && std::is_base_of_v<LessonOptions, Flags>);
+    return train_impl(
+        flags, [&](SetUp& s) -> std::unique_ptr<Lesson> { return std::make_unique<L>(s, flags); },
+        [train_step](Lesson& lesson, const Step& step) {
+          return train_step(static_cast<L&>(lesson), step);
+        });
+  }
+  /// For lessons without flags of their own (chapters 01-03).
+  template <class L>
+  int train(double (*train_step)(L&, const Step&)) {
+    static_assert(std::is_base_of_v<Lesson, L>);
+    LessonOptions none;
+    return train_impl(
+        none, [](SetUp& s) -> std::unique_ptr<Lesson> { return std::make_unique<L>(s); },
+        [train_step](Lesson& lesson, const Step& step) {
+          return train_step(static_cast<L&>(lesson), step);
+        });
+  }
+
+  /// Adds an extension for this run only, after extensions()' (a test binary's, for instance).
+  /// Call before train().
+  void add_extension(std::unique_ptr<Extension> extension) {
+    extension->add_flags(cli_);
+    extensions_.push_back(std::move(extension));
+  }
+
+  /// The communicator of a distributed chapter (RZ_CHECK otherwise).
+  Communicator& comm();
+  const TrainConfig& config() const { return config_; }
+
+ private:
+  int train_impl(LessonOptions& options,
+                 const std::function<std::unique_ptr<Lesson>(SetUp&)>& make_lesson,
+                 const std::function<double(Lesson&, const Step&)>& train_step);
+  int run(LessonOptions& options, const std::function<std::unique_ptr<Lesson>(SetUp&)>& make_lesson,
+          const std::function<double(Lesson&, const Step&)>& train_step);
+  std::string start_line(const Lesson& lesson, int64_t psi, int64_t steps) const;
+  void report(RunState& state, const nlohmann::json& startup, double median_ms);
+
+  int argc_;
+  char** argv_;
+  Chapter chapter_;
+  std::unique_ptr<Communicator> comm_;  ///< outlives run_main: a failure can MPI_Abort every rank
+  CommandLine cli_;
+  TrainConfig config_;
+  std::string trace_path_, optimizer_state_path_;
+  int64_t trace_steps_ = 5;
+  std::vector<std::unique_ptr<Extension>> extensions_;
+};
+
+}  // namespace ringzero

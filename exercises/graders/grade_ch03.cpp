@@ -1,0 +1,89 @@
+// Graders for chapter 03's central reducer, under mpirun (scripts/exercise runs N = 1 and 3):
+//
+//   grade_ch03 reduce      03.1  reduce_to_rank0: rank 0 ends with Σ_q g_q, in rank order
+//   grade_ch03 broadcast   03.2  broadcast_from_rank0: every rank ends with rank 0's params
+//
+// Values are grade::tag_value(rank, element): small integers, exact in float32, so any
+// difference is a missing rank or a misplaced element, never rounding (compared bit for bit).
+// The traffic counters are checked against the star's definition: rank 0 receives (N-1)·n
+// floats, every other rank sends n (reduce), and the mirror image for the broadcast.
+#include <string>
+#include <vector>
+
+#include "chapters/03_data_parallel/central_reducer.hpp"
+#include "exercises/graders/grade.hpp"
+
+using namespace ringzero;
+
+namespace {
+
+const std::vector<int64_t> kCounts = {0, 1, 7, 10, 1000};
+
+int reduce_grader(Communicator& comm) {
+  grade::Report report("03.1 central reducer (gather and sum on rank 0)");
+  const int N = comm.world_size(), r = comm.rank();
+  for (int64_t n : kCounts) {
+    std::vector<float> grads(n), scratch(n, -1.0f);
+    for (int64_t i = 0; i < n; ++i) grads[i] = grade::tag_value(r, i);
+    comm.reset_counters();
+    reduce_to_rank0(comm, grads, scratch);
+    const std::string where = "n = " + std::to_string(n) + ", element ";
+    for (int64_t i = 0; i < n; ++i) {
+      float expected = grade::tag_value(r, i);  // ranks 1..N-1 keep their own gradients
+      if (r == 0) {
+        expected = 0;
+        for (int q = 0; q < N; ++q) expected += grade::tag_value(q, i);
+      }
+      if (!report.bitwise(where + std::to_string(i), expected, grads[i],
+                          r == 0 ? "rank 0 holds the sum over all ranks (no average here: the "
+                                   "caller divides by N)"
+                                 : "ranks other than 0 send and leave their gradients alone"))
+        break;  // the first wrong element of each n tells the story
+    }
+    const auto c = comm.training_traffic();
+    const int64_t want_in = r == 0 ? (N - 1) * n * 4 : 0, want_out = r == 0 ? 0 : n * 4;
+    if (c.bytes_received != want_in || c.bytes_sent != want_out)
+      report.fail("n = " + std::to_string(n) + ": sent " + std::to_string(c.bytes_sent) +
+                  " B, received " + std::to_string(c.bytes_received) + " B; the star moves " +
+                  std::to_string(want_out) + " B out and " + std::to_string(want_in) +
+                  " B in on this rank (rank 0 receives Ψ·4 from each other rank)");
+  }
+  return report.finish();
+}
+
+int broadcast_grader(Communicator& comm) {
+  grade::Report report("03.2 central reducer (broadcast from rank 0)");
+  const int N = comm.world_size(), r = comm.rank();
+  for (int64_t n : kCounts) {
+    std::vector<float> params(n);
+    for (int64_t i = 0; i < n; ++i) params[i] = grade::tag_value(r, i);
+    comm.reset_counters();
+    broadcast_from_rank0(comm, params);
+    for (int64_t i = 0; i < n; ++i)
+      if (!report.bitwise("n = " + std::to_string(n) + ", element " + std::to_string(i),
+                          grade::tag_value(0, i), params[i],
+                          "every rank continues from rank 0's parameters"))
+        break;
+    const auto c = comm.training_traffic();
+    const int64_t want_out = r == 0 ? (N - 1) * n * 4 : 0, want_in = r == 0 ? 0 : n * 4;
+    if (c.bytes_received != want_in || c.bytes_sent != want_out)
+      report.fail("n = " + std::to_string(n) + ": sent " + std::to_string(c.bytes_sent) +
+                  " B, received " + std::to_string(c.bytes_received) + " B; expected " +
+                  std::to_string(want_out) + " B out and " + std::to_string(want_in) +
+                  " B in (rank 0 sends Ψ·4 to each other rank)");
+  }
+  return report.finish();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Communicator comm(argc, argv);
+  const std::string which = argc > 1 ? argv[1] : "";
+  return grade::run_grader([&] {
+    if (which == "reduce") return reduce_grader(comm);
+    if (which == "broadcast") return broadcast_grader(comm);
+    RZ_CHECK(false, "grade_ch03: unknown check '" << which << "'; use reduce or broadcast");
+    return 2;
+  });
+}

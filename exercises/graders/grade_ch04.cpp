@@ -1,0 +1,102 @@
+// Graders for chapter 04's ring, under mpirun (scripts/exercise runs N = 1 and 3):
+//
+//   grade_ch04 reduce_scatter   04.1  ring_reduce_scatter: rank r ends with the reduced chunk r
+//   grade_ch04 all_gather       04.2  ring_all_gather: every rank ends with every owner's chunk
+//
+// Lengths 0, 2 (< N: an empty chunk at N = 3), 9 (divisible by 3) and 10 (chunks 4, 4, 2: the
+// ragged case that catches floor instead of ceil) and 1001. Values are grade::tag_value: small
+// integers, exact in float32 in any order, so results are compared bit for bit. The byte
+// counters must equal the ring's definition: every chunk but one per phase.
+#include <string>
+#include <vector>
+
+#include "chapters/04_ring_allreduce/ring.hpp"
+#include "exercises/graders/grade.hpp"
+
+using namespace ringzero;
+
+namespace {
+
+const std::vector<int64_t> kCounts = {0, 2, 9, 10, 1001};
+
+// "n = 10, chunk 2 (elements [8, 10)), element 9"
+std::string where(int64_t n, int N, int64_t i) {
+  const int64_t s = (n + N - 1) / N;
+  const int c = static_cast<int>(i / s);
+  const Chunk k = ring_chunk(n, N, c);
+  return "n = " + std::to_string(n) + ", chunk " + std::to_string(c) + " (elements [" +
+         std::to_string(k.offset) + ", " + std::to_string(k.offset + k.size) + ")), element " +
+         std::to_string(i);
+}
+
+void check_bytes(grade::Report& report, Communicator& comm, int64_t n, int64_t want_sent,
+                 int64_t want_received, const char* phase) {
+  const auto c = comm.training_traffic();
+  if (c.bytes_sent != 4 * want_sent || c.bytes_received != 4 * want_received)
+    report.fail("n = " + std::to_string(n) + ": " + phase + " sent " +
+                std::to_string(c.bytes_sent) + " B and received " +
+                std::to_string(c.bytes_received) + " B; the ring moves " +
+                std::to_string(4 * want_sent) + " B out and " + std::to_string(4 * want_received) +
+                " B in on this rank (every chunk but one, N - 1 steps)");
+}
+
+int reduce_scatter_grader(Communicator& comm) {
+  grade::Report report("04.1 ring reduce-scatter");
+  const int N = comm.world_size(), r = comm.rank();
+  for (int64_t n : kCounts) {
+    std::vector<float> buf(n);
+    for (int64_t i = 0; i < n; ++i) buf[i] = grade::tag_value(r, i);
+    comm.reset_counters();
+    ring_reduce_scatter(comm, buf);
+    const Chunk mine = ring_chunk(n, N, r);
+    for (int64_t i = mine.offset; i < mine.offset + mine.size; ++i) {
+      float expected = 0;
+      for (int q = 0; q < N; ++q) expected += grade::tag_value(q, i);
+      if (!report.bitwise(where(n, N, i), expected, buf[i],
+                          "after the reduce-scatter rank r owns chunk r: the sum over all "
+                          "ranks of that chunk"))
+        break;
+    }
+    check_bytes(report, comm, n, ring_reduce_scatter_sent(n, N, r),
+                ring_reduce_scatter_received(n, N, r), "reduce-scatter");
+  }
+  return report.finish();
+}
+
+int all_gather_grader(Communicator& comm) {
+  grade::Report report("04.2 ring all-gather");
+  const int N = comm.world_size(), r = comm.rank();
+  for (int64_t n : kCounts) {
+    // Each rank holds only its own chunk (others poisoned with -1): after the all-gather every
+    // element must hold its owner's value.
+    std::vector<float> buf(n, -1.0f);
+    const Chunk mine = ring_chunk(n, N, r);
+    for (int64_t i = mine.offset; i < mine.offset + mine.size; ++i) buf[i] = grade::tag_value(r, i);
+    comm.reset_counters();
+    ring_all_gather(comm, buf);
+    for (int64_t i = 0; i < n; ++i) {
+      const int owner = static_cast<int>(i / ((n + N - 1) / N));
+      if (!report.bitwise(where(n, N, i), grade::tag_value(owner, i), buf[i],
+                          "after the all-gather every rank holds chunk c as its owner, rank c, "
+                          "had it (-1 = never received)"))
+        break;
+    }
+    check_bytes(report, comm, n, ring_all_gather_sent(n, N, r), ring_all_gather_received(n, N, r),
+                "all-gather");
+  }
+  return report.finish();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Communicator comm(argc, argv);
+  const std::string which = argc > 1 ? argv[1] : "";
+  return grade::run_grader([&] {
+    if (which == "reduce_scatter") return reduce_scatter_grader(comm);
+    if (which == "all_gather") return all_gather_grader(comm);
+    RZ_CHECK(false,
+             "grade_ch04: unknown check '" << which << "'; use reduce_scatter or all_gather");
+    return 2;
+  });
+}

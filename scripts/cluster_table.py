@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""The cluster tour's table (scripts/cluster-tour): per chapter, the measured median time per
+optimizer step across the cluster beside the cost model's prediction (common/cost_model.hpp),
+its parts, and measured / predicted; then the lessons of the tour checked on the measured
+numbers. Arguments: SELFTEST.json CLUSTER_CONFIG METRICS.jsonl... [--json OUT]."""
+import json
+import sys
+
+args = sys.argv[1:]
+out = None
+if "--json" in args:
+    i = args.index("--json")
+    out = args[i + 1]
+    del args[i:i + 2]
+selftest = json.load(open(args[0]))
+config = dict(line.strip().split("=", 1) for line in open(args[1]) if "=" in line)
+rows = []
+for path in args[2:]:
+    summary = [json.loads(l) for l in open(path) if '"summary"' in l]
+    if not summary:
+        print(f"{path}: no summary line (did the run finish?)", file=sys.stderr)
+        continue
+    s = summary[-1]
+    p = s.get("prediction") or {}
+    name = s["chapter"] + ("" if s.get("prefetch", True) else " --no-prefetch")
+    rows.append({"chapter": name, "world_size": s["world_size"], "measured_ms": s["ms_per_step"],
+                 "predicted_ms": p.get("predicted_ms_per_step"), "compute_ms": p.get("compute_ms"),
+                 "comm_ms": p.get("comm_ms"), "overlap": p.get("overlap"),
+                 "sent_per_rank_per_step": s["bytes_sent_per_rank_per_step"]})
+print(f"\ncluster: {config['nodes']} nodes x {config['slots']} slots, links {config['bandwidth']} "
+      f"each way; selftest: latency {selftest['latency_us']:.1f} us, bandwidth "
+      f"{selftest['bandwidth_bps'] / 1e9:.3f} Gbit/s (median link)")
+head = ["chapter", "measured", "predicted", "meas/pred", "compute", "comm", "overlap", "sent/rank/step"]
+table = []
+for r in rows:
+    pred = r["predicted_ms"]
+    table.append([r["chapter"], f"{r['measured_ms']:.1f} ms", f"{pred:.1f} ms" if pred else "n/a",
+                  f"{r['measured_ms'] / pred:.2f}" if pred else "n/a",
+                  f"{r['compute_ms']:.1f} ms" if pred else "", f"{r['comm_ms']:.1f} ms" if pred else "",
+                  r["overlap"] or "", f"{r['sent_per_rank_per_step'] / 1e6:.2f} MB"])
+widths = [max(len(t[i]) for t in table + [head]) for i in range(len(head))]
+fmt = " | ".join("{:<%d}" % w for w in widths)
+print(fmt.format(*head).rstrip())
+print("-+-".join("-" * w for w in widths))
+for t in table:
+    print(fmt.format(*t).rstrip())
+
+# The lessons, on the measured numbers (the issue's orderings).
+by = {r["chapter"]: r for r in rows}
+def m(c): return by[c]["measured_ms"] if c in by else None
+def p(c): return by[c]["predicted_ms"] if c in by else None
+checks = []
+if m("03_data_parallel") and m("04_ring_allreduce"):
+    ratio, model = m("03_data_parallel") / m("04_ring_allreduce"), p("03_data_parallel") / p("04_ring_allreduce")
+    checks.append((f"04 faster than 03: measured ratio {ratio:.2f}, model's {model:.2f}", ratio > 1 and abs(ratio / model - 1) <= 0.25))
+if m("04_ring_allreduce") and m("05_ddp_buckets"):
+    checks.append((f"05 faster than 04: {m('05_ddp_buckets'):.1f} < {m('04_ring_allreduce'):.1f} ms", m("05_ddp_buckets") < m("04_ring_allreduce")))
+if m("05_ddp_buckets") and m("07_zero2"):
+    d = m("07_zero2") / m("05_ddp_buckets") - 1
+    checks.append((f"07 within 10 % of 05: {100 * d:+.1f} %", abs(d) <= 0.10))
+if m("08_zero3") and m("08_zero3 --no-prefetch"):
+    checks.append((f"08 prefetch faster than without: {m('08_zero3'):.1f} < {m('08_zero3 --no-prefetch'):.1f} ms", m("08_zero3") < m("08_zero3 --no-prefetch")))
+for r in rows:
+    if r["predicted_ms"]:
+        d = r["measured_ms"] / r["predicted_ms"] - 1
+        checks.append((f"{r['chapter']}: prediction within 25 %: {100 * d:+.1f} %", abs(d) <= 0.25))
+print()
+for text, ok in checks:
+    print(("ok     " if ok else "MISSED ") + text)
+if out:
+    json.dump({"cluster": config, "selftest": selftest, "rows": rows,
+               "checks": [{"text": t, "ok": ok} for t, ok in checks]}, open(out, "w"), indent=1)

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The network changes no number: chapters 03, 05 and 08, run across 4 nodes (one rank each,
+# TCP between nodes through Open MPI's rsh launcher and the namespace agent) and across 2 nodes
+# of 2 ranks (shared memory within a node, TCP between), end with the same parameters and loss
+# history, bit for bit, as the same run on one node (mpirun -np 4, shared memory). Every
+# reduction is our own point-to-point code in a fixed order, and the metrics' MPI_Allreduce of
+# doubles picks its algorithm by size, not by transport. Links at 8 gbit keep the runs short.
+export CLUSTER=rzc CLUSTER_SUBNET=10.77.3
+source "$(dirname "$0")/lib.bash"
+
+# runs NAME COMMAND...: one chapter run, its final parameters and metrics kept under $WORK.
+runs() {
+  local name=$1; shift
+  local cmd=("$@" --save-final "$WORK/$name.safetensors" --metrics "$WORK/$name.jsonl" --log-every 1000)
+  if ! timeout 120 "${cmd[@]}" >"$WORK/$name.log" 2>&1; then
+    echo "FAILED: ${cmd[*]}"; cat "$WORK/$name.log"; exit 1
+  fi
+}
+common=(--model mlp --global-batch-size 64 --max-steps 6 --eval-every-epoch 0 --seed 5)
+declare -A extra=([03_data_parallel]="" [05_ddp_buckets]="--bucket-cap-mb 0.25" [08_zero3]="")
+
+for chapter in 03_data_parallel 05_ddp_buckets 08_zero3; do
+  # shellcheck disable=SC2206
+  flags=("${common[@]}" ${extra[$chapter]})
+  runs "${chapter}_one_node" "$MPIRUN" -np 4 --oversubscribe "$BIN/ch$chapter" "${flags[@]}"
+done
+
+"$CLUSTER_SCRIPT" up --nodes 4 --slots 1 --bandwidth 8gbit
+for chapter in 03_data_parallel 05_ddp_buckets 08_zero3; do
+  # shellcheck disable=SC2206
+  flags=("${common[@]}" ${extra[$chapter]})
+  runs "${chapter}_4x1" "$CLUSTER_SCRIPT" run -- "$BIN/ch$chapter" "${flags[@]}"
+  echo "== $chapter: 4 nodes x 1 rank vs one node"
+  "$COMPARE" "$WORK/${chapter}_one_node.safetensors" "$WORK/${chapter}_4x1.safetensors" \
+    "$WORK/${chapter}_one_node.jsonl" "$WORK/${chapter}_4x1.jsonl" --bitwise
+done
+"$CLUSTER_SCRIPT" down
+
+"$CLUSTER_SCRIPT" up --nodes 2 --slots 2 --bandwidth 8gbit
+chapter=05_ddp_buckets
+# shellcheck disable=SC2206
+flags=("${common[@]}" ${extra[$chapter]})
+runs "${chapter}_2x2" "$CLUSTER_SCRIPT" run -- "$BIN/ch$chapter" "${flags[@]}"
+echo "== $chapter: 2 nodes x 2 ranks vs one node"
+"$COMPARE" "$WORK/${chapter}_one_node.safetensors" "$WORK/${chapter}_2x2.safetensors" \
+  "$WORK/${chapter}_one_node.jsonl" "$WORK/${chapter}_2x2.jsonl" --bitwise

@@ -1,0 +1,149 @@
+// The GPU path's device layer, emulated on the CPU, for tests/emul/device_emulation_test.cpp:
+// DeviceBuffer in host memory, each kernel of common/gpu/kernels.cu as the same per-element
+// (per-row, per-column) call of common/kernels.hpp in a plain loop, and sgemm as a reference
+// column-major BLAS SGEMM (op, leading dimensions and beta exactly as cuBLAS defines them).
+// With it, common/gpu/device_train.cpp (the layer loop, offsets, loss scaling, optimizer
+// segments) and common/gpu/linear.cpp (the row-major/column-major transposition of every
+// product) run and are tested on machines without a GPU. What it cannot test: CUDA itself
+// (launch bounds, the grid-stride loops, cuBLAS's own results); scripts/gpu-check does that.
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "common/check.hpp"
+#include "common/gpu/device.hpp"
+
+namespace ringzero {
+
+std::string require_gpu(int) {
+  return "CPU emulation of the GPU path";
+}
+
+DeviceBuffer::DeviceBuffer(int64_t size, MemTag tag) : size_(size), tag_(tag) {
+  RZ_CHECK(size >= 0, "DeviceBuffer size " << size << " is negative");
+  if (size == 0) return;
+  data_ = static_cast<float*>(std::calloc(static_cast<size_t>(size), 4));
+  RZ_CHECK(data_ != nullptr, "out of memory");
+  Ledger::get().add_device(tag_, bytes());
+}
+DeviceBuffer::~DeviceBuffer() {
+  release();
+}
+void DeviceBuffer::release() {
+  if (data_ != nullptr) {
+    Ledger::get().add_device(tag_, -bytes());
+    std::free(data_);
+  }
+  data_ = nullptr;
+  size_ = 0;
+}
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), tag_(o.tag_) {}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    tag_ = o.tag_;
+  }
+  return *this;
+}
+void DeviceBuffer::copy_from_host(const float* host, int64_t n, int64_t offset) {
+  RZ_CHECK(offset >= 0 && n >= 0 && offset + n <= size_, "copy out of range");
+  if (n > 0) std::memcpy(data_ + offset, host, static_cast<size_t>(n) * 4);
+}
+void DeviceBuffer::copy_to_host(float* host, int64_t n, int64_t offset) const {
+  RZ_CHECK(offset >= 0 && n >= 0 && offset + n <= size_, "copy out of range");
+  if (n > 0) std::memcpy(host, data_ + offset, static_cast<size_t>(n) * 4);
+}
+void DeviceBuffer::zero() {
+  if (size_ > 0) std::memset(data_, 0, static_cast<size_t>(size_) * 4);
+}
+
+void* device_alloc(int64_t bytes, MemTag tag) {
+  if (bytes == 0) return nullptr;
+  Ledger::get().add_device(tag, bytes);
+  return std::calloc(static_cast<size_t>(bytes), 1);
+}
+void device_free(void* p, int64_t bytes, MemTag tag) {
+  if (p == nullptr) return;
+  Ledger::get().add_device(tag, -bytes);
+  std::free(p);
+}
+void copy_to_device(void* dst, const void* src, int64_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+}
+void copy_to_host(void* dst, const void* src, int64_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+}
+void device_synchronize() {}
+
+namespace gpu {
+
+void relu_forward(float* out, const float* inp, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = kernels::relu(inp[i]);
+}
+void relu_backward(float* dinp, const float* dout, const float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dinp[i] += kernels::relu_grad(dout[i], out[i]);
+}
+void bias_add(float* out, const float* bias, int64_t B, int64_t OC) {
+  for (int64_t i = 0; i < B * OC; ++i) out[i] += bias[i % OC];
+}
+void bias_backward(float* dbias, const float* dout, int64_t B, int64_t OC) {
+  for (int64_t j = 0; j < OC; ++j) dbias[j] += kernels::column_sum(dout, B, OC, j);
+}
+void cross_entropy_forward(float* probs, double* row_nll, const float* logits,
+                           const int32_t* labels, int64_t B, int64_t C) {
+  for (int64_t b = 0; b < B; ++b)
+    row_nll[b] = kernels::softmax_cross_entropy_row(logits + b * C, probs + b * C, C, labels[b]);
+}
+void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* labels, int64_t B,
+                            int64_t C, float scale) {
+  for (int64_t i = 0; i < B * C; ++i)
+    dlogits[i] += kernels::cross_entropy_grad(probs[i], i % C == labels[i / C], scale);
+}
+double squared_error_sum(const float* pred, const float* target, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += kernels::squared_error(pred[i], target[i]);
+  return s;
+}
+void mse_backward(float* dpred, const float* pred, const float* target, int64_t n, float scale) {
+  for (int64_t i = 0; i < n; ++i) dpred[i] += kernels::mse_grad(pred[i], target[i], scale);
+}
+void adamw_update(float* p, float* m, float* v, const float* g, int64_t n,
+                  const kernels::AdamWStep& k) {
+  for (int64_t i = 0; i < n; ++i) kernels::adamw_update(p[i], m[i], v[i], g[i], k);
+}
+void sgd_update(float* p, float* buf, const float* g, int64_t n, float lr, float momentum,
+                float weight_decay, bool first_step) {
+  for (int64_t i = 0; i < n; ++i) {
+    float unused = 0.0f;
+    kernels::sgd_update(p[i], buf ? buf[i] : unused, g[i], lr, momentum, weight_decay, first_step);
+  }
+}
+double sum_of_squares(const float* g, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += kernels::square(g[i]);
+  return s;
+}
+void scale(float* g, int64_t n, float coef) {
+  for (int64_t i = 0; i < n; ++i) g[i] *= coef;
+}
+
+// Reference SGEMM, column-major: element (i, j) of X with leading dimension ld is X[i + j ld];
+// op(A) (m, k) reads A[i + p lda] (N) or A[p + i lda] (T).
+void sgemm(bool transa, bool transb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < m; ++i) {
+      float s = 0.0f;
+      for (int64_t p = 0; p < k; ++p)
+        s +=
+            (transa ? a[p + i * lda] : a[i + p * lda]) * (transb ? b[j + p * ldb] : b[p + j * ldb]);
+      c[i + j * ldc] = alpha * s + (beta == 0.0f ? 0.0f : beta * c[i + j * ldc]);
+    }
+}
+void set_tf32(bool) {}
+
+}  // namespace gpu
+}  // namespace ringzero

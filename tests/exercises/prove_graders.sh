@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The graders are proven (issue 11, item 4): in ONE scratch copy of the repository,
+#   1. build every target the selected items need and check that every grader PASSES on the
+#      solution and every bug hunt's checks pass on the unpatched code;
+#   2. for each exercise: `scripts/exercise start ID`, build, `check ID` must FAIL and its
+#      output must name the exercise (the stub was reached, not something else broken);
+#      `reset ID` must restore the file byte for byte (same sha256 as before `start`);
+#   3. for each bug hunt: `scripts/exercise bug ID`, build, `check ID` must FAIL; reset, and the
+#      file must be byte for byte the original;
+#   4. rebuild and run every selected grader again: all PASS on the restored code.
+# Cost: one configure + the needed targets once (ccache, when present, makes this and every
+# restore a cache hit), then one or two translation units per mutation.
+#   EXERCISES_FULL=1   every exercise and bug hunt (the full mutation sweep; ~10 min on 2 cores
+#                      with a warm ccache, see docs/exercises.md)
+#   default            a representative subset, one item per kind of grader: EXERCISES_SUBSET
+#   EXERCISES_ONLY="01.1 04.b1"   exactly these IDs
+# Needs SRC (repository) and SCRATCH (a directory it may wipe); ctest sets both.
+set -euo pipefail
+: "${SRC:?}" "${SCRATCH:?}"
+# The default subset: one C++ grader without MPI (01.1, common/), one MPI grader at N = 1 and 3
+# (04.1, a chapter header), one script grader that runs two chapters (02.1) and one ctest-based
+# bug hunt (04.b1: the equivalence chain's own MPI test must catch it).
+EXERCISES_SUBSET=${EXERCISES_SUBSET:-"01.1 02.1 04.1 04.b1"}
+start_time=$(date +%s)
+
+ids=$(python3 -c "
+import json, sys
+c = json.load(open('$SRC/exercises/catalogue.json'))
+print(' '.join(e['id'] for e in c['exercises'] + c['bugs']))")
+if [ -n "${EXERCISES_ONLY:-}" ]; then ids=$EXERCISES_ONLY
+elif [ "${EXERCISES_FULL:-0}" != 1 ]; then ids=$EXERCISES_SUBSET; fi
+echo "proving graders for: $ids"
+
+# One scratch copy of the tracked files (or the whole tree when not a git checkout). The build
+# lives at the same relative place as the real one (<copy>/build), so ccache's relative paths
+# (CCACHE_BASEDIR) hit the real build's cache.
+rm -rf "$SCRATCH"
+mkdir -p "$SCRATCH"
+if git -C "$SRC" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  (cd "$SRC" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$SCRATCH")
+else
+  (cd "$SRC" && tar --exclude=./build --exclude='./build-*' -cf - .) | (cd "$SCRATCH" && tar xf -)
+fi
+rm -rf "$SCRATCH/.exercise-state"
+export RINGZERO_BUILD=$SCRATCH/build
+EX="$SCRATCH/scripts/exercise"
+
+targets=$(python3 -c "
+import json
+c = json.load(open('$SRC/exercises/catalogue.json'))
+want = set('$ids'.split())
+t = set()
+for e in c['exercises'] + c['bugs']:
+    if e['id'] in want: t.update(e['build'])
+print(' '.join(sorted(t)))")
+launcher=()
+if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
+cmake -S "$SCRATCH" -B "$RINGZERO_BUILD" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=ON \
+  "${launcher[@]}" >/dev/null
+echo "== building $targets"
+cmake --build "$RINGZERO_BUILD" -j2 --target $targets >"$SCRATCH/build.log" 2>&1 ||
+  { tail -40 "$SCRATCH/build.log"; echo "FAIL: the scratch copy does not build"; exit 1; }
+echo "   built in $(($(date +%s) - start_time)) s"
+
+failures=0
+bad() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+echo "== 1. every grader passes on the solution"
+for id in $ids; do
+  t0=$(date +%s)
+  if "$EX" check "$id" >"$SCRATCH/$id.pass.log" 2>&1; then
+    echo "   $id passes ($(($(date +%s) - t0)) s)"
+  else
+    tail -20 "$SCRATCH/$id.pass.log"; bad "$id's grader fails on the solution"
+  fi
+done
+
+echo "== 2, 3. every grader fails on the stub / the bug"
+for id in $ids; do
+  kind=$(python3 -c "
+import json
+c = json.load(open('$SRC/exercises/catalogue.json'))
+print('bug' if any(b['id'] == '$id' for b in c['bugs']) else 'exercise')")
+  files=$(python3 -c "
+import json
+c = json.load(open('$SRC/exercises/catalogue.json'))
+for e in c['exercises'] + c['bugs']:
+    if e['id'] == '$id':
+        print(' '.join(e['files'] if 'files' in e else sorted({p['file'] for p in e['patch']})))")
+  before=$(cd "$SCRATCH" && sha256sum $files)
+  t0=$(date +%s)
+  if [ "$kind" = exercise ]; then "$EX" start "$id" >/dev/null; else "$EX" bug "$id" >/dev/null; fi
+  if "$EX" check "$id" >"$SCRATCH/$id.fail.log" 2>&1; then
+    tail -20 "$SCRATCH/$id.fail.log"; bad "$id's grader PASSES on the $kind (it cannot fail)"
+  elif [ "$kind" = exercise ] && ! grep -q "EXERCISE $id" "$SCRATCH/$id.fail.log"; then
+    tail -20 "$SCRATCH/$id.fail.log"; bad "$id's grader fails, but not because of the stub"
+  elif grep -q "BUILD FAILED" "$SCRATCH/$id.fail.log"; then
+    tail -20 "$SCRATCH/$id.fail.log"; bad "$id: the $kind does not compile"
+  else
+    why=$({ grep -m1 "EXERCISE $id" "$SCRATCH/$id.fail.log" ||
+            grep -m1 -E "FAIL|mismatch|expected|differ|no answer|rror" "$SCRATCH/$id.fail.log"; } |
+          cut -c1-160 || true)
+    echo "   $id fails on the $kind ($(($(date +%s) - t0)) s): $why"
+  fi
+  "$EX" reset "$id" >/dev/null
+  [ "$before" = "$(cd "$SCRATCH" && sha256sum $files)" ] ||
+    bad "$id: reset did not restore $files byte for byte"
+done
+
+echo "== 4. every grader passes again on the restored code"
+for id in $ids; do
+  if ! "$EX" check "$id" >"$SCRATCH/$id.again.log" 2>&1; then
+    tail -20 "$SCRATCH/$id.again.log"; bad "$id's grader fails on the restored code"
+  fi
+done
+
+echo "proved $(wc -w <<<"$ids") items in $(($(date +%s) - start_time)) s; $failures failures"
+[ "$failures" = 0 ]

@@ -1,0 +1,182 @@
+// The cost model (common/cost_model.hpp) against the closed forms of Thakur, Rabenseifner and
+// Gropp (2005) and Patarasuk and Yuan (2009), on traffic shaped like the chapters' counters:
+// the numbers below are exact arithmetic on round inputs (α = 10 µs, β = 1 Gbit/s = 125 bytes
+// per µs), so the tolerances are float rounding (1e-9 relative), not modelling slack.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "common/cost_model.hpp"
+
+#include <catch2/catch.hpp>
+
+using namespace ringzero;
+using Catch::Matchers::Contains;
+
+static const Network kNet{10.0, 1.0};  // α = 10 µs, β = 1 Gbit/s
+
+TEST_CASE("Hockney: a message of n bytes takes alpha + n / beta", "[cost_model]") {
+  REQUIRE(kNet.message_ms(0) == Approx(0.010).epsilon(1e-9));
+  REQUIRE(kNet.message_ms(125'000) == Approx(0.010 + 1.0).epsilon(1e-9));  // 1 Mbit at 1 Gbit/s
+  REQUIRE_THROWS_WITH((Network{10, 0}.message_ms(1)), Contains("--net-bandwidth > 0"));
+  REQUIRE_THROWS_WITH((Network{-1, 1}.message_ms(1)), Contains("--net-alpha-us >= 0"));
+}
+
+TEST_CASE("the central reducer is serialised on rank 0's link", "[cost_model]") {
+  // Chapter 03's counters at N = 4, per step: rank 0 receives 3 gradients (central_reduce) and
+  // sends 3 parameter copies (central_broadcast); ranks 1-3 send one and receive one.
+  const double psi_bytes = 4.0 * 669706;
+  const int N = 4;
+  TrafficPerStep t;
+  t["central_reduce"] = {{1, 0, 0, 3, 3 * psi_bytes}};
+  t["central_broadcast"] = {{1, 3, 3 * psi_bytes, 0, 0}};
+  for (int r = 1; r < N; ++r) {
+    t["central_reduce"].push_back({1, 1, psi_bytes, 0, 0});
+    t["central_broadcast"].push_back({1, 0, 0, 1, psi_bytes});
+  }
+  const StepPrediction p = predict_step(kNet, t, N, 5.0, Overlap::none);
+  const double loss_ms = 2 * 0.010;  // ceil(log2 4) = 2 rounds of α
+  REQUIRE(p.comm_ms == Approx(central_reducer_ms(kNet, N, psi_bytes) + loss_ms).epsilon(1e-9));
+  // 2 (N − 1)(α + 4Ψ/β) = 6 (0.01 + 21.43) ms
+  REQUIRE(central_reducer_ms(kNet, N, psi_bytes) ==
+          Approx(6 * (0.010 + psi_bytes * 8 / 1e6)).epsilon(1e-9));
+  REQUIRE(p.predicted_ms == Approx(5.0 + p.comm_ms).epsilon(1e-9));
+  REQUIRE(p.serial_ms == p.predicted_ms);
+}
+
+// Chapter 04/05's counters for ring all-reduces of `sizes` bytes each at world size N, every
+// size divisible by N: per phase and buffer, N − 1 messages of n/N each way, on every rank.
+static TrafficPerStep ring_traffic(const std::vector<double>& sizes, int N) {
+  TrafficPerStep t;
+  for (const char* op : {"ring_reduce_scatter", "ring_all_gather"}) {
+    OpTraffic per_rank;
+    for (double n : sizes) {
+      per_rank.calls += 1;
+      per_rank.messages_sent += N - 1;
+      per_rank.messages_received += N - 1;
+      per_rank.bytes_sent += (N - 1) * n / N;
+      per_rank.bytes_received += (N - 1) * n / N;
+    }
+    t[op].assign(N, per_rank);
+  }
+  return t;
+}
+
+TEST_CASE("the ring all-reduce costs 2(N-1)(alpha + n/(N beta)): N times less than the star",
+          "[cost_model]") {
+  const double n = 4.0 * 669708;  // divisible by 4
+  for (int N : {2, 3, 4, 8}) {
+    const double ring = ring_all_reduce_ms(kNet, N, n * N / N);
+    REQUIRE(ring == Approx(2 * (N - 1) * (0.010 + n / N * 8 / 1e6)).epsilon(1e-9));
+    REQUIRE(ring_phase_ms(kNet, N, n) * 2 == Approx(ring).epsilon(1e-12));
+  }
+  const int N = 4;
+  const StepPrediction p = predict_step(kNet, ring_traffic({n}, N), N, 0.0, Overlap::none);
+  REQUIRE(p.comm_ms == Approx(ring_all_reduce_ms(kNet, N, n) + 0.020).epsilon(1e-9));
+  // Bandwidth terms: central 2(N−1) n/β vs ring 2(N−1)/N n/β: ratio N (α aside).
+  const double star = central_reducer_ms(kNet, N, n), ring = ring_all_reduce_ms(kNet, N, n);
+  REQUIRE(star / ring == Approx(4.0).epsilon(2e-3));  // α terms: 6α on both sides
+}
+
+TEST_CASE("buckets: the same bytes in more messages; overlap hides all but the last bucket",
+          "[cost_model]") {
+  const int N = 4;
+  const std::vector<double> buckets(10, 4.0 * 65536);  // 10 buckets of 256 KiB
+  const TrafficPerStep t = ring_traffic(buckets, N);
+  const StepPrediction serial = predict_step(kNet, t, N, 30.0, Overlap::none);
+  double per_bucket = ring_all_reduce_ms(kNet, N, 4.0 * 65536);
+  REQUIRE(serial.comm_ms == Approx(10 * per_bucket + 0.020).epsilon(1e-9));
+  REQUIRE(serial.collectives == 0);  // nothing overlaps
+
+  // Compute 30 ms, backward 20 ms of it: communication (~31.5 ms) is longer than backward, so
+  // the step is forward 10 + comm − last + last = 10 + comm (the loss all-reduce: after).
+  const StepPrediction ddp = predict_step(kNet, t, N, 30.0, Overlap::backward);
+  REQUIRE(ddp.serial_ms == Approx(serial.serial_ms).epsilon(1e-12));
+  REQUIRE(ddp.collectives == 10);  // 10 buckets, each through both ring phases
+  REQUIRE(ddp.predicted_ms == Approx(10.0 + ddp.comm_ms).epsilon(1e-9));
+  // Compute 120 ms (backward 80 > comm): the step is compute + the last bucket + the loss
+  // all-reduce (2 α, after the step).
+  const StepPrediction slow = predict_step(kNet, t, N, 120.0, Overlap::backward);
+  REQUIRE(slow.predicted_ms == Approx(120.0 + (slow.comm_ms - 0.020) / 10 + 0.020).epsilon(1e-9));
+  // Overlap never costs more than the serial schedule, and never less than its larger part.
+  for (double c : {0.0, 1.0, 10.0, 45.0, 200.0})
+    for (Overlap o : {Overlap::none, Overlap::backward, Overlap::forward_and_backward}) {
+      const StepPrediction q = predict_step(kNet, t, N, c, o);
+      REQUIRE(q.predicted_ms <= q.serial_ms + 1e-12);
+      REQUIRE(q.predicted_ms >= std::max(q.compute_ms, q.comm_ms) - 1e-12);
+    }
+}
+
+TEST_CASE("ZeRO-3: three ring passes per layer, 1.5x DDP's bytes", "[cost_model]") {
+  const int N = 4;
+  const double layer = 4.0 * 200000;
+  TrafficPerStep t = ring_traffic({layer, layer, layer}, N);
+  // The backward all-gather: a second ring_all_gather call per layer.
+  for (OpTraffic& r : t["ring_all_gather"]) {
+    r.calls *= 2, r.messages_sent *= 2, r.messages_received *= 2;
+    r.bytes_sent *= 2, r.bytes_received *= 2;
+  }
+  const StepPrediction p = predict_step(kNet, t, N, 0.0, Overlap::none);
+  REQUIRE(p.comm_ms == Approx(3 * 3 * ring_phase_ms(kNet, N, layer) + 0.020).epsilon(1e-9));
+}
+
+TEST_CASE("an unbalanced rank sets the pace; metrics are not steps", "[cost_model]") {
+  TrafficPerStep t;
+  t["sendrecv"] = {{1, 1, 1000, 1, 1000}, {1, 2, 125000, 1, 1000}};
+  t["metrics"] = {{5, 9, 1e9, 9, 1e9}, {5, 9, 1e9, 9, 1e9}};  // ignored
+  const StepPrediction p = predict_step(kNet, t, 2, 0.0, Overlap::none);
+  REQUIRE(p.ops_ms.size() == 2);  // sendrecv and the loss all-reduce
+  REQUIRE(p.ops_ms[0].second == Approx(2 * 0.010 + 1.0).epsilon(1e-9));
+  REQUIRE(p.comm_ms == Approx(2 * 0.010 + 1.0 + 0.010).epsilon(1e-9));
+  REQUIRE_THROWS_WITH(predict_step(kNet, t, 2, -1.0, Overlap::none), Contains("--net-compute-ms"));
+}
+
+TEST_CASE("traffic_per_step reads end_of_run_report's comm entries", "[cost_model]") {
+  const nlohmann::json comm = nlohmann::json::parse(R"([
+    {"rank": 0, "ops": {"ring_all_gather": {"calls": 20, "messages_sent": 60, "bytes_sent": 6000,
+                                            "messages_received": 60, "bytes_received": 6000}}},
+    {"rank": 1, "ops": {"ring_all_gather": {"calls": 20, "messages_sent": 60, "bytes_sent": 4000,
+                                            "messages_received": 40, "bytes_received": 8000}}}])");
+  const TrafficPerStep t = traffic_per_step(comm, 10);
+  REQUIRE(t.size() == 1);
+  const std::vector<OpTraffic>& v = t.at("ring_all_gather");
+  REQUIRE(v.size() == 2);
+  REQUIRE(v[0].calls == 2);
+  REQUIRE(v[0].messages_sent == 6);
+  REQUIRE(v[1].bytes_sent == 400);
+  REQUIRE(v[1].messages_received == 4);
+  REQUIRE(v[1].bytes_received == 800);
+  REQUIRE_THROWS_WITH(traffic_per_step(comm, 0), Contains("no optimizer step"));
+}
+
+TEST_CASE("network_from_selftest reads scripts/cluster selftest's medians", "[cost_model]") {
+  const std::string path = "cost_model_test_selftest.json";
+  std::ofstream(path) << R"({"links": [], "latency_us": 12.5, "bandwidth_bps": 9.9e8})";
+  const Network net = network_from_selftest(path);
+  REQUIRE(net.alpha_us == 12.5);
+  REQUIRE(net.bandwidth_gbps == Approx(0.99).epsilon(1e-12));
+  std::remove(path.c_str());
+  REQUIRE_THROWS_WITH(network_from_selftest("no/such/file.json"),
+                      Contains("scripts/cluster selftest"));
+}
+
+TEST_CASE("format_prediction puts the prediction beside the measurement", "[cost_model]") {
+  const StepPrediction p = predict_step(kNet, ring_traffic({4.0 * 4096}, 4), 4, 2.0, Overlap::none);
+  const std::string s = format_prediction(p, 2 * p.predicted_ms);
+  REQUIRE_THAT(s, Contains("measured / predicted 2.00"));
+  REQUIRE_THAT(s, Contains("ring_reduce_scatter"));
+  REQUIRE(prediction_json(p).at("predicted_ms_per_step").get<double>() == p.predicted_ms);
+}
+
+TEST_CASE("ZeRO-1/2: the reduce-scatter overlaps backward, the all-gather follows the step",
+          "[cost_model]") {
+  const int N = 4;
+  const TrafficPerStep t = ring_traffic(std::vector<double>(10, 4.0 * 65536), N);
+  const double phase = 10 * ring_phase_ms(kNet, N, 4.0 * 65536);  // one phase, 10 buckets
+  const StepPrediction p =
+      predict_step(kNet, t, N, 120.0, Overlap::backward, {"ring_reduce_scatter"});
+  REQUIRE(p.overlapped_comm_ms == Approx(phase).epsilon(1e-9));
+  // backward 80 ms hides the reduce-scatter but its last bucket; the all-gather and the loss
+  // all-reduce come after.
+  REQUIRE(p.predicted_ms == Approx(120.0 + phase / 10 + phase + 0.020).epsilon(1e-9));
+}
