@@ -1,8 +1,13 @@
 #include "config.hpp"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdlib>
 
 #include "check.hpp"
+#include "checked.hpp"
+#include "zero_memory.hpp"
 
 namespace ringzero {
 
@@ -101,14 +106,74 @@ void validate(const TrainConfig& c, int world_size) {
   RZ_CHECK(
       std::isfinite(c.clip_grad_norm) && c.clip_grad_norm >= 0,
       "--clip-grad-norm " << c.clip_grad_norm << " must be finite and >= 0 (0 turns clipping off)");
+  RZ_CHECK(c.eval_every_epoch == 0 || c.eval_every_epoch == 1,
+           "--eval-every-epoch " << c.eval_every_epoch << " must be 1 (evaluate) or 0 (never)");
   for (int64_t h : c.hidden_sizes)
     RZ_CHECK(h > 0, "--hidden-sizes has " << h << "; every width must be positive");
-  const int64_t per_step = static_cast<int64_t>(world_size) * c.grad_accum_steps;
+  // Derived sizes in checked int64 (common/checked.hpp): a product that wraps would divide by
+  // zero or allocate a negative size later, far from the flag that caused it.
+  const int64_t psi = num_parameters(c.layer_sizes(), "--hidden-sizes");
+  const StateBytes b = fp32_state_bytes(c.optimizer, c.momentum);
+  const int64_t state_bytes =
+      checked_mul(psi, static_cast<int64_t>(b.param + b.grad + b.optimizer),
+                  "--hidden-sizes model states", "use smaller --hidden-sizes");
+  const int64_t memory = physical_memory_bytes();
+  RZ_CHECK(state_bytes <= memory, "--hidden-sizes gives " << psi << " parameters, " << state_bytes
+                                                          << " bytes of model states, more than "
+                                                             "this machine's "
+                                                          << memory
+                                                          << " bytes of memory; use smaller "
+                                                             "--hidden-sizes");
+  const int64_t per_step =
+      checked_mul(world_size, c.grad_accum_steps, "world_size x --grad-accum-steps",
+                  "--grad-accum-steps must divide --global-batch-size / world_size");
   RZ_CHECK(c.global_batch_size % per_step == 0,
            "--global-batch-size " << c.global_batch_size << " is not divisible by world_size "
                                   << world_size << " x --grad-accum-steps " << c.grad_accum_steps
                                   << " = " << per_step
                                   << "; choose a global batch that is a multiple of " << per_step);
+}
+
+int64_t num_parameters(const std::vector<int64_t>& sizes, const std::string& flag) {
+  int64_t total = 0;
+  for (size_t i = 0; i + 1 < sizes.size(); ++i) {
+    const int64_t weights =
+        checked_mul(sizes[i], sizes[i + 1], flag + " parameter count", "use smaller layer widths");
+    total = checked_add(total, checked_add(weights, sizes[i + 1], flag + " parameter count"),
+                        flag + " parameter count", "use smaller layer widths");
+  }
+  return total;
+}
+
+int64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return kMaxBytes;  // unknown: the 1 PiB sanity limit
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(static_cast<int64_t>(pages), static_cast<int64_t>(page), &bytes))
+    return kMaxBytes;
+  return std::min(bytes, kMaxBytes);
+}
+
+int64_t total_steps_checked(int64_t epochs, int64_t steps_per_epoch, int64_t max_steps) {
+  // With --max-steps the product only matters up to max_steps: epochs 2^63-1 is then fine.
+  if (max_steps > 0 && steps_per_epoch > 0 && epochs >= (max_steps - 1) / steps_per_epoch + 1)
+    return max_steps;
+  return checked_mul(epochs, steps_per_epoch, "--epochs x steps per epoch",
+                     "use fewer --epochs or set --max-steps");
+}
+
+void refuse_multi_process_launch(const std::string& chapter) {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}) {
+    const char* value = std::getenv(var);
+    if (value == nullptr) continue;
+    const long n = std::strtol(value, nullptr, 10);
+    RZ_CHECK(n <= 1, chapter << " runs on one process, but the launcher started " << n << " ("
+                             << var << "=" << value
+                             << "): each copy would train alone and write the same files. Run "
+                                "it without mpirun, or use ch03_data_parallel (or a later "
+                                "chapter) for "
+                             << n << " ranks");
+  }
 }
 
 int parse_flags(CLI::App& app, int argc, char** argv) {

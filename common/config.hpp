@@ -59,9 +59,30 @@ struct TrainConfig {
 /// (chapter 01 does not).
 void add_train_flags(CLI::App& app, TrainConfig& config, bool with_grad_accum);
 
-/// Checks the values (every error names the flag, the value and the fix). world_size is the
-/// number of ranks; B must equal world_size * micro_batch_size * K for a whole micro-batch.
+/// Checks the values (every error names the flag, the value and the fix). Derived sizes
+/// (world_size · K, the parameter count, the model-state bytes of --optimizer) are computed in
+/// checked int64 and must fit this machine's memory (issue 9 item 3: no SIGFPE, no SIGSEGV).
+/// world_size is the number of ranks; B must equal world_size * micro_batch_size * K for a whole
+/// micro-batch.
 void validate(const TrainConfig& config, int world_size);
+
+/// Σ over layers of in·out + out for layer sizes {in, hidden..., out}, in checked int64.
+/// Errors: the count leaves int64 (names `flag`, e.g. "--hidden-sizes").
+int64_t num_parameters(const std::vector<int64_t>& sizes, const std::string& flag);
+
+/// This machine's physical memory in bytes (sysconf), at most kMaxBytes (common/checked.hpp).
+int64_t physical_memory_bytes();
+
+/// min(epochs · steps_per_epoch, max_steps) (max_steps <= 0: no cap), without overflow when the
+/// cap applies. Errors: the uncapped product leaves int64 (names --epochs).
+int64_t total_steps_checked(int64_t epochs, int64_t steps_per_epoch, int64_t max_steps);
+
+/// For the single-process chapters (01, 02): fails when a launcher (mpirun, srun) started this
+/// binary as one of several processes, detected from the launcher's environment
+/// (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_SIZE... without initialising MPI). N copies would each
+/// train alone and overwrite each other's files. The message names `chapter` and the chapter
+/// to use instead (ch03_data_parallel or later).
+void refuse_multi_process_launch(const std::string& chapter);
 
 /// Parses argv; returns an exit code to return immediately (--help: 0, a bad flag: 2 after
 /// printing CLI11's message naming it), or -1 to carry on.

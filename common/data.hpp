@@ -24,11 +24,26 @@ inline constexpr const char* kDefaultFashionMnistDir = "/usr/share/datasets/fash
 struct IdxArray {
   std::vector<int64_t> dims;
   std::vector<uint8_t> data;  // product(dims) bytes, row-major
+  uint32_t crc32 = 0;         ///< zlib crc32 of the decoded file (magic, dims, data), in order
+  int64_t decoded_bytes = 0;  ///< bytes the crc32 covers
 };
 
-/// Reads a gzip-compressed IDX file of ubytes. Errors (each names the file and the problem):
-/// missing file, bad magic, wrong number of dimensions, truncated data, trailing data.
+/// The largest IDX data section the reader accepts: 2^31 bytes (Fashion-MNIST's largest file
+/// holds 47 MB). A header claiming more is rejected before anything is allocated.
+inline constexpr int64_t kMaxIdxBytes = int64_t{1} << 31;
+
+/// Reads a gzip-compressed IDX file of ubytes: decode_idx_gz on the file's bytes.
+/// Errors: a missing file (names scripts/setup and --data-dir), and decode_idx_gz's.
 IdxArray read_idx_gz(const std::string& path, int expected_ndim);
+
+/// Decodes a gzip-compressed IDX file of ubytes held in memory; `file` names it in every
+/// error. Checks: gzip magic, the gzip stream (a damaged deflate block or a CRC-32/length
+/// trailer that does not match is reported as such, with zlib's reason), the IDX magic
+/// (0x000008nn with nn = expected_ndim), a data size (product of the dimensions, checked
+/// arithmetic) of at most kMaxIdxBytes, truncated data, trailing data. Memory grows with the
+/// bytes actually decoded, never with what the header claims. The CRC-32 of the decoded bytes
+/// is computed while reading (IdxArray::crc32).
+IdxArray decode_idx_gz(std::span<const uint8_t> gz, const std::string& file, int expected_ndim);
 
 /// A dataset in memory. Classification sets have labels, regression sets have targets.
 struct Dataset {
@@ -39,6 +54,13 @@ struct Dataset {
   Buffer inputs;                ///< (size, in_features)
   Buffer targets;               ///< (size, out_features), regression only
   std::vector<int32_t> labels;  ///< (size), classification only
+  /// Where the samples came from: "DIR train"/"DIR test" for Fashion-MNIST, the generator's
+  /// parameters for the synthetic set. Named by the cross-rank data check.
+  std::string source;
+  /// zlib crc32 of the content: for Fashion-MNIST the decoded image file then the decoded
+  /// label file (crc32_combine), for the synthetic set the float32 bytes of inputs then targets.
+  /// Equal on every rank that loaded the same data.
+  uint32_t crc32 = 0;
 
   bool classification() const { return num_classes > 0; }
   /// Copies samples `indices` into x (n, in_features) and, for regression, y (n, out_features)

@@ -23,9 +23,11 @@
 #include "config.hpp"
 #include "cost_model.hpp"
 #include "dist.hpp"
+#include "finite_check.hpp"
 #include "safetensors.hpp"
 #include "trace.hpp"
 #include "train.hpp"
+#include "zero_memory.hpp"
 
 namespace ringzero {
 
@@ -35,8 +37,10 @@ struct CommandLine {
   CLI::App app;
   /// Flags the start-up check that every rank parsed the same flags skips, because a later
   /// check reports them better: --seed and --init-from by the parameter check
-  /// (broadcast_and_verify_parameters), the bucket caps by the bucket-plan check.
-  std::vector<std::string> checked_elsewhere{"seed", "init-from"};
+  /// (broadcast_and_verify_parameters; with --init-from the driver compares --seed as a flag
+  /// after all: seed_checked_elsewhere, data_check.hpp), --data-dir by the data check
+  /// (verify_same_data), the bucket caps by the bucket-plan check.
+  std::vector<std::string> checked_elsewhere{"seed", "init-from", "data-dir"};
 };
 
 /// The inputs of one optimizer step besides the lesson object: what train_step reads.

@@ -1,7 +1,11 @@
 #include "run.hpp"
 
+#include <algorithm>
+
+#include "atomic_file.hpp"
 #include "check.hpp"
 #include "cost_model.hpp"
+#include "data_check.hpp"
 #include "device_ext.hpp"
 #include "dist.hpp"
 #include "ledger.hpp"
@@ -39,7 +43,7 @@ std::vector<std::unique_ptr<Extension>> extensions() {
   // A feature every chapter gets: list.push_back(std::make_unique<MyFeature>());
   list.push_back(cost_model_extension());  // --net-*: the predicted step (cost_model.hpp)
   list.push_back(std::make_unique<DeviceExtension>());  // --device cpu|cuda
-  list.push_back(checkpoint_extension());  // --checkpoint-*, --resume (checkpoint.hpp)
+  list.push_back(checkpoint_extension());               // --checkpoint-*, --resume (checkpoint.hpp)
   return list;
 }
 
@@ -94,17 +98,35 @@ std::string Run::start_line(const Lesson& lesson, int64_t psi, int64_t steps) co
 int Run::run(LessonOptions& options,
              const std::function<std::unique_ptr<Lesson>(SetUp&)>& make_lesson,
              const std::function<double(Lesson&, const Step&)>& train_step) {
-  if (comm_) verify_same_flags(*comm_, cli_.app, cli_.checked_elsewhere);
+  // One process: N copies under mpirun would each train alone and clash on the output files.
+  if (!comm_) refuse_multi_process_launch("ch" + chapter_.name);
+  if (comm_) {
+    // With --init-from the weights no longer show --seed (it still drives the shuffle): then
+    // --seed is compared as a flag (seed_checked_elsewhere, data_check.hpp).
+    std::vector<std::string> skip = cli_.checked_elsewhere;
+    std::replace(skip.begin(), skip.end(), std::string("seed"),
+                 std::string(seed_checked_elsewhere(config_)));
+    verify_same_flags(*comm_, cli_.app, skip);
+  }
   if (options.run_instead(comm_.get())) return 0;
   const int N = comm_ ? comm_->world_size() : 1, rank = comm_ ? comm_->rank() : 0;
   validate(config_, N);
   RunState state{chapter_, config_, comm_.get(), rank, N};
   for (auto& e : extensions_) e->validate(state);
+  if (rank == 0) {  // the rank that writes them: before training, not after it
+    check_output_path("--save-final", config_.save_final);
+    check_output_path("--metrics", config_.metrics);
+    check_output_path("--trace", trace_path_);
+    check_output_path("--save-optimizer-state", optimizer_state_path_);
+  }
 
   // Set-up: data, the model (the same on every rank, or stop here), the lesson object.
   TrainTestData data = load_data(config_);
   std::unique_ptr<Model> model = build_model(config_);
-  if (comm_) broadcast_and_verify_parameters(*comm_, *model);
+  if (comm_) {
+    broadcast_and_verify_parameters(*comm_, *model);  // same start on every rank, or stop here
+    verify_same_data(*comm_, data);  // same samples and content on every rank, or stop here
+  }
   const int64_t psi = model->num_parameters();
   Tracer tracer;
   SetUp setup{comm_.get(), *model, config_, tracer};

@@ -2,10 +2,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 
+#include "atomic_file.hpp"
 #include "check.hpp"
+#include "checked.hpp"
 
 namespace ringzero {
 
@@ -33,52 +37,133 @@ std::string safetensors_bytes(const std::map<std::string, NamedTensor>& tensors)
 }
 
 void save_safetensors(const std::string& path, const std::map<std::string, NamedTensor>& tensors) {
-  const std::string bytes = safetensors_bytes(tensors);
-  std::ofstream out(path, std::ios::binary);
-  RZ_CHECK(out, "cannot write " << path << "; check the directory exists and is writable");
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  RZ_CHECK(out.good(), "writing " << path << " failed (disk full?)");
+  write_file_atomically(path, safetensors_bytes(tensors));
 }
 
 std::map<std::string, NamedTensor> load_safetensors(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   RZ_CHECK(in, "safetensors file " << path << " not found or unreadable");
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+  RZ_CHECK(!in.bad(), "reading " << path << " failed");
+  return parse_safetensors(bytes, path);
+}
+
+namespace {
+
+// A JSON value that is a non-negative integer that fits int64, or an error naming `what`.
+int64_t non_negative_int(const nlohmann::json& v, const std::string& file, const std::string& name,
+                         const char* what) {
+  RZ_CHECK(v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0),
+           file << ": tensor " << name << ": " << what << " has " << v.dump()
+                << ", expected a non-negative integer");
+  const uint64_t u = v.get<uint64_t>();
+  RZ_CHECK(u <= static_cast<uint64_t>(INT64_MAX),
+           file << ": tensor " << name << ": " << what << " " << u << " exceeds 2^63 - 1");
+  return static_cast<int64_t>(u);
+}
+
+struct Entry {
+  std::string name;
+  Shape shape;
+  int64_t begin = 0, end = 0;
+};
+
+}  // namespace
+
+std::map<std::string, NamedTensor> parse_safetensors(std::span<const uint8_t> bytes,
+                                                     const std::string& file) {
   RZ_CHECK(bytes.size() >= 8,
-           path << ": " << bytes.size() << " bytes, shorter than the 8-byte header length");
+           file << ": " << bytes.size() << " bytes, shorter than the 8-byte header length");
   uint64_t n = 0;
-  for (int i = 0; i < 8; ++i)
-    n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(bytes[i]) << (8 * i);
   RZ_CHECK(n <= bytes.size() - 8,
-           path << ": header length " << n << " exceeds the file (" << bytes.size() << " bytes)");
+           file << ": header length " << n << " exceeds the file (" << bytes.size() << " bytes)");
+  constexpr uint64_t kMaxHeader = 100'000'000;  // the reference implementation's limit
+  RZ_CHECK(n <= kMaxHeader, file << ": header length " << n << " exceeds the format's 100 MB");
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(n));
   } catch (const nlohmann::json::exception& e) {
-    RZ_CHECK(false, path << ": header is not valid JSON (" << e.what() << ")");
+    RZ_CHECK(false, file << ": header is not valid JSON (" << e.what() << ")");
   }
+  RZ_CHECK(header.is_object(), file << ": header is a JSON " << header.type_name()
+                                    << ", the format requires an object {name: {dtype, shape, "
+                                       "data_offsets}}");
   const int64_t data_size = static_cast<int64_t>(bytes.size() - 8 - n);
-  const char* data = bytes.data() + 8 + n;
-  std::map<std::string, NamedTensor> out;
+  const uint8_t* data = bytes.data() + 8 + n;
+
+  std::vector<Entry> entries;
   for (const auto& [name, info] : header.items()) {
-    if (name == "__metadata__") continue;
-    RZ_CHECK(info.value("dtype", "") == "F32",
-             path << ": tensor " << name << " has dtype " << info.value("dtype", "?")
+    if (name == "__metadata__") {
+      RZ_CHECK(info.is_object(), file << ": __metadata__ is a JSON " << info.type_name()
+                                      << ", the format requires an object of strings");
+      for (const auto& [key, value] : info.items())
+        RZ_CHECK(value.is_string(), file << ": __metadata__[\"" << key << "\"] is a JSON "
+                                         << value.type_name() << ", the format requires a string");
+      continue;
+    }
+    RZ_CHECK(info.is_object(), file << ": tensor " << name << " is described by a JSON "
+                                    << info.type_name()
+                                    << ", expected an object {dtype, shape, data_offsets}");
+    for (const char* field : {"dtype", "shape", "data_offsets"})
+      RZ_CHECK(info.contains(field), file << ": tensor " << name << " has no \"" << field << "\"");
+    const auto& dtype = info["dtype"];
+    RZ_CHECK(dtype.is_string(), file << ": tensor " << name << ": dtype is a JSON "
+                                     << dtype.type_name() << ", expected a string");
+    RZ_CHECK(dtype.get<std::string>() == "F32",
+             file << ": tensor " << name << " has dtype " << dtype.get<std::string>()
                   << "; only F32 is supported (convert with tensor.float())");
+    const auto& shape = info["shape"];
+    RZ_CHECK(shape.is_array(), file << ": tensor " << name << ": shape is a JSON "
+                                    << shape.type_name() << ", expected an array of integers");
+    Entry e;
+    e.name = name;
+    for (const auto& d : shape) e.shape.push_back(non_negative_int(d, file, name, "shape"));
+    const auto& offsets = info["data_offsets"];
+    RZ_CHECK(offsets.is_array() && offsets.size() == 2,
+             file << ": tensor " << name << ": data_offsets is " << offsets.dump()
+                  << ", expected [begin, end]");
+    e.begin = non_negative_int(offsets[0], file, name, "data_offsets");
+    e.end = non_negative_int(offsets[1], file, name, "data_offsets");
+    RZ_CHECK(e.begin <= e.end && e.end <= data_size,
+             file << ": tensor " << name << " data_offsets [" << e.begin << ", " << e.end
+                  << "] out of range of the " << data_size << " data bytes");
+    const int64_t elements = checked_product(e.shape, file + ": tensor " + name + " element count");
+    const int64_t need = checked_mul(elements, 4, file + ": tensor " + name + " byte count");
+    RZ_CHECK(e.end - e.begin == need, file << ": tensor " << name << " holds " << e.end - e.begin
+                                           << " bytes, shape " << shape_str(e.shape) << " needs "
+                                           << need);
+    entries.push_back(std::move(e));
+  }
+  // The data ranges, in file order, must tile [0, data_size): no overlap, no hole.
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  int64_t covered = 0;
+  const Entry* previous = nullptr;
+  for (const Entry& e : entries) {
+    RZ_CHECK(e.begin >= covered, file << ": tensor " << e.name << " data [" << e.begin << ", "
+                                      << e.end << ") overlaps tensor " << previous->name << " ["
+                                      << previous->begin << ", " << previous->end << ")");
+    RZ_CHECK(e.begin == covered, file << ": bytes [" << covered << ", " << e.begin
+                                      << ") of the data belong to no tensor (before tensor "
+                                      << e.name << "); the format forbids holes");
+    covered = e.end;
+    previous = &e;
+  }
+  RZ_CHECK(covered == data_size, file << ": bytes [" << covered << ", " << data_size
+                                      << ") of the data belong to no tensor; the format forbids "
+                                         "trailing data");
+
+  std::map<std::string, NamedTensor> out;
+  for (const Entry& e : entries) {
     NamedTensor t;
-    t.shape = info.at("shape").get<Shape>();
-    const auto offsets = info.at("data_offsets").get<std::vector<int64_t>>();
-    RZ_CHECK(offsets.size() == 2 && 0 <= offsets[0] && offsets[0] <= offsets[1] &&
-                 offsets[1] <= data_size,
-             path << ": tensor " << name << " data_offsets out of range of the " << data_size
-                  << " data bytes");
-    RZ_CHECK(offsets[1] - offsets[0] == numel(t.shape) * 4,
-             path << ": tensor " << name << " holds " << offsets[1] - offsets[0] << " bytes, shape "
-                  << shape_str(t.shape) << " needs " << numel(t.shape) * 4);
-    t.values.resize(static_cast<size_t>(numel(t.shape)));
+    t.shape = e.shape;
+    t.values.resize(static_cast<size_t>((e.end - e.begin) / 4));
     if (!t.values.empty())  // an empty vector's data() may be null, which memcpy must not see
-      std::memcpy(t.values.data(), data + offsets[0], static_cast<size_t>(offsets[1] - offsets[0]));
-    out.emplace(name, std::move(t));
+      std::memcpy(t.values.data(), data + e.begin, static_cast<size_t>(e.end - e.begin));
+    out.emplace(e.name, std::move(t));
   }
   return out;
 }
@@ -99,7 +184,14 @@ void load_state_dict(Model& model, const std::map<std::string, NamedTensor>& ten
     RZ_CHECK(it->second.shape == p->shape(),
              source << ": " << p->name() << " has shape " << shape_str(it->second.shape)
                     << ", the model expects " << shape_str(p->shape()));
-    std::copy(it->second.values.begin(), it->second.values.end(), p->data.data());
+    const auto& values = it->second.values;
+    for (size_t i = 0; i < values.size(); ++i)
+      RZ_CHECK(std::isfinite(values[i]),
+               source << ": tensor " << p->name() << " holds " << values[i] << " at index " << i
+                      << " of " << values.size()
+                      << "; initial weights must be finite (was the file saved after a run "
+                         "diverged?)");
+    std::copy(values.begin(), values.end(), p->data.data());
   }
   RZ_CHECK(tensors.size() == model.parameters().size(), source << " has " << tensors.size()
                                                                << " tensors, the model "

@@ -8,7 +8,9 @@
 // Leaves out: dtypes other than F32, memory mapping, big-endian hosts.
 #pragma once
 
+#include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -23,16 +25,34 @@ struct NamedTensor {
 
 /// The bytes of a safetensors file holding `tensors` (what save_safetensors writes).
 std::string safetensors_bytes(const std::map<std::string, NamedTensor>& tensors);
-/// Writes tensors (sorted by name, as the reference implementation does). Errors: unwritable path.
+/// Writes tensors (sorted by name, as the reference implementation does), atomically
+/// (common/atomic_file.hpp: a crash mid-write leaves the previous file intact). Errors:
+/// unwritable path, full disk (each names the path).
 void save_safetensors(const std::string& path, const std::map<std::string, NamedTensor>& tensors);
-/// Reads every tensor. Errors (each names the file): missing, truncated, header not JSON,
-/// dtype not F32, offsets out of range or not matching the shape.
+
+/// Reads every tensor of the file at `path`: parse_safetensors on its bytes.
+/// Errors: a missing or unreadable file, and every error of parse_safetensors.
 std::map<std::string, NamedTensor> load_safetensors(const std::string& path);
+
+/// Parses a whole safetensors file held in memory; `file` names it in every error. Enforces
+/// the format's rules (huggingface/safetensors README, "Format" and "Notes"): the 8-byte
+/// header length fits the file and is at most 100 MB; the header is a JSON object whose
+/// values are objects with a string "dtype" (only "F32" is supported), a "shape" array of
+/// non-negative integers and "data_offsets" [begin, end] of non-negative integers;
+/// "__metadata__", if present, maps strings to strings; element and byte counts do not
+/// overflow; the data ranges, sorted, are contiguous, do not overlap and cover the data
+/// section exactly (no holes: the format forbids polyglot files). Every error names the file
+/// and, where there is one, the tensor. Never reads outside `bytes`, never allocates more
+/// than the file's size.
+std::map<std::string, NamedTensor> parse_safetensors(std::span<const uint8_t> bytes,
+                                                     const std::string& file);
 
 /// The model's parameters as a state dict (copies).
 std::map<std::string, NamedTensor> state_dict(const Model& model);
 /// Copies a state dict into the model. Errors: a missing name, an unexpected name, a shape
-/// that differs (names the tensor and both shapes).
+/// that differs (names the tensor and both shapes), a non-finite value (names the tensor, the
+/// flat index and the value: initial weights must be finite, or the first step's NaN would be
+/// blamed on the learning rate).
 void load_state_dict(Model& model, const std::map<std::string, NamedTensor>& tensors,
                      const std::string& source);
 

@@ -4,6 +4,7 @@
 #include <memory>
 #include <utility>
 
+#include "atomic_file.hpp"
 #include "check.hpp"
 #include "comm.hpp"
 #include "nn.hpp"
@@ -141,10 +142,10 @@ void write_chrome_trace(Communicator& comm, const Tracer& tracer, const std::str
   nlohmann::json events = nlohmann::json::array();
   for (const std::string& s : all)
     for (auto& e : nlohmann::json::parse(s)) events.push_back(std::move(e));
-  std::ofstream f(path);
-  RZ_CHECK(f, "cannot write --trace " << path << "; check that its directory exists");
-  f << nlohmann::json{{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}}.dump() << "\n";
-  RZ_CHECK(f.good(), "writing --trace " << path << " failed (disk full?)");
+  // Atomically (temporary file, fsync, rename): a crash mid-write keeps the previous trace.
+  write_file_atomically(
+      path,
+      nlohmann::json{{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}}.dump() + "\n");
 }
 
 }  // namespace ringzero

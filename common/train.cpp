@@ -97,8 +97,7 @@ void check_finite_loss(double loss, int64_t step) {
 }
 
 int64_t total_steps(const TrainConfig& c, int64_t steps_per_epoch) {
-  const int64_t all = c.epochs * steps_per_epoch;
-  return c.max_steps > 0 ? std::min(all, c.max_steps) : all;
+  return total_steps_checked(c.epochs, steps_per_epoch, c.max_steps);
 }
 
 }  // namespace ringzero

@@ -38,9 +38,32 @@ struct StateBytes {
   double grad = 4;       ///< g
   double optimizer = 8;  ///< K
   const char* name = "fp32 + Adam";
+  /// p + g + K: bytes of one full copy of the model states per parameter.
+  constexpr double per_param() const { return param + grad + optimizer; }
 };
 inline constexpr StateBytes kFp32Adam{4, 4, 8, "fp32 + Adam"};
 inline constexpr StateBytes kMixedPrecisionAdam{2, 2, 12, "mixed precision (fp16/bf16) + Adam"};
+
+/// The fp32 model-state bytes of the chapters' --optimizer, as PyTorch's optimizers keep
+/// them: AdamW K = 8 (exp_avg, exp_avg_sq), SGD with momentum > 0 K = 4 (momentum_buffer),
+/// plain SGD K = 0 (no state). So 16Ψ, 12Ψ and 8Ψ for one full copy (p = g = 4).
+/// Errors: none; an optimizer other than "sgd" is AdamW (validate() admits only the two).
+inline StateBytes fp32_state_bytes(const std::string& optimizer, double momentum) {
+  if (optimizer == "sgd")
+    return momentum > 0 ? StateBytes{4, 4, 4, "fp32 + SGD with momentum"}
+                        : StateBytes{4, 4, 0, "fp32 + SGD"};
+  return StateBytes{4, 4, 8, "fp32 + AdamW"};
+}
+
+/// One full copy of the model states as the chapters' formula line writes it:
+/// "4Ψ + 4Ψ + 8Ψ = 16Ψ" (AdamW), "4Ψ + 4Ψ + 4Ψ = 12Ψ" (SGD with momentum), "4Ψ + 4Ψ = 8Ψ"
+/// (SGD: no optimizer term).
+inline std::string full_copy_formula_text(StateBytes b) {
+  auto n = [](double x) { return std::to_string(static_cast<int>(x)); };
+  std::string s = n(b.param) + "Ψ + " + n(b.grad) + "Ψ";
+  if (b.optimizer > 0) s += " + " + n(b.optimizer) + "Ψ";
+  return s + " = " + n(b.param + b.grad + b.optimizer) + "Ψ";
+}
 
 /// Model-state bytes per rank, by state. total() is what the paper's Figure 1 shows.
 struct ModelStateBytes {
@@ -62,17 +85,20 @@ inline ModelStateBytes zero_model_state_bytes(int zero_stage, double psi, int wo
 
 /// The formula as text, in the ZeRO paper's notation (Ψ parameters): "4Ψ + 4Ψ + 8Ψ/N" for fp32
 /// ZeRO-1.
+/// With K_os = 0 (plain SGD) the optimizer term is left out: "4Ψ + 4Ψ" for ZeRO-1.
 inline std::string zero_formula_text(int zero_stage, StateBytes b = kFp32Adam) {
   auto n = [](double x) { return std::to_string(static_cast<int>(x)); };
+  const bool k = b.optimizer > 0;
   switch (zero_stage) {
     case 0:
-      return "(" + n(b.param) + " + " + n(b.grad) + " + " + n(b.optimizer) + ")Ψ";
+      return "(" + n(b.param) + " + " + n(b.grad) + (k ? " + " + n(b.optimizer) : "") + ")Ψ";
     case 1:
-      return n(b.param) + "Ψ + " + n(b.grad) + "Ψ + " + n(b.optimizer) + "Ψ/N";
+      return n(b.param) + "Ψ + " + n(b.grad) + "Ψ" + (k ? " + " + n(b.optimizer) + "Ψ/N" : "");
     case 2:
-      return n(b.param) + "Ψ + (" + n(b.grad) + " + " + n(b.optimizer) + ")Ψ/N";
+      return n(b.param) + "Ψ + " +
+             (k ? "(" + n(b.grad) + " + " + n(b.optimizer) + ")" : n(b.grad)) + "Ψ/N";
     default:
-      return "(" + n(b.param) + " + " + n(b.grad) + " + " + n(b.optimizer) + ")Ψ/N";
+      return "(" + n(b.param) + " + " + n(b.grad) + (k ? " + " + n(b.optimizer) : "") + ")Ψ/N";
   }
 }
 

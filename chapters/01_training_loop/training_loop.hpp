@@ -22,10 +22,13 @@ class TrainingLoop : public Lesson {
  public:
   explicit TrainingLoop(SetUp& s)
       : mixed(make_mixed_precision(s.model, s.config)),
-        optimizer(s.config, mixed ? std::vector<int64_t>{} : parameter_sizes(s.model)) {}
+        optimizer(s.config, mixed ? std::vector<int64_t>{} : parameter_sizes(s.model)),
+        states_(fp32_state_bytes(s.config.optimizer, s.config.momentum)) {}
   std::string ledger_formula(int64_t psi) const override {
     if (mixed) return MixedPrecision::ledger_formula(mixed->dtype(), psi);
-    return "formula (one process, fp32 + AdamW): 4Ψ + 4Ψ + 8Ψ = 16Ψ = " + human_bytes(16.0 * psi) +
+    return "formula (one process, " + std::string(states_.name) +
+           "): " + full_copy_formula_text(states_) + " = " +
+           human_bytes(states_.per_param() * static_cast<double>(psi)) +
            " with Ψ = " + std::to_string(psi);
   }
   // In 16 bits the fp32 model existed during set-up only; the peaks start after it.
@@ -43,6 +46,9 @@ class TrainingLoop : public Lesson {
   }
 
   Optimizer optimizer;
+
+ private:
+  StateBytes states_;  ///< bytes per parameter in fp32: p, g and --optimizer's state
 };
 
 /// train_step in 16 bits: the same step with the loss scaled (fp16), 16-bit gradients, and the

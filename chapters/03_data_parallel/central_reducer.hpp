@@ -88,13 +88,18 @@ inline TrafficTheory central_reducer_traffic(int world_size, int64_t psi) {
 /// incoming gradient; train_step() below is the step it drives.
 class CentralReducer : public Lesson {
  public:
-  explicit CentralReducer(SetUp& s) : comm(*s.comm), psi_(s.model.num_parameters()) {
+  explicit CentralReducer(SetUp& s)
+      : comm(*s.comm),
+        psi_(s.model.num_parameters()),
+        states_(fp32_state_bytes(s.config.optimizer, s.config.momentum)) {
     if (comm.rank() == 0) optimizer.emplace(s.config, parameter_sizes(s.model));  // rank 0 only
     scratch = Buffer(comm.rank() == 0 ? psi_ : 0, MemTag::comm_buffers);  // (Ψ) one gradient
   }
   std::string ledger_formula(int64_t psi) const override {
-    return "formula (fp32 + AdamW on rank 0 only): rank 0 4Ψ + 4Ψ + 8Ψ = 16Ψ = " +
-           human_bytes(16.0 * psi) + ", other ranks 4Ψ + 4Ψ = 8Ψ = " + human_bytes(8.0 * psi) +
+    return "formula (" + std::string(states_.name) + " on rank 0 only): rank 0 " +
+           full_copy_formula_text(states_) + " = " +
+           human_bytes(states_.per_param() * static_cast<double>(psi)) +
+           ", other ranks 4Ψ + 4Ψ = 8Ψ = " + human_bytes(8.0 * psi) +
            "; rank 0's comm_buffers: one gradient, 4Ψ";
   }
   TrafficTheory traffic_theory() const override {
@@ -111,11 +116,13 @@ class CentralReducer : public Lesson {
 
  private:
   int64_t psi_;
+  StateBytes states_;  // bytes per parameter in fp32: p, g and --optimizer's state
 };
 
 /// One optimizer step on the global batch: K micro-steps on this rank's share, then the
 /// central reducer. Returns the global batch's mean loss (on every rank). Errors: a non-finite
-/// loss stops every rank (check_finite_loss on the same value everywhere).
+/// loss stops every rank (check_finite_loss: the global mean is the same everywhere; the error
+/// names the rank(s) whose own loss is not finite).
 inline double train_step(CentralReducer& reducer, const Step& step) {
   Communicator& comm = reducer.comm;
   Model& model = step.model;
@@ -131,7 +138,8 @@ inline double train_step(CentralReducer& reducer, const Step& step) {
     tape.backward(loss, 1.0f / K);  // grads += dloss/K: the mean over this rank's share
   }
   const double loss_value = global_mean(comm, loss_sum / K);  // equal shares: mean of means
-  check_finite_loss(loss_value, step.step);  // every rank sees the same value: all stop together
+  // Every rank stops together; the error names the rank(s) whose loss is not finite.
+  check_finite_loss(comm, loss_sum / K, loss_value, step.step);
 
   std::span<float> grads = model.grads_memory.span(), params = model.params_memory.span();
   reduce_to_rank0(comm, grads, reducer.scratch.span());  // rank 0: Σ over ranks of share means

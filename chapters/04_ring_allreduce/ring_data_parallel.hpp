@@ -63,7 +63,8 @@ class RingDataParallel : public Lesson {
         optimizer(s.config, parameter_sizes(s.model)),  // every rank: replicated optimizer state
         ring(flags.collectives == "ring"),
         sizes_(parameter_sizes(s.model)),
-        psi_(s.model.num_parameters()) {
+        psi_(s.model.num_parameters()),
+        states_(fp32_state_bytes(s.config.optimizer, s.config.momentum)) {
     const int64_t largest = *std::max_element(sizes_.begin(), sizes_.end());
     scratch = Buffer(ring_chunk(largest, comm.world_size(), 0).size,
                      MemTag::comm_buffers);  // (ceil(Ψ_p / N)) one incoming chunk
@@ -72,7 +73,9 @@ class RingDataParallel : public Lesson {
     return std::string(" | collectives ") + (ring ? "ring" : "mpi");
   }
   std::string ledger_formula(int64_t psi) const override {
-    return "formula (fp32 + AdamW, every rank): 4Ψ + 4Ψ + 8Ψ = 16Ψ = " + human_bytes(16.0 * psi) +
+    return "formula (" + std::string(states_.name) +
+           ", every rank): " + full_copy_formula_text(states_) + " = " +
+           human_bytes(states_.per_param() * static_cast<double>(psi)) +
            "; comm_buffers: one chunk of the largest parameter";
   }
   TrafficTheory traffic_theory() const override {
@@ -98,6 +101,7 @@ class RingDataParallel : public Lesson {
  private:
   std::vector<int64_t> sizes_;
   int64_t psi_;
+  StateBytes states_;  // bytes per parameter in fp32: p, g and --optimizer's state
 };
 
 /// One optimizer step on the global batch: K micro-steps on this rank's share, the all-reduce,
@@ -117,7 +121,8 @@ inline double train_step(RingDataParallel& dp, const Step& step) {
     tape.backward(loss, 1.0f / K);  // grads += dloss/K: the mean over this rank's share
   }
   const double loss_value = global_mean(comm, loss_sum / K);  // equal shares: mean of means
-  check_finite_loss(loss_value, step.step);  // every rank sees the same value: all stop together
+  // Every rank stops together; the error names the rank(s) whose loss is not finite.
+  check_finite_loss(comm, loss_sum / K, loss_value, step.step);
 
   all_reduce_gradients(comm, model, dp.ring, dp.scratch.span());  // identical grads, bit for bit
   if (step.config.clip_grad_norm > 0)

@@ -44,7 +44,8 @@ class DDPTraining : public Lesson {
         optimizer(s.config, parameter_sizes(s.model)),  // every rank: replicated optimizer state
         ddp(*s.comm, s.model, with_tracer(flags.ddp, s.tracer)),
         model_(s.model),
-        explain_(flags.explain) {}
+        explain_(flags.explain),
+        states_(fp32_state_bytes(s.config.optimizer, s.config.momentum)) {}
 
   std::string banner() const override {
     return " | " + std::to_string(ddp.buckets().size()) + " buckets | collectives " +
@@ -53,7 +54,9 @@ class DDPTraining : public Lesson {
   std::string explanation() const override { return explain_ ? ddp.explain() : ""; }
   void start_trace(Tracer& tracer) override { trace_layers(tracer, model_); }
   std::string ledger_formula(int64_t psi) const override {
-    return "formula (fp32 + AdamW, every rank): 4Ψ + 4Ψ + 8Ψ = 16Ψ = " + human_bytes(16.0 * psi) +
+    return "formula (" + std::string(states_.name) +
+           ", every rank): " + full_copy_formula_text(states_) + " = " +
+           human_bytes(states_.per_param() * static_cast<double>(psi)) +
            "; comm_buffers: one chunk of the largest bucket";
   }
   TrafficTheory traffic_theory() const override {
@@ -89,6 +92,7 @@ class DDPTraining : public Lesson {
   }
   Model& model_;
   bool explain_;
+  StateBytes states_;  // bytes per parameter in fp32: p, g and --optimizer's state
 };
 
 /// One optimizer step on the global batch: K micro-steps on this rank's share, the last one's
@@ -115,7 +119,8 @@ inline double train_step(DDPTraining& lesson, const Step& step) {
     lesson.ddp.finalize_backward();  // every bucket all-reduced and / N; MPI is ours again
   }
   const double loss_value = global_mean(lesson.comm, loss_sum / K);  // equal shares
-  check_finite_loss(loss_value, step.step);  // every rank sees the same value: all stop together
+  // Every rank stops together; the error names the rank(s) whose loss is not finite.
+  check_finite_loss(lesson.comm, loss_sum / K, loss_value, step.step);
 
   Tracer::Span opt(step.tracer, "optimizer step", "optimizer");
   if (step.config.clip_grad_norm > 0)

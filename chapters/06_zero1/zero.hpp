@@ -80,6 +80,7 @@ class ZeRO {
                               mib_to_bytes(options.first_bucket_cap_mb))),
         layout_(plan_shards(model, buckets_, comm.rank(), comm.world_size())),
         psi_(model.num_parameters()) {
+    states_ = fp32_state_bytes(config.optimizer, config.momentum);  // K of --optimizer
     check_bucket_plans_match(comm, buckets_);
     const auto& params = model.parameters();
     bucket_of_.resize(params.size());
@@ -277,6 +278,7 @@ class ZeRO {
   std::vector<Bucket> buckets_;
   ShardLayout layout_;
   int64_t psi_;                        // Ψ
+  StateBytes states_ = kFp32Adam;      // bytes per parameter: p, g, K (--optimizer)
   PaddedBuffer params_;                // (Ψ + padding) every parameter, padded per bucket
   PaddedBuffer grads_;                 // (Ψ + padding) every gradient, same layout
   std::vector<Optimizer> optimizers_;  // (buckets) each over this rank's real shard elements

@@ -17,20 +17,23 @@ namespace ringzero {
 inline std::vector<int64_t> ZeRO::model_states_bytes() const {
   std::vector<int64_t> bytes;
   for (int r = 0; r < comm_.world_size(); ++r)
-    bytes.push_back(8 * layout_.padded_total + 8 * shard_real_of(layout_, r));
+    bytes.push_back(8 * layout_.padded_total +
+                    static_cast<int64_t>(states_.optimizer) * shard_real_of(layout_, r));
   return bytes;
 }
 
 inline std::string ZeRO::ledger_formula() const {
   const ModelStateBytes f =
-      zero_model_state_bytes(1, static_cast<double>(psi_), comm_.world_size());
+      zero_model_state_bytes(1, static_cast<double>(psi_), comm_.world_size(), states_);
   std::string exact;
   for (int64_t b : model_states_bytes()) exact += (exact.empty() ? "" : ", ") + std::to_string(b);
-  return "formula (ZeRO-1, fp32 + AdamW): " + zero_formula_text(1) + " = " +
-         human_bytes(f.total()) +
-         " per rank (DDP: 16Ψ = " + human_bytes(16.0 * static_cast<double>(psi_)) +
+  const int k = static_cast<int>(states_.optimizer);
+  return "formula (ZeRO-1, " + std::string(states_.name) + "): " + zero_formula_text(1, states_) +
+         " = " + human_bytes(f.total()) + " per rank (DDP: " + full_copy_formula_text(states_) +
+         " = " + human_bytes(states_.per_param() * static_cast<double>(psi_)) +
          "); exactly, with padding " + std::to_string(layout_.padding_total) +
-         ": 4(Ψ + padding) + 4(Ψ + padding) + 8·(real shard) = " + exact + " B on ranks 0..N-1";
+         ": 4(Ψ + padding) + 4(Ψ + padding) + " + std::to_string(k) + "·(real shard) = " + exact +
+         " B on ranks 0..N-1";
 }
 
 /// shard.hpp's gather_optimizer_state. Errors: --optimizer is not adamw.

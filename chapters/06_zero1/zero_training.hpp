@@ -121,7 +121,8 @@ inline double train_step(Zero1Training& lesson, const Step& step) {
     zero.finalize_backward();  // every bucket reduce-scattered: this rank's shard holds the mean
   }
   const double loss_value = global_mean(lesson.comm, loss_sum / K);  // equal shares
-  check_finite_loss(loss_value, step.step);  // every rank sees the same value: all stop together
+  // Every rank stops together; the error names the rank(s) whose loss is not finite.
+  check_finite_loss(lesson.comm, loss_sum / K, loss_value, step.step);
 
   Tracer::Span opt(step.tracer, "optimizer step + all_gather", "optimizer");
   if (step.config.clip_grad_norm > 0)

@@ -89,6 +89,7 @@ class ZeRO {
                               mib_to_bytes(options.first_bucket_cap_mb))),
         layout_(plan_shards(model, buckets_, comm.rank(), comm.world_size())),
         psi_(model.num_parameters()) {
+    states_ = fp32_state_bytes(config.optimizer, config.momentum);  // K of --optimizer
     check_bucket_plans_match(comm, buckets_);
     const auto& params = model.parameters();
     bucket_of_.resize(params.size());
@@ -337,6 +338,7 @@ class ZeRO {
   std::vector<Bucket> buckets_;
   ShardLayout layout_;
   int64_t psi_;                             // Ψ
+  StateBytes states_ = kFp32Adam;           // bytes per parameter: p, g, K (--optimizer)
   PaddedBuffer params_;                     // (Ψ + padding) every parameter, padded per bucket
   PaddedBuffer grad_shard_;                 // (Σ s) this rank's shard of every bucket's gradient
   std::vector<PaddedBuffer> bucket_grads_;  // (buckets) a bucket's full gradient, while in flight

@@ -21,7 +21,7 @@ inline std::vector<int64_t> ZeRO::model_states_bytes() const {
   std::vector<int64_t> bytes;
   for (int r = 0; r < comm_.world_size(); ++r)
     bytes.push_back(4 * layout_.padded_total + 4 * layout_.shard_total +
-                    8 * shard_real_of(layout_, r));
+                    static_cast<int64_t>(states_.optimizer) * shard_real_of(layout_, r));
   return bytes;
 }
 
@@ -37,15 +37,17 @@ inline int64_t ZeRO::buckets_in_flight_bytes() const {
 
 inline std::string ZeRO::ledger_formula() const {
   const ModelStateBytes f =
-      zero_model_state_bytes(2, static_cast<double>(psi_), comm_.world_size());
+      zero_model_state_bytes(2, static_cast<double>(psi_), comm_.world_size(), states_);
   std::string exact;
   for (int64_t b : model_states_bytes()) exact += (exact.empty() ? "" : ", ") + std::to_string(b);
-  return "formula (ZeRO-2, fp32 + AdamW): " + zero_formula_text(2) + " = " +
-         human_bytes(f.total()) + " per rank, + at most two buckets in flight = " +
+  const int k = static_cast<int>(states_.optimizer);
+  return "formula (ZeRO-2, " + std::string(states_.name) + "): " + zero_formula_text(2, states_) +
+         " = " + human_bytes(f.total()) + " per rank, + at most two buckets in flight = " +
          human_bytes(static_cast<double>(buckets_in_flight_bytes())) +
-         " (DDP: 16Ψ = " + human_bytes(16.0 * static_cast<double>(psi_)) +
+         " (DDP: " + full_copy_formula_text(states_) + " = " +
+         human_bytes(states_.per_param() * static_cast<double>(psi_)) +
          "); exactly, with padding " + std::to_string(layout_.padding_total) +
-         ": 4(Ψ + padding) + 4·(shard) + 8·(real shard) = " + exact +
+         ": 4(Ψ + padding) + 4·(shard) + " + std::to_string(k) + "·(real shard) = " + exact +
          " B on ranks 0..N-1 between steps, + " + std::to_string(buckets_in_flight_bytes()) +
          " B in flight at the peak (K = 1; with K > 1 every bucket stays through accumulation)";
 }

@@ -71,6 +71,7 @@ class ZeRO {
         layout_(plan_layer_shards(model, comm.rank(), comm.world_size())),
         params_(layout_.shard_total, layout_.shard_total - layout_.shard_real, MemTag::parameters),
         grads_(layout_.shard_total, layout_.shard_total - layout_.shard_real, MemTag::gradients) {
+    states_ = fp32_state_bytes(config.optimizer, config.momentum);  // K of --optimizer
     int64_t largest_chunk = 0;
     for (const LayerShard& s :
          layout_.layers) {  // this rank's real elements; its padding stays zero
@@ -116,7 +117,8 @@ class ZeRO {
     std::vector<int64_t> bytes;
     for (int r = 0; r < comm_.world_size(); ++r)
       bytes.push_back(8 * layout_.shard_total +
-                      8 * plan_layer_shards(model_, r, comm_.world_size()).shard_real);
+                      static_cast<int64_t>(states_.optimizer) *
+                          plan_layer_shards(model_, r, comm_.world_size()).shard_real);
     return bytes;
   }
   /// The most bytes of full layers (parameters and gradients) alive at once: comm_buffers,
@@ -320,6 +322,7 @@ class ZeRO {
   Model& model_;
   Options options_;
   int64_t psi_;
+  StateBytes states_ = kFp32Adam;  // bytes per parameter: p, g, K (--optimizer)
   LayerLayout layout_;
   PaddedBuffer params_;  // (Σ s_l) this rank's shard of every layer's parameters
   PaddedBuffer grads_;   // (Σ s_l) and of their gradients, accumulated over micro-steps

@@ -20,15 +20,15 @@ namespace ringzero {
 
 inline std::string ZeRO::ledger_formula() const {
   const ModelStateBytes f =
-      zero_model_state_bytes(3, static_cast<double>(psi_), comm_.world_size());
+      zero_model_state_bytes(3, static_cast<double>(psi_), comm_.world_size(), states_);
   std::string exact;
   for (int64_t b : model_states_bytes()) exact += (exact.empty() ? "" : ", ") + std::to_string(b);
-  return "formula (ZeRO-3, fp32 + AdamW): " + zero_formula_text(3) + " = " +
-         human_bytes(f.total()) +
-         " per rank (DDP: 16Ψ = " + human_bytes(16.0 * static_cast<double>(psi_)) +
+  return "formula (ZeRO-3, " + std::string(states_.name) + "): " + zero_formula_text(3, states_) +
+         " = " + human_bytes(f.total()) + " per rank (DDP: " + full_copy_formula_text(states_) +
+         " = " + human_bytes(states_.per_param() * static_cast<double>(psi_)) +
          "); exactly, with padding " +
-         std::to_string(comm_.world_size() * layout_.shard_total - psi_) +
-         ": 4Σs_l + 4Σs_l + 8·(real shard) = " + exact +
+         std::to_string(comm_.world_size() * layout_.shard_total - psi_) + ": 4Σs_l + 4Σs_l + " +
+         std::to_string(static_cast<int>(states_.optimizer)) + "·(real shard) = " + exact +
          " B on ranks 0..N-1; comm_buffers at the peak: full layers in flight " +
          (options_.prefetch ? "4·max(P_l-1 + 2P_l + P_l+1) = " : "8·max P_l = ") +
          std::to_string(layers_in_flight_bytes()) + " B + one ring chunk " +

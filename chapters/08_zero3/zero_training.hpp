@@ -127,7 +127,8 @@ inline double train_step(Zero3Training& lesson, const Step& step) {
   }
   zero.finalize_backward();  // nothing in flight, no layer gathered: only the shards
   const double loss_value = global_mean(lesson.comm, loss_sum / K);  // equal shares
-  check_finite_loss(loss_value, step.step);  // every rank sees the same value: all stop together
+  // Every rank stops together; the error names the rank(s) whose loss is not finite.
+  check_finite_loss(lesson.comm, loss_sum / K, loss_value, step.step);
 
   Tracer::Span opt(step.tracer, "optimizer step", "optimizer");
   if (step.config.clip_grad_norm > 0)
