@@ -32,7 +32,15 @@ int context_world_size();
 /// The starter stub of a coursework exercise (scripts/exercise start ID puts a call in place of
 /// the solution region): throws Error("EXERCISE <id> is not done yet: <task> ..."), so a run
 /// that reaches unfinished code stops at once, on every rank, naming the exercise.
+#if defined(__CUDA_ARCH__)
+// nvcc's device pass: exercise 01.3's stub sits in kernels::adamw_update (common/kernels.hpp),
+// which the GPU runs too; there it traps. Every other pass sees the function below.
+__device__ inline void exercise_stub(const char*, const char*) {
+  __trap();
+}
+#else
 [[noreturn]] void exercise_stub(const char* id, const char* task);
+#endif
 
 /// Runs body(); on ringzero::Error or any std::exception prints the message to stderr and
 /// aborts every rank (MPI_Abort with code 1 when MPI is initialised, else returns 1).

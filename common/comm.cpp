@@ -190,17 +190,6 @@ void Communicator::broadcast(std::span<float> buf, int root) {
   }
 }
 
-void Communicator::reduce(std::span<float> buf, int root) {
-  Counters& c = counter("reduce");
-  c.calls += 1;
-  for (auto [off, n] : split_count(static_cast<int64_t>(buf.size()))) {
-    float* p = buf.data() + off;
-    MPI_CALL(MPI_Reduce(rank_ == root ? MPI_IN_PLACE : p, p, static_cast<int>(n), MPI_FLOAT,
-                        MPI_SUM, root, MPI_COMM_WORLD));
-    (rank_ == root ? c.bytes_received : c.bytes_sent) += n * 4;
-  }
-}
-
 void Communicator::all_reduce(std::span<float> buf) {
   Counters& c = counter("all_reduce");
   c.calls += 1;

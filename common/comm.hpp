@@ -65,8 +65,6 @@ class Communicator {
 
   /// MPI_Bcast from root.
   void broadcast(std::span<float> buf, int root);
-  /// MPI_Reduce (sum) into buf on root; buf is unchanged elsewhere.
-  void reduce(std::span<float> buf, int root);
   /// MPI_Allreduce (sum), in place.
   void all_reduce(std::span<float> buf);
   /// MPI_Reduce_scatter_block (sum): in has world_size * out.size() elements; rank r gets the

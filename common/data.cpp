@@ -259,4 +259,10 @@ std::span<const int64_t> Sampler::chunk(int64_t step, int64_t chunk, int64_t num
   return global_batch(step).subspan(static_cast<size_t>(chunk * size), static_cast<size_t>(size));
 }
 
+std::span<const int64_t> rank_micro_batch(const Sampler& sampler, int64_t t, int rank,
+                                          int world_size, int64_t grad_accum_steps,
+                                          int64_t micro_step) {
+  return sampler.chunk(t, rank * grad_accum_steps + micro_step, world_size * grad_accum_steps);
+}
+
 }  // namespace ringzero

@@ -17,9 +17,6 @@
 
 namespace ringzero {
 
-/// The Debian package dataset-fashion-mnist installs the four files here.
-inline constexpr const char* kDefaultFashionMnistDir = "/usr/share/datasets/fashion-mnist";
-
 /// An IDX array of unsigned bytes (LeCun et al., "THE MNIST DATABASE", file format section).
 struct IdxArray {
   std::vector<int64_t> dims;
@@ -101,5 +98,14 @@ class Sampler {
   bool shuffle_;
   std::vector<int64_t> order_;
 };
+
+/// The samples rank `rank` trains on at `micro_step` of global batch t: chunk
+/// rank * grad_accum_steps + micro_step of world_size * grad_accum_steps equal pieces
+/// (docs/design.md, "Samples per step depend only on (seed, epoch, t)"). Ranks and micro-steps only
+/// cut the same global batch, so the set of samples of step t does not depend on world_size or
+/// grad_accum_steps.
+std::span<const int64_t> rank_micro_batch(const Sampler& sampler, int64_t t, int rank,
+                                          int world_size, int64_t grad_accum_steps,
+                                          int64_t micro_step);
 
 }  // namespace ringzero

@@ -34,10 +34,6 @@ const char* dtype_name(Dtype dtype) {
   return "?";
 }
 
-int dtype_bytes(Dtype dtype) {
-  return dtype == Dtype::fp32 ? 4 : 2;
-}
-
 uint16_t float_to_fp16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -178,40 +174,18 @@ void accumulate_half(Dtype dtype, std::span<uint16_t> dst, std::span<const uint1
   }
 }
 
-Buffer16::Buffer16(int64_t size, MemTag tag) : size_(size), tag_(tag) {
-  RZ_CHECK(size >= 0, "Buffer16 size " << size << " is negative");
-  if (size == 0) return;
+uint16_t* Aligned16Allocator::allocate(int64_t size, MemTag tag, bool zero) {
   const size_t bytes = (static_cast<size_t>(size) * 2 + 63) / 64 * 64;
-  data_ = static_cast<uint16_t*>(std::aligned_alloc(64, bytes));
-  RZ_CHECK(data_ != nullptr, "out of memory allocating " << bytes << " bytes for "
-                                                         << mem_tag_name(tag)
-                                                         << "; reduce the model or batch size");
-  std::memset(data_, 0, bytes);
-  Ledger::get().add(tag_, this->bytes());
+  auto* data = static_cast<uint16_t*>(std::aligned_alloc(64, bytes));
+  RZ_CHECK(data != nullptr, "out of memory allocating " << bytes << " bytes for "
+                                                        << mem_tag_name(tag)
+                                                        << "; reduce the model or batch size");
+  if (zero) std::memset(data, 0, bytes);
+  return data;
 }
 
-void Buffer16::release() {
-  if (data_ != nullptr) {
-    Ledger::get().add(tag_, -bytes());
-    std::free(data_);
-  }
-  data_ = nullptr;
-  size_ = 0;
-}
-
-Buffer16::Buffer16(Buffer16&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)),
-      size_(std::exchange(other.size_, 0)),
-      tag_(other.tag_) {}
-
-Buffer16& Buffer16::operator=(Buffer16&& other) noexcept {
-  if (this != &other) {
-    release();
-    data_ = std::exchange(other.data_, nullptr);
-    size_ = std::exchange(other.size_, 0);
-    tag_ = other.tag_;
-  }
-  return *this;
+void Aligned16Allocator::free(uint16_t* data) {
+  std::free(data);
 }
 
 }  // namespace ringzero

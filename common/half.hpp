@@ -35,8 +35,6 @@ enum class Dtype { fp32, bf16, fp16 };
 /// accepted ones; `flag` is the flag to name, e.g. "--precision").
 Dtype parse_dtype(const std::string& name, const std::string& flag);
 const char* dtype_name(Dtype dtype);
-/// 4 for fp32, 2 for bf16 and fp16.
-int dtype_bytes(Dtype dtype);
 
 /// float -> bf16 bits, round to nearest even; NaN -> quiet NaN with the same sign.
 inline uint16_t float_to_bf16(float f) {
@@ -79,31 +77,16 @@ void round_in_place(Dtype dtype, std::span<float> x);
 /// sum). Errors: sizes differ, dtype fp32.
 void accumulate_half(Dtype dtype, std::span<uint16_t> dst, std::span<const uint16_t> src);
 
+/// Memory for Buffer16: 64-byte aligned (aligned_alloc). Errors: out of memory (names bytes
+/// and tag).
+struct Aligned16Allocator {
+  static constexpr const char* kName = "Buffer16";
+  static uint16_t* allocate(int64_t size, MemTag tag, bool zero);
+  static void free(uint16_t* data);
+};
+
 /// An owning, zero-initialised, 64-byte-aligned array of 16-bit values, tagged in the Ledger
 /// at 2 bytes per element. Move-only. Which 16-bit format it holds is the owner's business.
-class Buffer16 {
- public:
-  Buffer16() = default;
-  Buffer16(int64_t size, MemTag tag);
-  ~Buffer16() { release(); }
-  Buffer16(Buffer16&& other) noexcept;
-  Buffer16& operator=(Buffer16&& other) noexcept;
-  Buffer16(const Buffer16&) = delete;
-  Buffer16& operator=(const Buffer16&) = delete;
-
-  uint16_t* data() { return data_; }
-  const uint16_t* data() const { return data_; }
-  int64_t size() const { return size_; }
-  int64_t bytes() const { return size_ * 2; }
-  std::span<uint16_t> span() { return {data_, static_cast<size_t>(size_)}; }
-  std::span<const uint16_t> span() const { return {data_, static_cast<size_t>(size_)}; }
-  /// Frees the memory now (the ledger drops it); size() becomes 0.
-  void release();
-
- private:
-  uint16_t* data_ = nullptr;
-  int64_t size_ = 0;
-  MemTag tag_ = MemTag::dataset;
-};
+using Buffer16 = LedgerArray<uint16_t, Aligned16Allocator>;
 
 }  // namespace ringzero

@@ -18,6 +18,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "check.hpp"  // exercise_stub, for exercise 01.3's starter stub
+
 #if defined(__CUDACC__)
 #define RZ_HD __host__ __device__
 #else
@@ -92,12 +94,15 @@ struct AdamWStep {
 /// Algorithm 2 with PyTorch's placement of eps):
 ///   p *= decay;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g²;
 ///   p -= step_size * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+/// The one statement of the formula: AdamW::step (CPU) and the GPU's adamw_kernel both call it.
 RZ_HD inline void adamw_update(float& p, float& m, float& v, float g, const AdamWStep& k) {
+  // BEGIN EXERCISE 01.3 (AdamW step: one element)
   p *= k.decay;
   m = m * k.beta1 + (1.0f - k.beta1) * g;
   v = v * k.beta2 + (1.0f - k.beta2) * g * g;
   const float denom = std::sqrt(v) / k.bias_correction2_sqrt + k.eps;
   p -= k.step_size * (m / denom);
+  // END EXERCISE 01.3
 }
 
 /// One SGD element update (torch.optim.SGD, dampening 0, no nesterov): d = g + wd p; with

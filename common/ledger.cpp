@@ -77,9 +77,7 @@ bool keep_freed_memory() {
 
 }  // namespace
 
-Buffer::Buffer(int64_t size, MemTag tag, bool zero) : size_(size), tag_(tag) {
-  RZ_CHECK(size >= 0, "Buffer size " << size << " is negative");
-  if (size == 0) return;
+float* HostAllocator::allocate(int64_t size, MemTag tag, bool zero) {
   static const bool allocator_set = keep_freed_memory();  // once, before the first allocation
   (void)allocator_set;
   size_t bytes = (static_cast<size_t>(size) * sizeof(float) + 63) / 64 * 64;
@@ -92,38 +90,14 @@ Buffer::Buffer(int64_t size, MemTag tag, bool zero) : size_(size), tag_(tag) {
                                                          << mem_tag_name(tag)
                                                          << "; reduce the model or batch size");
   const auto aligned = (reinterpret_cast<uintptr_t>(block) + sizeof(void*) + 63) / 64 * 64;
-  data_ = reinterpret_cast<float*>(aligned);
-  reinterpret_cast<void**>(data_)[-1] = block;  // what release() frees
-  if (zero) std::memset(data_, 0, bytes);
-  Ledger::get().add(tag_, this->bytes());
+  auto* data = reinterpret_cast<float*>(aligned);
+  reinterpret_cast<void**>(data)[-1] = block;  // what free() frees
+  if (zero) std::memset(data, 0, bytes);
+  return data;
 }
 
-Buffer::~Buffer() {
-  release();
-}
-
-void Buffer::release() {
-  if (data_ != nullptr) {
-    Ledger::get().add(tag_, -bytes());
-    std::free(reinterpret_cast<void**>(data_)[-1]);
-  }
-  data_ = nullptr;
-  size_ = 0;
-}
-
-Buffer::Buffer(Buffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)),
-      size_(std::exchange(other.size_, 0)),
-      tag_(other.tag_) {}
-
-Buffer& Buffer::operator=(Buffer&& other) noexcept {
-  if (this != &other) {
-    release();
-    data_ = std::exchange(other.data_, nullptr);
-    size_ = std::exchange(other.size_, 0);
-    tag_ = other.tag_;
-  }
-  return *this;
+void HostAllocator::free(float* data) {
+  std::free(reinterpret_cast<void**>(data)[-1]);
 }
 
 }  // namespace ringzero

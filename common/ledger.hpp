@@ -1,8 +1,9 @@
 // ledger: where every byte of tensor memory goes, per rank.
 //
 // Provides: MemTag (the categories of the ZeRO paper's accounting plus ours), the process-wide
-// Ledger of current and peak bytes per tag, and Buffer, the one owning allocation type: every
-// float buffer in RingZero is a Buffer, so the ledger is complete by construction.
+// Ledger of current and peak bytes per tag, and LedgerArray, the one owning allocation type
+// (Buffer on the host; Buffer16 and DeviceBuffer are LedgerArrays too), so the ledger is
+// complete by construction.
 // Leaves out: allocator caching and fragmentation. Freed buffers stay in the process for reuse
 // (glibc settings in ledger.cpp, what PyTorch's caching allocator does too): the resident
 // memory can sit above these figures, which count what is allocated.
@@ -13,6 +14,9 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
+
+#include "check.hpp"
 
 namespace ringzero {
 
@@ -51,7 +55,6 @@ class Ledger {
   void add_device(MemTag tag, int64_t bytes);
   int64_t device_current(MemTag tag) const { return device_current_[static_cast<int>(tag)]; }
   int64_t device_peak(MemTag tag) const { return device_peak_[static_cast<int>(tag)]; }
-  int64_t device_total_current() const { return device_total_; }
   int64_t device_total_peak() const { return device_total_peak_; }
 
  private:
@@ -61,39 +64,87 @@ class Ledger {
   int64_t total_ = 0, total_peak_ = 0, model_states_peak_ = 0;
 };
 
-/// An owning, zero-initialised (unless uninitialized()), 64-byte-aligned float32 array, tagged
-/// in the Ledger.
-/// Move-only. size() is in elements; bytes() = 4 * size().
-class Buffer {
+/// The ledger's two columns: host memory, and GPU memory (common/gpu/device.hpp).
+enum class LedgerColumn { host, device };
+
+/// The owning, move-only array every buffer type is: `size` elements of T from Allocator,
+/// counted under `tag` in the ledger's `column` for as long as they live, so the ledger is
+/// complete by construction. Allocator provides kName (for errors), T* allocate(int64_t n,
+/// MemTag tag, bool zero) (zero-filled when `zero`; errors name the bytes and the tag) and
+/// void free(T*). size() is in elements, bytes() = sizeof(T) · size(). Errors: size < 0.
+template <class T, class Allocator, LedgerColumn column = LedgerColumn::host>
+class LedgerArray {
  public:
-  Buffer() = default;
-  Buffer(int64_t size, MemTag tag) : Buffer(size, tag, /*zero=*/true) {}
-  /// Like Buffer(size, tag) but not zeroed, for a buffer whose every element is written before
-  /// it is read (an all-gather's output): zeroing it would cost one more pass over its memory.
-  static Buffer uninitialized(int64_t size, MemTag tag) {
-    return Buffer(size, tag, /*zero=*/false);
+  LedgerArray() = default;
+  LedgerArray(int64_t size, MemTag tag) : LedgerArray(size, tag, /*zero=*/true) {}
+  /// Like LedgerArray(size, tag) but not zeroed, for a buffer whose every element is written
+  /// before it is read (an all-gather's output): zeroing it would cost one more pass.
+  static LedgerArray uninitialized(int64_t size, MemTag tag) {
+    return LedgerArray(size, tag, /*zero=*/false);
   }
-  ~Buffer();
-  Buffer(Buffer&& other) noexcept;
-  Buffer& operator=(Buffer&& other) noexcept;
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
+  ~LedgerArray() { release(); }
+  LedgerArray(LedgerArray&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)),
+        size_(std::exchange(other.size_, 0)),
+        tag_(other.tag_) {}
+  LedgerArray& operator=(LedgerArray&& other) noexcept {
+    if (this != &other) {
+      release();
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+      tag_ = other.tag_;
+    }
+    return *this;
+  }
+  LedgerArray(const LedgerArray&) = delete;
+  LedgerArray& operator=(const LedgerArray&) = delete;
 
-  float* data() { return data_; }
-  const float* data() const { return data_; }
+  T* data() { return data_; }
+  const T* data() const { return data_; }
   int64_t size() const { return size_; }
-  int64_t bytes() const { return size_ * static_cast<int64_t>(sizeof(float)); }
+  int64_t bytes() const { return size_ * static_cast<int64_t>(sizeof(T)); }
   MemTag tag() const { return tag_; }
-  std::span<float> span() { return {data_, static_cast<size_t>(size_)}; }
-  std::span<const float> span() const { return {data_, static_cast<size_t>(size_)}; }
+  std::span<T> span() { return {data_, static_cast<size_t>(size_)}; }
+  std::span<const T> span() const { return {data_, static_cast<size_t>(size_)}; }
   /// Frees the memory now (the ledger drops it); size() becomes 0.
-  void release();
+  void release() {
+    if (data_ != nullptr) {
+      count(-bytes());
+      Allocator::free(data_);
+    }
+    data_ = nullptr;
+    size_ = 0;
+  }
 
- private:
-  Buffer(int64_t size, MemTag tag, bool zero);
-  float* data_ = nullptr;
+ protected:
+  LedgerArray(int64_t size, MemTag tag, bool zero) : size_(size), tag_(tag) {
+    RZ_CHECK(size >= 0, Allocator::kName << " size " << size << " is negative");
+    if (size == 0) return;
+    data_ = Allocator::allocate(size, tag, zero);
+    count(bytes());
+  }
+  void count(int64_t bytes) const {
+    if constexpr (column == LedgerColumn::host)
+      Ledger::get().add(tag_, bytes);
+    else
+      Ledger::get().add_device(tag_, bytes);
+  }
+
+  T* data_ = nullptr;
   int64_t size_ = 0;
   MemTag tag_ = MemTag::dataset;
 };
+
+/// Host memory for Buffer: 64-byte aligned, freed blocks kept in the process for reuse
+/// (ledger.cpp says why). Errors: out of memory (names bytes and tag).
+struct HostAllocator {
+  static constexpr const char* kName = "Buffer";
+  static float* allocate(int64_t size, MemTag tag, bool zero);
+  static void free(float* data);
+};
+
+/// An owning, zero-initialised (unless uninitialized()), 64-byte-aligned float32 array, tagged
+/// in the Ledger: every float buffer in RingZero on the host.
+using Buffer = LedgerArray<float, HostAllocator>;
 
 }  // namespace ringzero

@@ -23,6 +23,7 @@
 #include "config.hpp"
 #include "cost_model.hpp"
 #include "dist.hpp"
+#include "dist_eval.hpp"
 #include "finite_check.hpp"
 #include "safetensors.hpp"
 #include "trace.hpp"

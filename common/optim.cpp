@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <numeric>
+#include <utility>
+#include <variant>
 
 #include "check.hpp"
 #include "kernels.hpp"
@@ -45,19 +47,13 @@ void AdamW::step(std::span<float> params, std::span<const float> grads) {
   float* v = exp_avg_sq_.data();
   int64_t begin = 0;
   for (size_t s = 0; s < sizes_.size(); ++s) {
-    // BEGIN EXERCISE 01.3 (AdamW step)
+    // BEGIN EXERCISE 01.3 (AdamW step: one segment)
     const int64_t t = ++steps_[s];
     const kernels::AdamWStep k = adamw_step_constants(o, t);
     float* p = params.data();
     const float* g = grads.data();
-    for (int64_t i = begin, end = begin + sizes_[s]; i < end; ++i) {
-      // The same formula as kernels::adamw_update (the device's), written out for the lesson.
-      p[i] *= k.decay;
-      m[i] = m[i] * k.beta1 + (1.0f - k.beta1) * g[i];
-      v[i] = v[i] * k.beta2 + (1.0f - k.beta2) * g[i] * g[i];
-      const float denom = std::sqrt(v[i]) / k.bias_correction2_sqrt + k.eps;
-      p[i] -= k.step_size * (m[i] / denom);
-    }
+    for (int64_t i = begin, end = begin + sizes_[s]; i < end; ++i)
+      kernels::adamw_update(p[i], m[i], v[i], g[i], k);  // the formula (kernels.hpp): the GPU's too
     // END EXERCISE 01.3
     begin += sizes_[s];
   }
@@ -81,6 +77,26 @@ void SGD::step(std::span<float> params, std::span<const float> grads) {
     kernels::sgd_update(params[i], o.momentum > 0 ? buf[i] : no_buffer, grads[i], o.lr, o.momentum,
                         o.weight_decay, first_step_);
   first_step_ = false;
+}
+
+static std::variant<AdamW, SGD> make_optimizer(const TrainConfig& c, std::vector<int64_t> sizes) {
+  if (c.optimizer == "sgd") {
+    int64_t total = 0;
+    for (int64_t s : sizes) total += s;
+    return std::variant<AdamW, SGD>(std::in_place_type<SGD>, total,
+                                    SGDOptions{c.lr, c.momentum, c.weight_decay});
+  }
+  AdamWOptions o;
+  o.lr = c.lr;
+  o.weight_decay = c.weight_decay;
+  return std::variant<AdamW, SGD>(std::in_place_type<AdamW>, std::move(sizes), o);
+}
+
+Optimizer::Optimizer(const TrainConfig& c, std::vector<int64_t> segment_sizes)
+    : impl_(make_optimizer(c, std::move(segment_sizes))) {}
+
+void Optimizer::step(std::span<float> params, std::span<const float> grads) {
+  std::visit([&](auto& opt) { opt.step(params, grads); }, impl_);
 }
 
 double sum_of_squares(std::span<const float> grads) {

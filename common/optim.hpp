@@ -1,8 +1,9 @@
 // optim: SGD and AdamW with PyTorch's semantics, over flat spans, and gradient clipping.
 //
-// Provides: SGD (momentum, dampening 0, weight decay added to the gradient, as torch.optim.SGD),
-// AdamW (torch.optim.AdamW 1.13, single-tensor path: decoupled weight decay, bias correction
-// with a per-parameter step count), global-norm clipping (torch.nn.utils.clip_grad_norm_).
+// Provides: Optimizer (--optimizer adamw|sgd, the one every chapter builds), SGD (momentum,
+// dampening 0, weight decay added to the gradient, as torch.optim.SGD), AdamW
+// (torch.optim.AdamW 1.13, single-tensor path: decoupled weight decay, bias correction with a
+// per-parameter step count), global-norm clipping (torch.nn.utils.clip_grad_norm_).
 // Both optimizers update a flat span of parameters from a flat span of gradients of the same
 // length; a ZeRO shard is simply a shorter span. The span is split into segments (normally
 // one per parameter, or the part of a parameter inside a shard), each with its own step count.
@@ -11,8 +12,10 @@
 
 #include <cstdint>
 #include <span>
+#include <variant>
 #include <vector>
 
+#include "config.hpp"
 #include "kernels.hpp"
 #include "ledger.hpp"
 
@@ -83,6 +86,22 @@ class SGD {
   SGDOptions options_;
   Buffer momentum_buffer_;
   bool first_step_ = true;
+};
+
+/// --optimizer adamw|sgd (of `config`: --lr, --weight-decay, --momentum) over a flat span cut
+/// into segments (one per parameter, or per parameter piece of a shard), each with its own
+/// step count: the optimizer every chapter builds. Errors: AdamW's and SGD's (bad lr etc.).
+class Optimizer {
+ public:
+  Optimizer(const TrainConfig& config, std::vector<int64_t> segment_sizes);
+  void step(std::span<float> params, std::span<const float> grads);
+  /// AdamW's state (exp_avg, exp_avg_sq), empty for SGD; for the equivalence tests.
+  const AdamW* adamw() const { return std::get_if<AdamW>(&impl_); }
+  AdamW* adamw() { return std::get_if<AdamW>(&impl_); }
+  SGD* sgd() { return std::get_if<SGD>(&impl_); }
+
+ private:
+  std::variant<AdamW, SGD> impl_;
 };
 
 /// Σ g², accumulated in float64.

@@ -8,6 +8,8 @@
 #include "data_check.hpp"
 #include "device_ext.hpp"
 #include "dist.hpp"
+#include "dist_config.hpp"
+#include "dist_eval.hpp"
 #include "ledger.hpp"
 #include "safetensors.hpp"
 

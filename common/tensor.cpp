@@ -24,16 +24,4 @@ Tensor Tensor::zeros(Shape shape, MemTag tag) {
   return t;
 }
 
-Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
-  RZ_CHECK(
-      !shape_.empty() && 0 <= begin && begin <= end && end <= shape_[0],
-      "row slice [" << begin << ", " << end << ") out of range for shape " << shape_str(shape_));
-  const int64_t row_size = shape_[0] == 0 ? 0 : numel() / shape_[0];
-  Shape s = shape_;
-  s[0] = end - begin;
-  Tensor t(data_ + begin * row_size, std::move(s));
-  t.storage_ = storage_;
-  return t;
-}
-
 }  // namespace ringzero

@@ -40,7 +40,6 @@ class Tensor {
   float* data() const { return data_; }
   const Shape& shape() const { return shape_; }
   int64_t numel() const { return ringzero::numel(shape_); }
-  int64_t dim(int i) const { return shape_.at(static_cast<size_t>(i)); }
   int64_t rows() const { return shape_.size() == 1 ? 1 : shape_[0]; }
   int64_t cols() const { return shape_.back(); }
   bool defined() const { return data_ != nullptr || !shape_.empty(); }
@@ -50,8 +49,6 @@ class Tensor {
   /// The tensor as a (rows, cols) matrix; a 1-D tensor of n is (1, n).
   MatrixMap mat() const { return {data_, rows(), cols()}; }
   VectorMap vec() const { return {data_, numel()}; }
-  /// Entries [begin, end) along the first dimension, as a view sharing this tensor's storage.
-  Tensor slice_rows(int64_t begin, int64_t end) const;
 
  private:
   float* data_ = nullptr;

@@ -64,26 +64,6 @@ EvalSums evaluate(Model& model, const Dataset& test, int64_t begin, int64_t end)
   return sums;
 }
 
-static std::variant<AdamW, SGD> make_optimizer(const TrainConfig& c, std::vector<int64_t> sizes) {
-  if (c.optimizer == "sgd") {
-    int64_t total = 0;
-    for (int64_t s : sizes) total += s;
-    return std::variant<AdamW, SGD>(std::in_place_type<SGD>, total,
-                                    SGDOptions{c.lr, c.momentum, c.weight_decay});
-  }
-  AdamWOptions o;
-  o.lr = c.lr;
-  o.weight_decay = c.weight_decay;
-  return std::variant<AdamW, SGD>(std::in_place_type<AdamW>, std::move(sizes), o);
-}
-
-Optimizer::Optimizer(const TrainConfig& c, std::vector<int64_t> segment_sizes)
-    : impl_(make_optimizer(c, std::move(segment_sizes))) {}
-
-void Optimizer::step(std::span<float> params, std::span<const float> grads) {
-  std::visit([&](auto& opt) { opt.step(params, grads); }, impl_);
-}
-
 std::vector<int64_t> parameter_sizes(const Model& model) {
   std::vector<int64_t> sizes;
   for (const Parameter* p : model.parameters()) sizes.push_back(p->numel());

@@ -1,13 +1,12 @@
 // train: the plumbing every chapter's training loop shares, so that main.cpp shows only the
-// lesson: data and model set-up from the flags, batches, loss, evaluation, the optimizer
-// choice, and the NaN guard.
+// lesson: data and model set-up from the flags, batches, loss, evaluation and the NaN guard
+// (the optimizer choice, Optimizer, is common/optim.hpp's).
 // Leaves out: the training step itself. Forward, backward, communication and the optimizer
 // step are written out in each chapter's main.cpp and lesson files, on purpose.
 #pragma once
 
 #include <memory>
 #include <span>
-#include <variant>
 #include <vector>
 
 #include "config.hpp"
@@ -47,24 +46,9 @@ struct EvalSums {
   double count = 0;
 };
 /// evaluate() runs batches of kEvalBatchSize samples starting at `begin` (the last may be
-/// shorter); distributed evaluation cuts the test set at multiples of it (common/dist.hpp).
+/// shorter); distributed evaluation cuts the test set at multiples of it (common/dist_eval.hpp).
 inline constexpr int64_t kEvalBatchSize = 500;
 EvalSums evaluate(Model& model, const Dataset& test, int64_t begin, int64_t end);
-
-/// --optimizer adamw|sgd over a flat span cut into segments (one per parameter, or per
-/// parameter piece of a shard), each with its own step count.
-class Optimizer {
- public:
-  Optimizer(const TrainConfig& config, std::vector<int64_t> segment_sizes);
-  void step(std::span<float> params, std::span<const float> grads);
-  /// AdamW's state (exp_avg, exp_avg_sq), empty for SGD; for the equivalence tests.
-  const AdamW* adamw() const { return std::get_if<AdamW>(&impl_); }
-  AdamW* adamw() { return std::get_if<AdamW>(&impl_); }
-  SGD* sgd() { return std::get_if<SGD>(&impl_); }
-
- private:
-  std::variant<AdamW, SGD> impl_;
-};
 
 /// Segment sizes of every parameter, registration order.
 std::vector<int64_t> parameter_sizes(const Model& model);

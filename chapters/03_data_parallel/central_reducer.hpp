@@ -25,6 +25,7 @@
 #include "common/check.hpp"
 #include "common/comm.hpp"
 #include "common/dist.hpp"
+#include "common/dist_eval.hpp"
 #include "common/lesson.hpp"
 #include "common/metrics.hpp"
 #include "common/train.hpp"

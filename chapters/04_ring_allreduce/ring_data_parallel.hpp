@@ -12,8 +12,10 @@
 
 #include "chapters/04_ring_allreduce/bench_allreduce.hpp"
 #include "chapters/04_ring_allreduce/ring.hpp"
+#include "common/collectives.hpp"
 #include "common/comm.hpp"
 #include "common/dist.hpp"
+#include "common/dist_eval.hpp"
 #include "common/lesson.hpp"
 #include "common/metrics.hpp"
 #include "common/run.hpp"
@@ -42,13 +44,11 @@ inline void all_reduce_gradients(Communicator& comm, Model& model, bool ring,
 class RingDataParallel : public Lesson {
  public:
   struct Flags : LessonOptions {
-    std::string collectives = "ring";  ///< ring (ours) | mpi (MPI_Allreduce)
-    bool bench = false;                ///< --bench-allreduce: the table instead of training
+    Collectives collectives = Collectives::ring;  ///< ring (ours) | mpi (MPI_Allreduce)
+    bool bench = false;  ///< --bench-allreduce: the table instead of training
 
     void add_flags(CommandLine& cli) override {
-      cli.app
-          .add_option("--collectives", collectives, "ring (ours, ring.hpp) | mpi (MPI_Allreduce)")
-          ->check(CLI::IsMember({"ring", "mpi"}));
+      add_collectives_flag(cli.app, collectives, "ring (ours, ring.hpp) | mpi (MPI_Allreduce)");
       cli.app.add_flag("--bench-allreduce", bench,
                        "print a bus-bandwidth table, ours vs MPI_Allreduce, 4 KiB to 64 MiB");
     }
@@ -61,7 +61,7 @@ class RingDataParallel : public Lesson {
   RingDataParallel(SetUp& s, const Flags& flags)
       : comm(*s.comm),
         optimizer(s.config, parameter_sizes(s.model)),  // every rank: replicated optimizer state
-        ring(flags.collectives == "ring"),
+        ring(flags.collectives == Collectives::ring),
         sizes_(parameter_sizes(s.model)),
         psi_(s.model.num_parameters()),
         states_(fp32_state_bytes(s.config.optimizer, s.config.momentum)) {

@@ -108,16 +108,18 @@ inline std::vector<int64_t> bucket_sizes(const std::vector<Bucket>& plan) {
   return sizes;
 }
 
-/// The --explain-buckets table: one line per bucket, in all-reduce order.
+/// The --explain-buckets table: one line per bucket, in the order of the collectives, which
+/// `collective` names ("all-reduced" in chapter 05, "reduce-scattered" in 06-07).
 inline std::string explain_buckets(const std::vector<Bucket>& plan, const Model& model,
-                                   double bucket_cap_mb, double first_bucket_cap_mb) {
+                                   double bucket_cap_mb, double first_bucket_cap_mb,
+                                   const char* collective = "all-reduced") {
   char line[512];
   std::snprintf(
       line, sizeof line,
       "bucket plan: %zu parameters in %zu buckets (--bucket-cap-mb %g, first bucket %g MiB), "
-      "all-reduced in this order:\n",
+      "%s in this order:\n",
       model.parameters().size(), plan.size(), bucket_cap_mb,
-      std::min(first_bucket_cap_mb, bucket_cap_mb));
+      std::min(first_bucket_cap_mb, bucket_cap_mb), collective);
   std::string out = line;
   for (size_t b = 0; b < plan.size(); ++b) {
     std::string names;

@@ -36,6 +36,7 @@
 
 #include "chapters/04_ring_allreduce/ring.hpp"
 #include "chapters/05_ddp_buckets/buckets.hpp"
+#include "common/collectives.hpp"
 #include "common/comm_thread.hpp"
 #include "common/train.hpp"
 #include "common/trace.hpp"
@@ -48,9 +49,9 @@ class DDP {
     double bucket_cap_mb = 25.0;       ///< PyTorch's default
     double first_bucket_cap_mb = 1.0;  ///< PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES
     bool find_unused_parameters = false;
-    std::string collectives =
-        "ring";  ///< ring (chapter 04's) | mpi (MPI_Allreduce, which spins while it waits)
-    Tracer* tracer = nullptr;  ///< optional: launch and all-reduce events
+    Collectives collectives = Collectives::ring;  ///< ring (chapter 04's) | mpi (MPI_Allreduce,
+                                                  ///< which spins while it waits)
+    Tracer* tracer = nullptr;                     ///< optional: launch and all-reduce events
   };
 
   /// Plans the buckets, checks the plan is the same on every rank (collective), and hooks
@@ -175,7 +176,7 @@ class DDP {
       const double start = tracer ? tracer->now_us() : 0;
       std::span<float> grads =
           model_.grads_memory.span().subspan(buckets_[b].offset, buckets_[b].size);
-      if (options_.collectives == "ring")
+      if (options_.collectives == Collectives::ring)
         ring_all_reduce(comm_, grads, scratch_.span());  // chapter 04's ring
       else
         comm_.all_reduce(grads);

@@ -11,6 +11,7 @@
 
 #include "chapters/05_ddp_buckets/ddp.hpp"
 #include "common/dist.hpp"
+#include "common/dist_eval.hpp"
 #include "common/lesson.hpp"
 #include "common/metrics.hpp"
 #include "common/run.hpp"
@@ -28,10 +29,8 @@ class DDPTraining : public Lesson {
     bool explain = false;
 
     void add_flags(CommandLine& cli) override {
-      cli.app
-          .add_option("--collectives", ddp.collectives,
-                      "ring (ours, chapter 04) | mpi (MPI_Allreduce)")
-          ->check(CLI::IsMember({"ring", "mpi"}));
+      add_collectives_flag(cli.app, ddp.collectives,
+                           "ring (ours, chapter 04) | mpi (MPI_Allreduce)");
       add_bucket_flags(cli, ddp.bucket_cap_mb, ddp.first_bucket_cap_mb, ddp.find_unused_parameters);
       cli.app.add_flag("--explain-buckets", explain,
                        "print the bucket plan (buckets, parameters, elements, bytes)");
@@ -49,7 +48,7 @@ class DDPTraining : public Lesson {
 
   std::string banner() const override {
     return " | " + std::to_string(ddp.buckets().size()) + " buckets | collectives " +
-           ddp.options().collectives;
+           collectives_name(ddp.options().collectives);
   }
   std::string explanation() const override { return explain_ ? ddp.explain() : ""; }
   void start_trace(Tracer& tracer) override { trace_layers(tracer, model_); }
@@ -62,7 +61,7 @@ class DDPTraining : public Lesson {
   TrafficTheory traffic_theory() const override {
     const int N = comm.world_size();
     const int64_t psi = model_.num_parameters();
-    if (ddp.options().collectives == "mpi")  // MPI does not report its wire traffic
+    if (ddp.options().collectives == Collectives::mpi)  // MPI does not report its wire traffic
       return {std::vector<int64_t>(N, 4 * psi), std::vector<int64_t>(N, 4 * psi),
               "MPI_Allreduce: the counters show the Ψ·4 = " + human_bytes(4.0 * psi) +
                   " handed to MPI per step"};
@@ -75,7 +74,8 @@ class DDPTraining : public Lesson {
   /// Every bucket's all-reduce runs on the communication thread while backward goes on.
   CommSchedule comm_schedule() const override { return {Overlap::backward, {}}; }
   nlohmann::json summary_fields() const override {
-    return {{"collectives", ddp.options().collectives}, {"buckets", ddp.buckets().size()}};
+    return {{"collectives", collectives_name(ddp.options().collectives)},
+            {"buckets", ddp.buckets().size()}};
   }
 
   Communicator& comm;

@@ -1,42 +1,21 @@
-// ZeRO-1: chapter 05's DDP with the optimizer state sharded (Rajbhandari et al. 2020, §5.1, Pos).
+// ZeRO-1: chapter 05's DDP with the optimizer state sharded (Rajbhandari et al. 2020, §5.1, P_os).
 //
 // In DDP every rank keeps Adam's exp_avg and exp_avg_sq for every parameter (8Ψ bytes) and
-// takes the same optimizer step on all of them: N copies of the same state and the same work.
-// ZeRO-1 cuts every bucket into N shards (shard.hpp): a rank keeps optimizer state for its
-// shard only and updates only its shard of the parameters. A ring all-reduce is a
-// reduce-scatter followed by an all-gather (chapter 04); after the reduce-scatter each rank
-// already holds the summed gradient of exactly its shard, so the all-gather moves from the
-// gradients to the updated parameters:
+// takes the same optimizer step on them: N copies of the same state and work. ZeRO-1 cuts every
+// bucket into N shards (shard.hpp): a rank keeps optimizer state for its shard only and updates
+// only its shard of the parameters. A ring all-reduce is a reduce-scatter then an all-gather
+// (chapter 04); after the reduce-scatter each rank holds the summed gradient of exactly its
+// shard, so the all-gather moves from the gradients to the updated parameters:
 //
-//   main thread:  backward 4 ─▶ backward 2 ─────────▶ backward 0 ─▶ finalize ▶ step b0 ▶ step b1 ▶
-//   wait comm thread:            └ reduce_scatter b0 ┘              └ reduce_scatter b1 ┘ └
-//   all_gather b0 ┘ └ all_gather b1 ┘
+//   main:  backward 4 ─▶ backward 2 ──────▶ backward 0 ─▶ finalize ▶ step b0 ▶ step b1 ▶ wait
+//   comm:         └ reduce_scatter b0 ┘       └ reduce_scatter b1 ┘  └ all_gather b0 ┘ └ b1 ┘
 //
-// The same bytes on the wire as DDP (2(N−1)/N·4Ψ per rank per step), the same sums in the same
-// order (bit for bit, shard.hpp), 1/N of the optimizer state and of the optimizer's work:
-// model states 4Ψ + 4Ψ + 8Ψ/N. The gradients stay whole although only the shard is read after
-// the reduce-scatter (the rest holds partial sums); keeping only the shard is chapter 07.
-//
-// Rules that keep every rank in step:
-//  - buckets are launched strictly in plan order (bucket b only after b − 1), even if a later
-//    bucket happens to be ready first, so every rank issues the same collectives in the same
-//    order (PyTorch's Reducer does the same with its next_bucket_ counter);
-//  - finalize_backward() waits for every bucket; each rank's shard is divided by world_size on
-//    the comm thread right after its reduce-scatter, so the optimizer sees the mean gradient;
-//  - no_sync(): inside it, hooks do nothing and gradients just accumulate locally (chapter
-//    02); the backward after it, on the last micro-step, reduce-scatters the accumulated sums;
-//  - clip_grad_norm() sums the squared norms of the shards over ranks: each element counts
-//    once (padding is zero), so it is the norm of the whole gradient.
-//
-// Unused parameters: a parameter whose gradient never becomes ready would leave its bucket
-// incomplete forever, and every rank would wait for it. finalize_backward() detects it; by
-// default it fails on every rank with the names of those parameters (PyTorch raises "Expected
-// to have finished reduction in the prior iteration ..."); with find_unused_parameters it
-// marks them ready, which counts their missing gradient as zero, so their buckets complete.
-// Before failing it waits for the buckets it already launched: every rank launched at least
-// those of the rank that launched the fewest, so that rank always gets to abort the others.
-// Leaves out: bucket rebuilding, comm hooks (compression), static graphs, broadcast buffers,
-// overlapping the all-gather with the next forward (DeepSpeed's prefetch).
+// The same bytes on the wire as DDP and the same sums in the same order (bit for bit,
+// shard.hpp); 1/N of the optimizer state and work: model states 4Ψ + 4Ψ + 8Ψ/N. The gradients
+// stay whole (keeping only the shard is chapter 07). Every rank stays in step by chapter 05's
+// rules (ddp.hpp: "Rules that keep every rank in step", "Unused parameters"), reduce-scatter
+// in place of all-reduce. Leaves out: bucket rebuilding, comm hooks, static graphs, broadcast
+// buffers, overlapping the all-gather with the next forward (DeepSpeed's prefetch).
 #pragma once
 
 #include <map>
@@ -46,9 +25,15 @@
 #include <vector>
 
 #include "chapters/05_ddp_buckets/buckets.hpp"
+#include "chapters/06_zero1/bucket_collectives.hpp"
 #include "chapters/06_zero1/shard.hpp"
+#include "chapters/06_zero1/sharded_clip.hpp"
 #include "common/checkpoint.hpp"
+#include "common/collectives.hpp"
 #include "common/comm_thread.hpp"
+#include "common/dist.hpp"
+#include "common/optim.hpp"
+#include "common/padded_buffer.hpp"
 #include "common/safetensors.hpp"
 #include "common/trace.hpp"
 #include "common/train.hpp"
@@ -56,23 +41,26 @@
 
 namespace ringzero {
 
-class ZeRO {
+/// ZeRO stage 1 (the ZeRO paper's P_os) on chapter 05's buckets: every rank holds every
+/// parameter and gradient (padded per bucket) and the optimizer state of its shard only.
+/// Collective: every rank constructs one and calls its methods in the same order.
+class Zero1 {
  public:
   struct Options {
     double bucket_cap_mb = 25.0;       ///< PyTorch's default
     double first_bucket_cap_mb = 1.0;  ///< PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES
     bool find_unused_parameters = false;
-    std::string collectives =
-        "ring";  ///< ring (chapter 04's) | mpi (MPI_Reduce_scatter_block, MPI_Allgather)
+    Collectives collectives =
+        Collectives::ring;  ///< ring (chapter 04's) | mpi (MPI_Reduce_scatter_block, MPI_Allgather)
     Tracer* tracer = nullptr;  ///< optional: launch, reduce-scatter and all-gather events
   };
 
   /// Plans the buckets and their shards, checks the plan is the same on every rank
   /// (collective), moves the parameters and gradients of `model` into padded flat buffers
-  /// (freeing the model's own: Model::num_parameters() reads 0 afterwards), builds this rank's
-  /// optimizer for its shard (--optimizer of `config`) and hooks every parameter. comm and
-  /// model must outlive the ZeRO.
-  ZeRO(Communicator& comm, Model& model, const TrainConfig& config, Options options)
+  /// (freeing the model's own; Model::num_parameters() still reads Ψ, fixed at construction),
+  /// builds this rank's optimizer for its shard (--optimizer of `config`) and hooks every
+  /// parameter. comm and model must outlive the Zero1.
+  Zero1(Communicator& comm, Model& model, const TrainConfig& config, Options options)
       : comm_(comm),
         model_(model),
         options_(options),
@@ -111,22 +99,21 @@ class ZeRO {
   }
 
   /// Waits for the communication thread and removes the hooks.
-  ~ZeRO() {
+  ~Zero1() {
     for (Parameter* p : model_.parameters()) p->clear_grad_ready_hooks();
   }
-  ZeRO(const ZeRO&) = delete;
-  ZeRO& operator=(const ZeRO&) = delete;
+  Zero1(const Zero1&) = delete;
+  Zero1& operator=(const Zero1&) = delete;
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const ShardLayout& layout() const { return layout_; }
-  int64_t num_parameters() const { return psi_; }  ///< Ψ (the model's own buffers are gone)
 
-  /// Model-state bytes each rank should hold (zero_io.hpp).
+  /// Model-state bytes each rank should hold (zero_io.cpp).
   std::vector<int64_t> model_states_bytes() const;
-  /// The ledger's formula line: ZeRO-1's formula, and the exact bytes of every rank (zero_io.hpp).
+  /// The ledger's formula line: ZeRO-1's formula, and the exact bytes of every rank (zero_io.cpp).
   std::string ledger_formula() const;
 
-  /// What every rank should send and receive per optimizer step (shard.hpp).
+  /// What every rank should send and receive per optimizer step (bucket_collectives.hpp).
   TrafficTheory traffic_theory() const {
     return zero_traffic_theory(layout_, comm_.world_size(), psi_, options_.collectives);
   }
@@ -135,14 +122,14 @@ class ZeRO {
   /// (PyTorch's `with ddp.no_sync():`).
   class NoSync {
    public:
-    explicit NoSync(ZeRO& zero)
+    explicit NoSync(Zero1& zero)
         : zero_(zero), previous_(std::exchange(zero.require_sync_, false)) {}
     ~NoSync() { zero_.require_sync_ = previous_; }
     NoSync(const NoSync&) = delete;
     NoSync& operator=(const NoSync&) = delete;
 
    private:
-    ZeRO& zero_;
+    Zero1& zero_;
     bool previous_;
   };
   [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
@@ -181,7 +168,7 @@ class ZeRO {
   /// Collective, after finalize_backward(): scales this rank's gradient shard so that the
   /// global L2 norm of the gradient is at most max_norm (torch.nn.utils.clip_grad_norm_);
   /// returns the norm before clipping. Every rank adds every rank's Σ g² over its shard, in
-  /// rank order (shard.hpp's clip_sharded_grad_norm).
+  /// rank order (sharded_clip.hpp's clip_sharded_grad_norm).
   double clip_grad_norm(float max_norm) {
     std::vector<std::span<float>> shards;  // (buckets) this rank's real gradient elements
     for (size_t b = 0; b < layout_.buckets.size(); ++b) shards.push_back(shard_grads(b));
@@ -201,7 +188,7 @@ class ZeRO {
         const BucketShard& s = layout_.buckets[b];
         std::span<float> bucket = params_.span().subspan(s.padded_offset, s.padded_size());
         all_gather_bucket(comm_, bucket, s.shard_size, scratch_.span(),
-                          options_.collectives);  // shard.hpp
+                          options_.collectives);  // bucket_collectives.hpp
         if (tracer)
           tracer->complete("all_gather bucket " + std::to_string(b), "comm", Tracer::kCommTrack,
                            start, tracer->now_us() - start, {{"bytes", 4 * s.padded_size()}});
@@ -212,12 +199,12 @@ class ZeRO {
   }
 
   /// Collective, for the equivalence tests: AdamW's state gathered from every rank's shards
-  /// (zero_io.hpp).
+  /// (zero_io.cpp).
   std::map<std::string, NamedTensor> optimizer_state_dict();
   /// The training state as common/checkpoint.hpp saves and loads it: one piece per bucket
-  /// (this rank's real shard elements and their optimizer) at its global offset (zero_io.hpp).
+  /// (this rank's real shard elements and their optimizer) at its global offset (zero_io.cpp).
   TrainingState training_state();
-  /// Elements of the padding that are not zero: must be 0 (zero_io.hpp).
+  /// Elements of the padding that are not zero: must be 0 (zero_io.cpp).
   int64_t nonzero_padding() const;
 
  private:
@@ -258,9 +245,9 @@ class ZeRO {
       const double start = tracer ? tracer->now_us() : 0;
       const BucketShard& s = layout_.buckets[b];
       std::span<float> bucket = grads_.span().subspan(s.padded_offset, s.padded_size());
-      std::span<float> shard =
-          reduce_scatter_bucket(comm_, bucket, s.shard_size, scratch_.span(),
-                                options_.collectives);  // shard.hpp: ours holds the sum
+      std::span<float> shard = reduce_scatter_bucket(
+          comm_, bucket, s.shard_size, scratch_.span(),
+          options_.collectives);  // bucket_collectives.hpp: ours holds the sum
       for (float& g : shard)
         g /= static_cast<float>(comm_.world_size());  // as chapter 05: the mean
       if (tracer)
@@ -292,5 +279,3 @@ class ZeRO {
 };
 
 }  // namespace ringzero
-
-#include "chapters/06_zero1/zero_io.hpp"  // the members that report, save and check

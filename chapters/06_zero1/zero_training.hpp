@@ -1,19 +1,20 @@
 // Chapter 06's lesson: training with ZeRO-1 (zero.hpp), optimizer state sharded over ranks.
 //
-// Provides: Zero1Training (the ZeRO object, which owns this rank's optimizer shard), its Flags
-// (the bucket flags, --collectives, --explain-buckets, the memory calculator) and train_step().
-// Leaves out: the buckets, shards and collectives (zero.hpp, shard.hpp).
+// Provides: Zero1Training (the Zero1 engine, which owns this rank's optimizer shard), its Flags
+// (the bucket flags, --explain-buckets; --collectives and the memory calculator from
+// common/zero_lesson.hpp) and train_step().
+// Leaves out: the buckets, shards and collectives (zero.hpp, shard.hpp, bucket_collectives.hpp).
 #pragma once
 
 #include <optional>
 #include <string>
 
 #include "chapters/06_zero1/zero.hpp"
-#include "common/dist.hpp"
+#include "common/dist_eval.hpp"
 #include "common/lesson.hpp"
 #include "common/run.hpp"
 #include "common/train.hpp"
-#include "common/zero_memory.hpp"
+#include "common/zero_lesson.hpp"
 
 namespace ringzero {
 
@@ -21,30 +22,22 @@ namespace ringzero {
 /// this rank's optimizer shard.
 class Zero1Training : public Lesson {
  public:
-  /// The chapter's flags: ZeRO's options, --explain-buckets and the memory calculator.
-  struct Flags : LessonOptions {
-    ZeRO::Options zero;
+  /// The chapter's flags: the engine's options, --explain-buckets, and ZeroFlags' (--collectives,
+  /// the memory calculator).
+  struct Flags : ZeroFlags {
+    Zero1::Options zero;
     bool explain = false;
-    MemoryCalculatorFlags calculator;
 
     void add_flags(CommandLine& cli) override {
-      cli.app
-          .add_option("--collectives", zero.collectives,
-                      "ring (ours, chapter 04) | mpi (MPI_Reduce_scatter_block + MPI_Allgather)")
-          ->check(CLI::IsMember({"ring", "mpi"}));
+      add_zero_flags(cli, zero.collectives);
       add_bucket_flags(cli, zero.bucket_cap_mb, zero.first_bucket_cap_mb,
                        zero.find_unused_parameters);
       cli.app.add_flag("--explain-buckets", explain,
                        "print the bucket plan (buckets, parameters, elements, bytes)");
-      add_memory_calculator_flags(cli.app, calculator);
-    }
-    bool run_instead(Communicator*) override {
-      if (calculator.enabled) print0(memory_calculator(calculator));
-      return calculator.enabled;
     }
   };
 
-  /// Plans buckets and shards, moves the model's parameters into ZeRO's buffers, builds this
+  /// Plans buckets and shards, moves the model's parameters into the engine's buffers, builds this
   /// rank's optimizer shard.
   Zero1Training(SetUp& s, const Flags& flags)
       : comm(*s.comm),
@@ -54,11 +47,11 @@ class Zero1Training : public Lesson {
 
   std::string banner() const override {
     return " | " + std::to_string(zero.buckets().size()) + " buckets | collectives " +
-           flags_.zero.collectives;
+           collectives_name(flags_.zero.collectives);
   }
   std::string explanation() const override {
     return flags_.explain ? explain_buckets(zero.buckets(), model_, flags_.zero.bucket_cap_mb,
-                                            flags_.zero.first_bucket_cap_mb)
+                                            flags_.zero.first_bucket_cap_mb, "reduce-scattered")
                           : "";
   }
   bool reset_ledger_peaks() const override { return true; }
@@ -73,12 +66,11 @@ class Zero1Training : public Lesson {
     return {Overlap::backward, {"ring_reduce_scatter"}};
   }
   nlohmann::json summary_fields() const override {
-    return {{"zero_stage", 1},
-            {"collectives", flags_.zero.collectives},
-            {"buckets", zero.buckets().size()},
-            {"model_states_exact_bytes", zero.model_states_bytes()},
-            {"padding", zero.layout().padding_total},
-            {"theory_bytes_sent_per_rank_per_step", zero.traffic_theory().bytes_sent}};
+    nlohmann::json fields =
+        zero_summary_fields(1, flags_.zero.collectives, zero.model_states_bytes(),
+                            zero.layout().padding_total, zero.traffic_theory());
+    fields["buckets"] = zero.buckets().size();
+    return fields;
   }
   std::optional<std::map<std::string, NamedTensor>> saved_optimizer_state() override {
     return zero.optimizer_state_dict();
@@ -86,10 +78,10 @@ class Zero1Training : public Lesson {
   TrainingState training_state(Model&) override { return zero.training_state(); }
 
   Communicator& comm;
-  ZeRO zero;
+  Zero1 zero;
 
  private:
-  static ZeRO::Options with_tracer(ZeRO::Options o, Tracer& tracer) {
+  static Zero1::Options with_tracer(Zero1::Options o, Tracer& tracer) {
     o.tracer = &tracer;
     return o;
   }
@@ -103,13 +95,13 @@ class Zero1Training : public Lesson {
 /// Errors: a non-finite loss stops every rank; a parameter without gradient.
 inline double train_step(Zero1Training& lesson, const Step& step) {
   Tracer::Span span(step.tracer, "step " + std::to_string(step.step), "step");
-  ZeRO& zero = lesson.zero;
+  Zero1& zero = lesson.zero;
   const int64_t K = step.config.grad_accum_steps;
   zero.zero_grad();
   double loss_sum = 0;
   for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
     Batch batch = step.micro_batch(micro_step);  // (B/(N K), in)
-    std::optional<ZeRO::NoSync> no_sync;         // only the last micro-step's backward sends
+    std::optional<Zero1::NoSync> no_sync;        // only the last micro-step's backward sends
     if (micro_step < K - 1) no_sync.emplace(zero);
     Tape tape;
     Var loss = forward_loss(tape, step.model, batch);  // mean over this micro-batch

@@ -1,49 +1,22 @@
 // ZeRO-2: chapter 06's ZeRO-1 with the gradients sharded too (Rajbhandari et al. 2020, §5.2,
-// Pos+g).
+// P_os+g). After chapter 06's reduce-scatter a rank reads only its shard of a bucket's
+// gradient; ZeRO-2 keeps only that shard (4Ψ/N). A bucket's full gradient exists from the
+// backward of its first layer until its reduce-scatter is done:
 //
-// After chapter 06's reduce-scatter a rank reads only its shard of a bucket's gradient; the
-// rest of the bucket holds partial sums nobody needs. ZeRO-2 keeps only the shard: a bucket's
-// full gradient exists from the backward of its first parameter until its reduce-scatter is
-// done, and then its memory is freed. What stays is this rank's gradient shard (4Ψ/N):
+//   main:  alloc b0 ▶ backward 4 ─▶ alloc b1 ▶ backward 2 ──▶ backward 0 ─▶ finalize ▶ free b1
+//   comm:                     └ reduce_scatter b0 → shard ┘   └ reduce_scatter b1 → shard ┘
 //
-//   main thread:  alloc b0 ▶ backward 4 ─▶ alloc b1 ▶ backward 2 ──▶ backward 0 ─▶ finalize ▶ free
-//   b1 ▶ step comm thread:                        └ reduce_scatter b0 → shard ┘            └
-//   reduce_scatter b1 → shard ┘
-//
-// A bucket's gradient is allocated (zeros) by the pre-backward hook of the first layer that
-// writes into it, and the parameters' grad views point into it. Its reduce-scatter copies this
-// rank's chunk, divided by world_size, into the gradient shard. Memory is handed back on the
-// main thread (the ledger's), deterministically: allocating bucket b frees bucket b − 2, which
-// finished reducing long before (or is waited for), and finalize_backward() frees the rest. So
-// at most two buckets exist at a time, the one backward fills and the one being reduced
-// (DeepSpeed's double-buffered reduce bucket): model states 4Ψ + (4Ψ + 8Ψ)/N plus at most two
-// buckets. Same traffic, same sums, bit for bit the same numbers as chapters 05 and 06.
-// Accumulation (K > 1): inside no_sync() nothing is reduced, so the buckets stay and gradients
-// accumulate in them across micro-steps, exactly as in DDP; only the last micro-step
-// reduce-scatters and frees. While accumulating, the full gradient (4Ψ) lives again: the
-// price of reducing once per step. DeepSpeed instead reduce-scatters every micro-step into the
-// shard: 4Ψ/N, but K times the traffic, and sums in another order (not bitwise).
-//
-// Rules that keep every rank in step:
-//  - buckets are launched strictly in plan order (bucket b only after b − 1), even if a later
-//    bucket happens to be ready first, so every rank issues the same collectives in the same
-//    order (PyTorch's Reducer does the same with its next_bucket_ counter);
-//  - finalize_backward() waits for every bucket; each rank's shard is divided by world_size on
-//    the comm thread right after its reduce-scatter, so the optimizer sees the mean gradient;
-//  - no_sync(): inside it, hooks do nothing and gradients just accumulate locally (chapter
-//    02); the backward after it, on the last micro-step, reduce-scatters the accumulated sums;
-//  - clip_grad_norm() sums the squared norms of the shards over ranks: each element counts
-//    once (padding is zero), so it is the norm of the whole gradient.
-//
-// Unused parameters: a parameter whose gradient never becomes ready would leave its bucket
-// incomplete forever, and every rank would wait for it. finalize_backward() detects it; by
-// default it fails on every rank with the names of those parameters (PyTorch raises "Expected
-// to have finished reduction in the prior iteration ..."); with find_unused_parameters it
-// marks them ready, which counts their missing gradient as zero, so their buckets complete.
-// Before failing it waits for the buckets it already launched: every rank launched at least
-// those of the rank that launched the fewest, so that rank always gets to abort the others.
-// Leaves out: bucket rebuilding, comm hooks (compression), static graphs, broadcast buffers,
-// overlapping the all-gather with the next forward (DeepSpeed's prefetch).
+// The pre-backward hook of the first layer that writes into a bucket allocates it (zeros);
+// its reduce-scatter copies this rank's chunk, divided by world_size, into the gradient shard.
+// Memory is handed back on the main thread: allocating bucket b frees bucket b − 2 (waiting
+// for it if needed), finalize_backward() frees the rest. So at most two buckets exist at once
+// (DeepSpeed's double-buffered reduce bucket): model states 4Ψ + (4Ψ + 8Ψ)/N plus two buckets.
+// Same traffic, same sums: bit for bit chapters 05 and 06. With K > 1 the buckets stay through
+// no_sync() and accumulate as in DDP (the full 4Ψ lives again: one reduce per step); DeepSpeed
+// reduce-scatters every micro-step instead (4Ψ/N, K times the traffic, not bitwise).
+// Every rank stays in step by chapter 05's rules (ddp.hpp: "Rules that keep every rank in
+// step", "Unused parameters"), reduce-scatter in place of all-reduce.
+// Leaves out: what chapter 06's zero.hpp leaves out.
 #pragma once
 
 #include <map>
@@ -54,9 +27,15 @@
 #include <vector>
 
 #include "chapters/05_ddp_buckets/buckets.hpp"
+#include "chapters/06_zero1/bucket_collectives.hpp"
 #include "chapters/06_zero1/shard.hpp"
+#include "chapters/06_zero1/sharded_clip.hpp"
 #include "common/checkpoint.hpp"
+#include "common/collectives.hpp"
 #include "common/comm_thread.hpp"
+#include "common/dist.hpp"
+#include "common/optim.hpp"
+#include "common/padded_buffer.hpp"
 #include "common/safetensors.hpp"
 #include "common/trace.hpp"
 #include "common/train.hpp"
@@ -64,24 +43,27 @@
 
 namespace ringzero {
 
-class ZeRO {
+/// ZeRO stage 2 (P_os+g) on chapter 05's buckets: every rank holds every parameter (padded per
+/// bucket), the gradient and optimizer state of its shard, and at most two full buckets of
+/// gradient while backward runs. Collective: every rank calls its methods in the same order.
+class Zero2 {
  public:
   struct Options {
     double bucket_cap_mb = 25.0;       ///< PyTorch's default
     double first_bucket_cap_mb = 1.0;  ///< PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES
     bool find_unused_parameters = false;
-    std::string collectives =
-        "ring";  ///< ring (chapter 04's) | mpi (MPI_Reduce_scatter_block, MPI_Allgather)
+    Collectives collectives =
+        Collectives::ring;  ///< ring (chapter 04's) | mpi (MPI_Reduce_scatter_block, MPI_Allgather)
     Tracer* tracer = nullptr;  ///< optional: launch, reduce-scatter and all-gather events
   };
 
   /// Plans the buckets and their shards, checks the plan is the same on every rank
   /// (collective), moves the parameters of `model` into a padded flat buffer and frees its
-  /// gradients (Model::num_parameters() reads 0 afterwards), keeps a gradient shard, builds
-  /// this rank's optimizer for its shard (--optimizer of `config`), hooks every parameter and
-  /// every Linear layer (pre-backward: allocate its buckets). comm and model must outlive the
-  /// ZeRO; the layer hooks stay on the model but do nothing once the ZeRO is gone.
-  ZeRO(Communicator& comm, Model& model, const TrainConfig& config, Options options)
+  /// gradients (Model::num_parameters() still reads Ψ, fixed at construction), keeps a gradient
+  /// shard, builds this rank's optimizer for its shard (--optimizer of `config`), hooks every
+  /// parameter and every Linear layer (pre-backward: allocate its buckets). comm and model must
+  /// outlive the Zero2; the layer hooks stay on the model but do nothing once it is gone.
+  Zero2(Communicator& comm, Model& model, const TrainConfig& config, Options options)
       : comm_(comm),
         model_(model),
         options_(options),
@@ -134,25 +116,24 @@ class ZeRO {
   }
 
   /// Waits for the communication thread and removes the hooks (the layer hooks go quiet).
-  ~ZeRO() {
+  ~Zero2() {
     *alive_ = nullptr;
     for (Parameter* p : model_.parameters()) p->clear_grad_ready_hooks();
   }
-  ZeRO(const ZeRO&) = delete;
-  ZeRO& operator=(const ZeRO&) = delete;
+  Zero2(const Zero2&) = delete;
+  Zero2& operator=(const Zero2&) = delete;
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const ShardLayout& layout() const { return layout_; }
-  int64_t num_parameters() const { return psi_; }  ///< Ψ (the model's own buffers are gone)
 
-  /// Model-state bytes each rank should hold between steps (zero_io.hpp).
+  /// Model-state bytes each rank should hold between steps (zero_io.cpp).
   std::vector<int64_t> model_states_bytes() const;
-  /// The most bytes of full bucket gradients alive at once, K = 1 (zero_io.hpp).
-  int64_t buckets_in_flight_bytes() const;
-  /// The ledger's formula line: ZeRO-2's formula, and the exact bytes of every rank (zero_io.hpp).
+  /// The most bytes of full bucket gradients alive at once, K = 1 (zero_io.cpp).
+  int64_t in_flight_peak_bytes() const;
+  /// The ledger's formula line: ZeRO-2's formula, and the exact bytes of every rank (zero_io.cpp).
   std::string ledger_formula() const;
 
-  /// What every rank should send and receive per optimizer step (shard.hpp).
+  /// What every rank should send and receive per optimizer step (bucket_collectives.hpp).
   TrafficTheory traffic_theory() const {
     return zero_traffic_theory(layout_, comm_.world_size(), psi_, options_.collectives);
   }
@@ -161,14 +142,14 @@ class ZeRO {
   /// (PyTorch's `with ddp.no_sync():`).
   class NoSync {
    public:
-    explicit NoSync(ZeRO& zero)
+    explicit NoSync(Zero2& zero)
         : zero_(zero), previous_(std::exchange(zero.require_sync_, false)) {}
     ~NoSync() { zero_.require_sync_ = previous_; }
     NoSync(const NoSync&) = delete;
     NoSync& operator=(const NoSync&) = delete;
 
    private:
-    ZeRO& zero_;
+    Zero2& zero_;
     bool previous_;
   };
   [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
@@ -213,7 +194,7 @@ class ZeRO {
   /// Collective, after finalize_backward(): scales this rank's gradient shard so that the
   /// global L2 norm of the gradient is at most max_norm (torch.nn.utils.clip_grad_norm_);
   /// returns the norm before clipping. Every rank adds every rank's Σ g² over its shard, in
-  /// rank order (shard.hpp's clip_sharded_grad_norm).
+  /// rank order (sharded_clip.hpp's clip_sharded_grad_norm).
   double clip_grad_norm(float max_norm) {
     std::vector<std::span<float>> shards;  // (buckets) this rank's real gradient elements
     for (size_t b = 0; b < layout_.buckets.size(); ++b) shards.push_back(shard_grads(b));
@@ -232,7 +213,7 @@ class ZeRO {
         const BucketShard& s = layout_.buckets[b];
         std::span<float> bucket = params_.span().subspan(s.padded_offset, s.padded_size());
         all_gather_bucket(comm_, bucket, s.shard_size, scratch_.span(),
-                          options_.collectives);  // shard.hpp
+                          options_.collectives);  // bucket_collectives.hpp
         if (tracer)
           tracer->complete("all_gather bucket " + std::to_string(b), "comm", Tracer::kCommTrack,
                            start, tracer->now_us() - start, {{"bytes", 4 * s.padded_size()}});
@@ -242,12 +223,12 @@ class ZeRO {
   }
 
   /// Collective, for the equivalence tests: AdamW's state gathered from every rank's shards
-  /// (zero_io.hpp).
+  /// (zero_io.cpp).
   std::map<std::string, NamedTensor> optimizer_state_dict();
   /// The training state as common/checkpoint.hpp saves and loads it: one piece per bucket
-  /// (this rank's real shard elements and their optimizer) at its global offset (zero_io.hpp).
+  /// (this rank's real shard elements and their optimizer) at its global offset (zero_io.cpp).
   TrainingState training_state();
-  /// Elements of the padding that are not zero: must be 0 (zero_io.hpp).
+  /// Elements of the padding that are not zero: must be 0 (zero_io.cpp).
   int64_t nonzero_padding() const;
 
  private:
@@ -316,9 +297,9 @@ class ZeRO {
       const BucketShard& s = layout_.buckets[b];
       // BEGIN EXERCISE 07.1 (ZeRO-2: reduce-scatter in backward)
       std::span<float> bucket = bucket_grads_[b].span();
-      std::span<float> shard =
-          reduce_scatter_bucket(comm_, bucket, s.shard_size, scratch_.span(),
-                                options_.collectives);  // shard.hpp: ours holds the sum
+      std::span<float> shard = reduce_scatter_bucket(
+          comm_, bucket, s.shard_size, scratch_.span(),
+          options_.collectives);  // bucket_collectives.hpp: ours holds the sum
       for (float& g : shard)
         g /= static_cast<float>(comm_.world_size());  // as chapter 05: the mean
       std::copy(shard.begin(), shard.end(), grad_shard_.data() + s.shard_offset);  // all we keep
@@ -350,11 +331,9 @@ class ZeRO {
   int next_bucket_ = 0;                // the next bucket to launch: launches happen in plan order
   bool require_sync_ = true;
   Buffer scratch_;
-  std::shared_ptr<ZeRO*> alive_ =
-      std::make_shared<ZeRO*>(this);  // what the layer hooks reach us by
+  std::shared_ptr<Zero2*> alive_ =
+      std::make_shared<Zero2*>(this);  // what the layer hooks reach us by
   CommThread comm_thread_;  // last: destroyed (drained) first, while everything above lives
 };
 
 }  // namespace ringzero
-
-#include "chapters/07_zero2/zero_io.hpp"  // the members that report, save and check

@@ -1,20 +1,21 @@
 // Chapter 07's lesson: training with ZeRO-2 (zero.hpp), optimizer state and gradients sharded over
 // ranks.
 //
-// Provides: Zero2Training (the ZeRO object, which owns this rank's optimizer shard), its Flags
-// (the bucket flags, --collectives, --explain-buckets, the memory calculator) and train_step().
-// Leaves out: the buckets, shards and collectives (zero.hpp, shard.hpp).
+// Provides: Zero2Training (the Zero2 engine, which owns this rank's optimizer shard), its Flags
+// (the bucket flags, --explain-buckets; --collectives and the memory calculator from
+// common/zero_lesson.hpp) and train_step().
+// Leaves out: the buckets, shards and collectives (zero.hpp, shard.hpp, bucket_collectives.hpp).
 #pragma once
 
 #include <optional>
 #include <string>
 
 #include "chapters/07_zero2/zero.hpp"
-#include "common/dist.hpp"
+#include "common/dist_eval.hpp"
 #include "common/lesson.hpp"
 #include "common/run.hpp"
 #include "common/train.hpp"
-#include "common/zero_memory.hpp"
+#include "common/zero_lesson.hpp"
 
 namespace ringzero {
 
@@ -22,30 +23,22 @@ namespace ringzero {
 /// gradient shard (and the buckets in flight) and this rank's optimizer shard.
 class Zero2Training : public Lesson {
  public:
-  /// The chapter's flags: ZeRO's options, --explain-buckets and the memory calculator.
-  struct Flags : LessonOptions {
-    ZeRO::Options zero;
+  /// The chapter's flags: the engine's options, --explain-buckets, and ZeroFlags' (--collectives,
+  /// the memory calculator).
+  struct Flags : ZeroFlags {
+    Zero2::Options zero;
     bool explain = false;
-    MemoryCalculatorFlags calculator;
 
     void add_flags(CommandLine& cli) override {
-      cli.app
-          .add_option("--collectives", zero.collectives,
-                      "ring (ours, chapter 04) | mpi (MPI_Reduce_scatter_block + MPI_Allgather)")
-          ->check(CLI::IsMember({"ring", "mpi"}));
+      add_zero_flags(cli, zero.collectives);
       add_bucket_flags(cli, zero.bucket_cap_mb, zero.first_bucket_cap_mb,
                        zero.find_unused_parameters);
       cli.app.add_flag("--explain-buckets", explain,
                        "print the bucket plan (buckets, parameters, elements, bytes)");
-      add_memory_calculator_flags(cli.app, calculator);
-    }
-    bool run_instead(Communicator*) override {
-      if (calculator.enabled) print0(memory_calculator(calculator));
-      return calculator.enabled;
     }
   };
 
-  /// Plans buckets and shards, moves the model's parameters into ZeRO's buffers, builds this
+  /// Plans buckets and shards, moves the model's parameters into the engine's buffers, builds this
   /// rank's optimizer shard.
   Zero2Training(SetUp& s, const Flags& flags)
       : comm(*s.comm),
@@ -55,11 +48,11 @@ class Zero2Training : public Lesson {
 
   std::string banner() const override {
     return " | " + std::to_string(zero.buckets().size()) + " buckets | collectives " +
-           flags_.zero.collectives;
+           collectives_name(flags_.zero.collectives);
   }
   std::string explanation() const override {
     return flags_.explain ? explain_buckets(zero.buckets(), model_, flags_.zero.bucket_cap_mb,
-                                            flags_.zero.first_bucket_cap_mb)
+                                            flags_.zero.first_bucket_cap_mb, "reduce-scattered")
                           : "";
   }
   bool reset_ledger_peaks() const override { return true; }
@@ -74,13 +67,12 @@ class Zero2Training : public Lesson {
     return {Overlap::backward, {"ring_reduce_scatter"}};
   }
   nlohmann::json summary_fields() const override {
-    return {{"zero_stage", 2},
-            {"collectives", flags_.zero.collectives},
-            {"buckets", zero.buckets().size()},
-            {"model_states_exact_bytes", zero.model_states_bytes()},
-            {"padding", zero.layout().padding_total},
-            {"buckets_in_flight_bytes", zero.buckets_in_flight_bytes()},
-            {"theory_bytes_sent_per_rank_per_step", zero.traffic_theory().bytes_sent}};
+    nlohmann::json fields =
+        zero_summary_fields(2, flags_.zero.collectives, zero.model_states_bytes(),
+                            zero.layout().padding_total, zero.traffic_theory());
+    fields["buckets"] = zero.buckets().size();
+    fields["in_flight_peak_bytes"] = zero.in_flight_peak_bytes();
+    return fields;
   }
   std::optional<std::map<std::string, NamedTensor>> saved_optimizer_state() override {
     return zero.optimizer_state_dict();
@@ -88,10 +80,10 @@ class Zero2Training : public Lesson {
   TrainingState training_state(Model&) override { return zero.training_state(); }
 
   Communicator& comm;
-  ZeRO zero;
+  Zero2 zero;
 
  private:
-  static ZeRO::Options with_tracer(ZeRO::Options o, Tracer& tracer) {
+  static Zero2::Options with_tracer(Zero2::Options o, Tracer& tracer) {
     o.tracer = &tracer;
     return o;
   }
@@ -105,13 +97,13 @@ class Zero2Training : public Lesson {
 /// Errors: a non-finite loss stops every rank; a parameter without gradient.
 inline double train_step(Zero2Training& lesson, const Step& step) {
   Tracer::Span span(step.tracer, "step " + std::to_string(step.step), "step");
-  ZeRO& zero = lesson.zero;
+  Zero2& zero = lesson.zero;
   const int64_t K = step.config.grad_accum_steps;
   zero.zero_grad();
   double loss_sum = 0;
   for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
     Batch batch = step.micro_batch(micro_step);  // (B/(N K), in)
-    std::optional<ZeRO::NoSync> no_sync;         // only the last micro-step's backward sends
+    std::optional<Zero2::NoSync> no_sync;        // only the last micro-step's backward sends
     if (micro_step < K - 1) no_sync.emplace(zero);
     Tape tape;
     Var loss = forward_loss(tape, step.model, batch);  // mean over this micro-batch

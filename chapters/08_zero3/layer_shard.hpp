@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "chapters/04_ring_allreduce/ring.hpp"
+#include "common/collectives.hpp"
 #include "common/dist.hpp"
 #include "common/metrics.hpp"
 #include "common/nn.hpp"
@@ -115,7 +116,7 @@ inline std::string explain_layer_shards(const LayerLayout& layout, int world_siz
 /// gradient, 8·max P_l. With prefetch, during layer l's backward: its parameters and gradient,
 /// the parameters of l−1 already gathering and the gradient of l+1 still reduce-scattering,
 /// 4·max(P_{l−1} + 2 P_l + P_{l+1}) (the forward holds only P_l + P_{l+1}).
-inline int64_t gathered_peak_bytes(const LayerLayout& layout, bool prefetch) {
+inline int64_t in_flight_peak_bytes(const LayerLayout& layout, bool prefetch) {
   const auto& L = layout.layers;
   auto P = [&](size_t l) {
     return l < L.size() ? L[l].padded_size : int64_t{0};
@@ -133,9 +134,8 @@ inline int64_t gathered_peak_bytes(const LayerLayout& layout, bool prefetch) {
 /// collectives the counters see the payload handed to MPI: s_l sent and (N − 1) s_l received
 /// per all-gather, the reverse per reduce-scatter.
 inline TrafficTheory zero3_traffic_theory(const LayerLayout& layout, int world_size, int64_t psi,
-                                          int64_t grad_accum_steps,
-                                          const std::string& collectives) {
-  const bool ring = collectives == "ring";
+                                          int64_t grad_accum_steps, Collectives collectives) {
+  const bool ring = collectives == Collectives::ring;
   const int64_t N = world_size, L = static_cast<int64_t>(layout.layers.size());
   int64_t sent = 0,
           received = 0;  // elements per micro-step, the same on every rank (every chunk is s_l)

@@ -1,30 +1,23 @@
-// ZeRO-3 (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
-// Parameter Models", §5.3, P_os+g+p; PyTorch's FSDP and DeepSpeed's stage 3): the parameters are
-// sharded too. Each rank keeps only its shard of every layer (layer_shard.hpp); a layer's full
-// parameters exist only while it computes. Per Linear layer and micro-step, on the module hooks
-// of common/nn.hpp:
+// ZeRO-3 (Rajbhandari et al. 2020, §5.3, P_os+g+p; PyTorch's FSDP, DeepSpeed's stage 3): the
+// parameters are sharded too. Each rank keeps only its shard of every Linear layer
+// (layer_shard.hpp); a layer's full parameters exist only while it computes. Per layer and
+// micro-step, on common/nn.hpp's module hooks:
 //   pre-forward    all-gather the layer's parameters into a fresh buffer; point weight/bias at it
 //   post-forward   free it
 //   pre-backward   all-gather them again; allocate the layer's full gradient (zeros)
 //   post-backward  free the parameters; reduce-scatter the gradient, add this rank's chunk / N
 //                  to its gradient shard; free the gradient
-// Backward reads the second gather's buffer because every op reads a parameter's current
-// storage (autograd.hpp, invariant 3). Model states: (4 + 4 + 8)Ψ/N per rank at every moment;
-// the layers in flight are comm_buffers. Prefetch: the communication thread runs collectives in
-// the order posted; layer l+1's all-gather is posted while layer l runs forward (l−1's during
-// backward). Desync: each collective first swaps a 16-byte header with its ring neighbours
-// (desync.hpp), so a rank out of step stops every rank with a message instead of a hang.
+// Model states (4 + 4 + 8)Ψ/N per rank at every moment; the layers in flight are comm_buffers.
+// Prefetch: layer l+1's all-gather is posted while l runs forward (l−1's during backward).
+// Each collective first swaps a 16-byte header with its ring neighbours (desync.hpp).
+// What changed from chapter 07's zero.hpp (a new file, not a diff: the unit of sharding changed)
+//   buckets (buckets.hpp)              → layers (layer_shard.hpp), one shard per Linear layer
+//   gradient-ready hooks               → module hooks: pre/post forward and backward per layer
+//   reduce-scatter per bucket, no_sync → per layer and micro-step, into the gradient shard
+//   all-gather after the step          → before each forward and backward, prefetched
+//   full parameters on every rank      → a layer's, only while it computes
 // Leaves out: parameters outside Linear layers, mixed precision, CPU offload, prefetching more
 // than one layer, keeping the last layer gathered from forward to backward (FSDP's root unit).
-//
-// What changed from chapter 07's zero.hpp (a new file, not a diff: the unit of sharding changed)
-//   chapter 07                          chapter 08
-//   buckets (buckets.hpp)               layers (layer_shard.hpp): one shard per Linear layer
-//   gradient-ready hooks                module hooks: pre/post forward and backward per layer
-//   reduce-scatter per bucket, no_sync  per layer and micro-step; the gradient shard accumulates
-//   all-gather after the step           all-gather before each forward and backward, prefetched
-//   full parameters on every rank       a layer's, only while it computes
-//   -                                   desync check, lockstep evaluate(), gathered state_dict()
 #pragma once
 
 #include <algorithm>
@@ -36,11 +29,16 @@
 #include <string>
 #include <vector>
 
-#include "chapters/06_zero1/shard.hpp"
+#include "chapters/06_zero1/sharded_clip.hpp"
 #include "chapters/08_zero3/desync.hpp"
 #include "chapters/08_zero3/layer_shard.hpp"
 #include "common/checkpoint.hpp"
+#include "common/collectives.hpp"
 #include "common/comm_thread.hpp"
+#include "common/dist.hpp"
+#include "common/dist_eval.hpp"
+#include "common/optim.hpp"
+#include "common/padded_buffer.hpp"
 #include "common/safetensors.hpp"
 #include "common/trace.hpp"
 #include "common/train.hpp"
@@ -48,22 +46,25 @@
 
 namespace ringzero {
 
-class ZeRO {
+/// ZeRO stage 3 (P_os+g+p, FSDP's FULL_SHARD) per Linear layer: every rank holds its shard of
+/// every layer's parameters, gradients and optimizer state; a layer is gathered while it
+/// computes. Collective: every rank calls its methods, and runs forwards, in the same order.
+class Zero3 {
  public:
   struct Options {
-    std::string collectives =
-        "ring";            ///< ring (chapter 04's) | mpi (MPI_Allgather, MPI_Reduce_scatter_block)
-    bool prefetch = true;  ///< post the next layer's all-gather while this one computes
+    Collectives collectives =
+        Collectives::ring;  ///< ring (chapter 04's) | mpi (MPI_Allgather, MPI_Reduce_scatter_block)
+    bool prefetch = true;   ///< post the next layer's all-gather while this one computes
     Tracer* tracer = nullptr;  ///< optional: posts, collectives, waits and each layer's compute
   };
   /// What a collective is for; part of the desync header.
   enum Kind : uint32_t { kForwardGather, kBackwardGather, kReduceScatter, kStateGather };
 
   /// Cuts every layer of `model` into shards and keeps this rank's, frees the model's full
-  /// parameters and gradients (Model::num_parameters() reads 0 afterwards), builds this rank's
+  /// parameters and gradients (Model::num_parameters() still reads Ψ), builds this rank's
   /// optimizers (--optimizer of `config`, one per layer over its real shard elements) and hooks
-  /// every Linear. The model keeps no parameters of its own: it runs only through its ZeRO.
-  ZeRO(Communicator& comm, Model& model, const TrainConfig& config, Options options)
+  /// every Linear. The model keeps no parameters of its own: it runs only through its Zero3.
+  Zero3(Communicator& comm, Model& model, const TrainConfig& config, Options options)
       : comm_(comm),
         model_(model),
         options_(options),
@@ -88,7 +89,7 @@ class ZeRO {
     gathered_.resize(L);
     full_grads_.resize(L);
     tickets_.assign(L, 0);
-    for (int l = 0; l < L; ++l) {  // through alive_, so the hooks go quiet once the ZeRO is gone
+    for (int l = 0; l < L; ++l) {  // through alive_, so the hooks go quiet once the Zero3 is gone
       Linear& m = *layout_.layers[l].layer;
       m.add_pre_forward_hook([alive = alive_, l](Module&) {
         if (*alive) (*alive)->pre_forward(l);
@@ -104,12 +105,11 @@ class ZeRO {
       });
     }
   }
-  ~ZeRO() { *alive_ = nullptr; }
-  ZeRO(const ZeRO&) = delete;
-  ZeRO& operator=(const ZeRO&) = delete;
+  ~Zero3() { *alive_ = nullptr; }
+  Zero3(const Zero3&) = delete;
+  Zero3& operator=(const Zero3&) = delete;
 
   const LayerLayout& layout() const { return layout_; }
-  int64_t num_parameters() const { return psi_; }  ///< Ψ (the model's own buffers are gone)
 
   /// Model-state bytes each rank holds, at every moment: 4 per element of its parameter and
   /// gradient shards (Σ s_l each, padding included), 8 per real element (AdamW).
@@ -123,10 +123,12 @@ class ZeRO {
   }
   /// The most bytes of full layers (parameters and gradients) alive at once: comm_buffers,
   /// not model states, since they are the collectives' buffers (layer_shard.hpp).
-  int64_t layers_in_flight_bytes() const { return gathered_peak_bytes(layout_, options_.prefetch); }
+  int64_t in_flight_peak_bytes() const {
+    return ringzero::in_flight_peak_bytes(layout_, options_.prefetch);
+  }
 
   /// The ledger's formula line: ZeRO-3's formula, the exact bytes of every rank, the layers in
-  /// flight (zero_io.hpp).
+  /// flight (zero_io.cpp).
   std::string ledger_formula() const;
   /// What every rank should send and receive per optimizer step (layer_shard.hpp).
   TrafficTheory traffic_theory(int64_t grad_accum_steps) const {
@@ -153,7 +155,7 @@ class ZeRO {
   double clip_grad_norm(float max_norm) {
     std::vector<std::span<float>> shards;  // (layers) this rank's real gradient elements
     for (const LayerShard& s : layout_.layers) shards.push_back(shard(grads_, s));
-    return clip_sharded_grad_norm(comm_, shards, max_norm);  // shard.hpp
+    return clip_sharded_grad_norm(comm_, shards, max_norm);  // sharded_clip.hpp
   }
 
   /// Every rank's optimizers update the real elements of its shards. No all-gather follows:
@@ -163,12 +165,12 @@ class ZeRO {
       optimizers_[l].step(shard(params_, layout_.layers[l]), shard(grads_, layout_.layers[l]));
   }
 
-  /// Collective: evaluate_distributed (common/dist.hpp) under ZeRO-3, every rank running as
-  /// many forwards as the others (zero_io.hpp).
+  /// Collective: evaluate_distributed (common/dist_eval.hpp) under ZeRO-3, every rank running as
+  /// many forwards as the others (zero_io.cpp).
   EvalResult evaluate(const Dataset& test);
 
   /// Collective: a buffer laid out like the parameter shards, all-gathered one layer at a time
-  /// and copied out as "<param><suffix>" with the parameter's shape (zero_io.hpp).
+  /// and copied out as "<param><suffix>" with the parameter's shape (zero_io.cpp).
   std::map<std::string, NamedTensor> gather_full(
       const std::function<std::span<const float>(size_t)>& of, const std::string& suffix = "");
   /// Collective: the full parameters, named as state_dict() names them (for --save-final).
@@ -176,10 +178,10 @@ class ZeRO {
     return gather_full(
         [this](size_t l) { return std::span<const float>(shard(params_, layout_.layers[l])); });
   }
-  /// Collective: AdamW's state, named as chapters 06-07 name it (zero_io.hpp).
+  /// Collective: AdamW's state, named as chapters 06-07 name it (zero_io.cpp).
   std::map<std::string, NamedTensor> optimizer_state_dict();
   /// The training state as common/checkpoint.hpp saves and loads it: one piece per layer
-  /// (this rank's real shard elements and their optimizer) at its global offset (zero_io.hpp).
+  /// (this rank's real shard elements and their optimizer) at its global offset (zero_io.cpp).
   TrainingState training_state();
 
   /// Elements of the padding of the parameter and gradient shards that are not zero (must be 0).
@@ -277,7 +279,7 @@ class ZeRO {
       std::span<float> layer(full, static_cast<size_t>(s.padded_size));
       std::span<float> mine = layer.subspan(comm_.rank() * s.shard_size, s.shard_size),
                        chunk = scratch_.span().first(s.shard_size);
-      const bool ring = options_.collectives == "ring";
+      const bool ring = options_.collectives == Collectives::ring;
       if (kind == kReduceScatter) {
         if (ring)
           ring_reduce_scatter(comm_, layer,
@@ -302,7 +304,7 @@ class ZeRO {
   }
 
   // A desync header in words: "ZeRO-3 collective #9 is the all-gather of layer 2 for ..."
-  // (zero_io.hpp).
+  // (zero_io.cpp).
   std::string describe(const CollectiveHeader& h) const;
 
   void wait(uint64_t ticket, const std::string& label) {
@@ -336,11 +338,9 @@ class ZeRO {
   uint32_t seq_ = 0;  // collectives posted so far: the desync header's number
   double compute_start_ = 0;
   Buffer scratch_;
-  std::shared_ptr<ZeRO*> alive_ =
-      std::make_shared<ZeRO*>(this);  // what the layer hooks reach us by
+  std::shared_ptr<Zero3*> alive_ =
+      std::make_shared<Zero3*>(this);  // what the layer hooks reach us by
   CommThread comm_thread_;  // last: destroyed (drained) first, while everything above lives
 };
 
 }  // namespace ringzero
-
-#include "chapters/08_zero3/zero_io.hpp"  // the members that report, evaluate, save and check

@@ -1,9 +1,9 @@
 // Chapter 08's lesson: training with ZeRO-3 (zero3.hpp), optimizer state, gradients and
 // parameters sharded over ranks.
 //
-// Provides: Zero3Training (the ZeRO object, which owns this rank's shards of everything), its
-// Flags (--collectives, --no-prefetch, --explain-layers, the memory calculator) and
-// train_step().
+// Provides: Zero3Training (the Zero3 engine, which owns this rank's shards of everything), its
+// Flags (--no-prefetch, --explain-layers; --collectives and the memory calculator from
+// common/zero_lesson.hpp) and train_step().
 // Leaves out: the layer shards and their collectives (zero3.hpp, layer_shard.hpp).
 #pragma once
 
@@ -11,11 +11,11 @@
 #include <string>
 
 #include "chapters/08_zero3/zero3.hpp"
-#include "common/dist.hpp"
+#include "common/dist_eval.hpp"
 #include "common/lesson.hpp"
 #include "common/run.hpp"
 #include "common/train.hpp"
-#include "common/zero_memory.hpp"
+#include "common/zero_lesson.hpp"
 
 namespace ringzero {
 
@@ -23,27 +23,19 @@ namespace ringzero {
 /// parameters, the gradients and the optimizer state, and gathers each layer when it is used.
 class Zero3Training : public Lesson {
  public:
-  /// The chapter's flags: ZeRO's options, --explain-layers and the memory calculator.
-  struct Flags : LessonOptions {
-    ZeRO::Options zero;
+  /// The chapter's flags: the engine's options, --no-prefetch, --explain-layers, and ZeroFlags'
+  /// (--collectives, the memory calculator).
+  struct Flags : ZeroFlags {
+    Zero3::Options zero;
     bool explain = false, no_prefetch = false;
-    MemoryCalculatorFlags calculator;
 
     void add_flags(CommandLine& cli) override {
-      cli.app
-          .add_option("--collectives", zero.collectives,
-                      "ring (ours, chapter 04) | mpi (MPI_Reduce_scatter_block + MPI_Allgather)")
-          ->check(CLI::IsMember({"ring", "mpi"}));
+      add_zero_flags(cli, zero.collectives);
       cli.app.add_flag(
           "--no-prefetch", no_prefetch,
           "post each all-gather only when its layer needs it; wait for every collective");
       cli.app.add_flag("--explain-layers", explain,
                        "print the layer plan (elements, padding, shard size per layer)");
-      add_memory_calculator_flags(cli.app, calculator);
-    }
-    bool run_instead(Communicator*) override {
-      if (calculator.enabled) print0(memory_calculator(calculator));
-      return calculator.enabled;
     }
   };
 
@@ -58,7 +50,8 @@ class Zero3Training : public Lesson {
 
   std::string banner() const override {
     return " | " + std::to_string(zero.layout().layers.size()) + " layers | prefetch " +
-           (flags_.no_prefetch ? "off" : "on") + " | collectives " + flags_.zero.collectives;
+           (flags_.no_prefetch ? "off" : "on") + " | collectives " +
+           collectives_name(flags_.zero.collectives);
   }
   std::string explanation() const override {
     return flags_.explain ? explain_layer_shards(zero.layout(), comm.world_size()) : "";
@@ -77,14 +70,13 @@ class Zero3Training : public Lesson {
     return {flags_.no_prefetch ? Overlap::none : Overlap::forward_and_backward, {}};
   }
   nlohmann::json summary_fields() const override {
-    return {{"zero_stage", 3},
-            {"collectives", flags_.zero.collectives},
-            {"layers", zero.layout().layers.size()},
-            {"prefetch", !flags_.no_prefetch},
-            {"model_states_exact_bytes", zero.model_states_bytes()},
-            {"padding", comm.world_size() * zero.layout().shard_total - psi_},
-            {"layers_in_flight_bytes", zero.layers_in_flight_bytes()},
-            {"theory_bytes_sent_per_rank_per_step", traffic_theory().bytes_sent}};
+    nlohmann::json fields =
+        zero_summary_fields(3, flags_.zero.collectives, zero.model_states_bytes(),
+                            comm.world_size() * zero.layout().shard_total - psi_, traffic_theory());
+    fields["layers"] = zero.layout().layers.size();
+    fields["prefetch"] = !flags_.no_prefetch;
+    fields["in_flight_peak_bytes"] = zero.in_flight_peak_bytes();
+    return fields;
   }
   std::map<std::string, NamedTensor> model_state_dict(const Model&) override {
     return zero.state_dict();  // collective: every layer gathered
@@ -95,11 +87,11 @@ class Zero3Training : public Lesson {
   TrainingState training_state(Model&) override { return zero.training_state(); }
 
   Communicator& comm;
-  ZeRO zero;
+  Zero3 zero;
 
  private:
-  static ZeRO::Options options_of(const Flags& flags, Tracer& tracer) {
-    ZeRO::Options o = flags.zero;
+  static Zero3::Options options_of(const Flags& flags, Tracer& tracer) {
+    Zero3::Options o = flags.zero;
     o.tracer = &tracer;
     o.prefetch = !flags.no_prefetch;
     return o;
@@ -114,7 +106,7 @@ class Zero3Training : public Lesson {
 /// rank; ranks whose collectives differ (the desync check).
 inline double train_step(Zero3Training& lesson, const Step& step) {
   Tracer::Span span(step.tracer, "step " + std::to_string(step.step), "step");
-  ZeRO& zero = lesson.zero;
+  Zero3& zero = lesson.zero;
   const int64_t K = step.config.grad_accum_steps;
   zero.zero_grad();
   double loss_sum = 0;

@@ -50,43 +50,18 @@ std::string require_gpu(int device) {
   return prop.name;
 }
 
-DeviceBuffer::DeviceBuffer(int64_t size, MemTag tag) : size_(size), tag_(tag) {
-  RZ_CHECK(size >= 0, "DeviceBuffer size " << size << " is negative");
-  if (size == 0) return;
-  const cudaError_t rc = cudaMalloc(&data_, static_cast<size_t>(size) * 4);
+float* DeviceAllocator::allocate(int64_t size, MemTag tag, bool zero) {
+  float* data = nullptr;
+  const cudaError_t rc = cudaMalloc(&data, static_cast<size_t>(size) * 4);
   RZ_CHECK(rc == cudaSuccess, "cudaMalloc of " << size * 4 << " bytes for " << mem_tag_name(tag)
                                                << " failed: " << cudaGetErrorString(rc)
                                                << "; reduce the model or batch size");
-  CUDA_CALL(cudaMemset(data_, 0, static_cast<size_t>(size) * 4));
-  Ledger::get().add_device(tag_, bytes());
+  if (zero) CUDA_CALL(cudaMemset(data, 0, static_cast<size_t>(size) * 4));
+  return data;
 }
 
-DeviceBuffer::~DeviceBuffer() {
-  release();
-}
-
-void DeviceBuffer::release() {
-  if (data_ != nullptr) {
-    Ledger::get().add_device(tag_, -bytes());
-    cudaFree(data_);
-  }
-  data_ = nullptr;
-  size_ = 0;
-}
-
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)),
-      size_(std::exchange(other.size_, 0)),
-      tag_(other.tag_) {}
-
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
-  if (this != &other) {
-    release();
-    data_ = std::exchange(other.data_, nullptr);
-    size_ = std::exchange(other.size_, 0);
-    tag_ = other.tag_;
-  }
-  return *this;
+void DeviceAllocator::free(float* data) {
+  cudaFree(data);
 }
 
 void DeviceBuffer::copy_from_host(const float* host, int64_t n, int64_t offset) {

@@ -23,33 +23,23 @@ namespace ringzero {
 /// fix; otherwise selects device `device` and returns its name ("NVIDIA H200").
 std::string require_gpu(int device = 0);
 
+/// GPU memory for DeviceBuffer (defined in device.cpp, or in host memory by the CPU emulation
+/// of tests/emul). Errors: cudaMalloc failure (names bytes and tag).
+struct DeviceAllocator {
+  static constexpr const char* kName = "DeviceBuffer";
+  static float* allocate(int64_t size, MemTag tag, bool zero);  ///< cudaMalloc (+ cudaMemset)
+  static void free(float* data);                                ///< cudaFree
+};
 /// An owning, zero-filled float32 array in GPU memory, tagged in the ledger's device column.
-/// Move-only; size() in elements. Errors: cudaMalloc failure (names bytes and tag).
-class DeviceBuffer {
+/// Move-only; size() in elements (common/ledger.hpp's LedgerArray).
+class DeviceBuffer : public LedgerArray<float, DeviceAllocator, LedgerColumn::device> {
  public:
-  DeviceBuffer() = default;
-  DeviceBuffer(int64_t size, MemTag tag);
-  ~DeviceBuffer();
-  DeviceBuffer(DeviceBuffer&& other) noexcept;
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  float* data() { return data_; }
-  const float* data() const { return data_; }
-  int64_t size() const { return size_; }
-  int64_t bytes() const { return size_ * 4; }
+  using LedgerArray::LedgerArray;
   /// Host -> device: n floats from host into [offset, offset + n). Errors: out of range.
   void copy_from_host(const float* host, int64_t n, int64_t offset = 0);
   /// Device -> host: [offset, offset + n) into host. Synchronous.
   void copy_to_host(float* host, int64_t n, int64_t offset = 0) const;
   void zero();
-  void release();
-
- private:
-  float* data_ = nullptr;
-  int64_t size_ = 0;
-  MemTag tag_ = MemTag::activations;
 };
 
 /// Raw device allocation of `bytes` (labels, float64 partial sums), counted under `tag`.

@@ -50,8 +50,6 @@ class NcclCommunicator final : public DeviceComm {
 
   std::map<std::string, Communicator::Counters> counters() const override { return counters_; }
   std::string transport() const override { return "nccl"; }
-  /// Relabels sendrecv traffic, as Communicator::Scope ("ring_all_reduce"); "" for none.
-  void set_scope(std::string op) { scope_ = std::move(op); }
 
  private:
   void synchronize();
@@ -60,7 +58,6 @@ class NcclCommunicator final : public DeviceComm {
   void* nccl_ = nullptr;    // ncclComm_t
   void* stream_ = nullptr;  // cudaStream_t
   std::map<std::string, Communicator::Counters> counters_;
-  std::string scope_;
 };
 
 }  // namespace ringzero

@@ -30,7 +30,7 @@ run() {
   python3 -c 'import json, sys
 s = [json.loads(l) for l in open(sys.argv[1])][-1]
 print(s["ms_per_step"], max(l["model_states_peak"] for l in s["ledger"]), s["num_parameters"],
-      s.get("buckets_in_flight_bytes", 0))' "$tmp/m.jsonl"
+      s.get("in_flight_peak_bytes", 0))' "$tmp/m.jsonl"
 }
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 

@@ -22,7 +22,7 @@ s, s6, K = summary(sys.argv[1]), summary(sys.argv[2]), int(sys.argv[3])
 sent = [c["training"]["bytes_sent"] / s["steps"] for c in s["comm"]]
 sent6 = [c["training"]["bytes_sent"] / s6["steps"] for c in s6["comm"]]
 assert sent == sent6 == s["theory_bytes_sent_per_rank_per_step"], (sent, sent6)
-extra = s["buckets_in_flight_bytes"] if K == 1 else 4 * (s["num_parameters"] + s["padding"])
+extra = s["in_flight_peak_bytes"] if K == 1 else 4 * (s["num_parameters"] + s["padding"])
 exact = s["model_states_exact_bytes"]
 for r, led in enumerate(s["ledger"]):
     assert led["model_states_current"] == exact[r], (r, led["model_states_current"], exact[r])

@@ -50,7 +50,7 @@ exact = s["model_states_exact_bytes"]
 for r, led in enumerate(s["ledger"]):
     assert led["model_states_peak"] == exact[r], (r, led["model_states_peak"], exact[r])
     cb = led["comm_buffers"]  # at the report only the ring chunk is left
-    assert cb["peak"] == cb["current"] + s["layers_in_flight_bytes"], (r, cb, s["layers_in_flight_bytes"])
+    assert cb["peak"] == cb["current"] + s["in_flight_peak_bytes"], (r, cb, s["in_flight_peak_bytes"])
 assert s["model_states_bytes_per_rank"] == max(exact)
 assert abs(max(exact) - 16 * psi / N) <= 16 * 3, (exact, 16 * psi / N)  # padding: < N elements per layer
 theory = s["theory_bytes_sent_per_rank_per_step"]

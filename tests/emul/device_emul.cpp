@@ -19,34 +19,13 @@ std::string require_gpu(int) {
   return "CPU emulation of the GPU path";
 }
 
-DeviceBuffer::DeviceBuffer(int64_t size, MemTag tag) : size_(size), tag_(tag) {
-  RZ_CHECK(size >= 0, "DeviceBuffer size " << size << " is negative");
-  if (size == 0) return;
-  data_ = static_cast<float*>(std::calloc(static_cast<size_t>(size), 4));
-  RZ_CHECK(data_ != nullptr, "out of memory");
-  Ledger::get().add_device(tag_, bytes());
+float* DeviceAllocator::allocate(int64_t size, MemTag, bool) {
+  auto* data = static_cast<float*>(std::calloc(static_cast<size_t>(size), 4));
+  RZ_CHECK(data != nullptr, "out of memory");
+  return data;
 }
-DeviceBuffer::~DeviceBuffer() {
-  release();
-}
-void DeviceBuffer::release() {
-  if (data_ != nullptr) {
-    Ledger::get().add_device(tag_, -bytes());
-    std::free(data_);
-  }
-  data_ = nullptr;
-  size_ = 0;
-}
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
-    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), tag_(o.tag_) {}
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
-  if (this != &o) {
-    release();
-    data_ = std::exchange(o.data_, nullptr);
-    size_ = std::exchange(o.size_, 0);
-    tag_ = o.tag_;
-  }
-  return *this;
+void DeviceAllocator::free(float* data) {
+  std::free(data);
 }
 void DeviceBuffer::copy_from_host(const float* host, int64_t n, int64_t offset) {
   RZ_CHECK(offset >= 0 && n >= 0 && offset + n <= size_, "copy out of range");

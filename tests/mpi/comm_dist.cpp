@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "common/dist.hpp"
+#include "common/dist_config.hpp"
+#include "common/dist_eval.hpp"
 #include "common/rng.hpp"
 #include "common/train.hpp"
 #include "mpi/test_comm.hpp"

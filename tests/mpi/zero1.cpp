@@ -72,9 +72,9 @@ TEST_CASE("the ledger: model states 4Ψ + 4Ψ + 8·shard + 8·padding per rank",
                   grads_before = ledger.current(MemTag::gradients);
     ZeroCase c;
     c.sizes = sizes;
-    ZeRO::Options options;
+    Zero1::Options options;
     options.bucket_cap_mb = cap;
-    ZeRO zero(comm, model, zero_test_config(c), options);
+    Zero1 zero(comm, model, zero_test_config(c), options);
     const ShardLayout& layout = zero.layout();
     INFO("Ψ = " << psi << ", padding " << layout.padding_total << ", shard " << layout.shard_real);
     REQUIRE(ledger.current(MemTag::parameters) == params_before);  // moved, not copied

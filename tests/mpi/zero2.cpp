@@ -6,7 +6,7 @@
 //  - the padding of the parameters and of the gradient shard stays exactly zero;
 //  - the ledger: between steps the gradients are this rank's shard only, model states
 //    4(Ψ + padding) + 4·shard + 8·(real shard); during a step with K = 1 the peak is that plus
-//    exactly two consecutive buckets at most (buckets_in_flight_bytes()); with K > 1, plus every
+//    exactly two consecutive buckets at most (in_flight_peak_bytes()); with K > 1, plus every
 //    bucket (no_sync accumulates full gradients, as DDP does).
 #include <catch2/catch.hpp>
 
@@ -36,9 +36,9 @@ TEST_CASE("the ledger: gradients are the shard between steps, two buckets at mos
       c.sizes = sizes;
       c.grad_accum_steps = K;
       c.steps = 1;
-      ZeRO::Options options;
+      Zero2::Options options;
       options.bucket_cap_mb = cap;
-      ZeRO zero(comm, model, zero_test_config(c), options);
+      Zero2 zero(comm, model, zero_test_config(c), options);
       const ShardLayout& layout = zero.layout();
       INFO("Ψ = " << psi << ", " << layout.buckets.size() << " buckets, K = " << K
                   << ", N = " << comm.world_size());
@@ -57,7 +57,7 @@ TEST_CASE("the ledger: gradients are the shard between steps, two buckets at mos
               steady);  // buckets freed after the step
       // The step's peak above the steady state: the buckets alive at once.
       const int64_t peak_extra = ledger.model_states_peak() - ledger.model_states_current();
-      REQUIRE(peak_extra == (K == 1 ? zero.buckets_in_flight_bytes() : 4 * layout.padded_total));
+      REQUIRE(peak_extra == (K == 1 ? zero.in_flight_peak_bytes() : 4 * layout.padded_total));
     }
   }
 }

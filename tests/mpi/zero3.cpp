@@ -8,7 +8,7 @@
 //    clipping; with and without prefetch, identical;
 //  - the padding stays exactly zero;
 //  - memory: model states 4Σs + 4Σs + 8·(real shard) at every moment of a step (never the
-//    full 16Ψ), and the full layers in flight (comm_buffers) peak at gathered_peak_bytes();
+//    full 16Ψ), and the full layers in flight (comm_buffers) peak at in_flight_peak_bytes();
 //  - traffic: the counters equal zero3_traffic_theory() exactly, and evaluation adds none;
 //  - prefetch: the all-gather of layer l+1 (l−1 in backward) is posted before layer l's
 //    compute ends, from the recorded events; without prefetch, only after.
@@ -127,10 +127,10 @@ Result run_reference(const Case& c) {
 Result run_zero3(const Case& c, Tracer* tracer = nullptr) {
   Communicator& comm = test_comm();
   Model model(c.sizes, /*seed=*/5);
-  ZeRO::Options options;
+  Zero3::Options options;
   options.prefetch = c.prefetch;
   options.tracer = tracer;
-  ZeRO zero(comm, model, config_of(c), options);
+  Zero3 zero(comm, model, config_of(c), options);
   Result out;
   for (int64_t step = 0; step < c.steps; ++step) {
     zero.zero_grad();
@@ -229,9 +229,9 @@ TEST_CASE("memory: model states (4 + 4 + 8)Ψ/N throughout, full layers in fligh
                     buffers_before = ledger.current(MemTag::comm_buffers);
       Model model(sizes, 5);
       const int64_t psi = model.num_parameters();
-      ZeRO::Options options;
+      Zero3::Options options;
       options.prefetch = prefetch;
-      ZeRO zero(comm, model, config_of(c), options);
+      Zero3 zero(comm, model, config_of(c), options);
       const LayerLayout& layout = zero.layout();
       const int64_t scratch =
           4 * std::max_element(layout.layers.begin(), layout.layers.end(), [](auto& a, auto& b) {
@@ -250,7 +250,7 @@ TEST_CASE("memory: model states (4 + 4 + 8)Ψ/N throughout, full layers in fligh
       }
       REQUIRE(ledger.model_states_peak() - states_before == states);  // never more
       REQUIRE(ledger.peak(MemTag::comm_buffers) - buffers_before ==
-              scratch + zero.layers_in_flight_bytes());
+              scratch + zero.in_flight_peak_bytes());
       REQUIRE(ledger.current(MemTag::comm_buffers) - buffers_before ==
               scratch);  // every layer freed
       std::vector<double> real = {static_cast<double>(layout.shard_real)};
@@ -269,7 +269,7 @@ TEST_CASE("traffic: the counters equal the theory; evaluation is not counted as 
       c.sizes = sizes;
       c.grad_accum_steps = K;
       Model model(sizes, 5);
-      ZeRO zero(comm, model, config_of(c), {});
+      Zero3 zero(comm, model, config_of(c), {});
       comm.reset_counters();
       const int64_t steps = 2;
       for (int64_t step = 0; step < steps; ++step) {

@@ -127,4 +127,7 @@ TEST_CASE("the planned buckets of a Model match its flat gradient layout", "[buc
   REQUIRE_THAT(table, Catch::Contains("6 parameters in 2 buckets"));
   REQUIRE_THAT(table, Catch::Contains("4.bias, 4.weight, 2.bias, 2.weight"));
   REQUIRE_THAT(table, Catch::Contains("grads_memory[0, 401920) | 0.bias, 0.weight"));
+  REQUIRE_THAT(table, Catch::Contains("all-reduced in this order"));     // chapter 05
+  REQUIRE_THAT(explain_buckets(plan, model, 25, 1, "reduce-scattered"),  // chapters 06-07
+               Catch::Contains("reduce-scattered in this order"));
 }

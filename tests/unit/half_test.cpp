@@ -175,7 +175,6 @@ TEST_CASE("Buffer16 counts 2 bytes per element; parse_dtype names the flag", "[h
   }
   REQUIRE(Ledger::get().current(MemTag::gradients) == before);
   REQUIRE(parse_dtype("bf16", "--precision") == Dtype::bf16);
-  REQUIRE(dtype_bytes(Dtype::fp16) == 2);
   REQUIRE_THROWS_WITH(parse_dtype("half", "--precision"),
                       Contains("--precision half") && Contains("fp32, bf16 or fp16"));
 }

@@ -3,6 +3,7 @@
 // et al., SC 2020: 7.5B parameters, mixed precision + Adam, K_os = 12, 64 ranks).
 #include <catch2/catch.hpp>
 
+#include "common/memory_calculator.hpp"
 #include "common/zero_memory.hpp"
 
 using namespace ringzero;

@@ -1,0 +1,95 @@
+// A padded bucket's collectives: the reduce-scatter of its gradient and the all-gather of its
+// parameters, with chapter 04's ring or MPI's (--collectives), and the bytes they move per step.
+//
+// On the padded bucket (shard.hpp) every ring chunk is exactly one shard, so rank r's chunk
+// after the reduce-scatter is its shard, summed in the same ring order as chapter 05's
+// all-reduce of the unpadded bucket. Chapters 06 and 07 call these once per bucket.
+// Leaves out: the layout (shard.hpp), chapter 08's per-layer collectives (zero3.hpp).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "chapters/04_ring_allreduce/ring.hpp"
+#include "chapters/06_zero1/shard.hpp"
+#include "common/collectives.hpp"
+#include "common/comm.hpp"
+#include "common/dist.hpp"
+#include "common/metrics.hpp"
+
+namespace ringzero {
+
+/// Bytes each rank sends and receives per optimizer step: one reduce-scatter of the gradients
+/// and one all-gather of the parameters, per padded bucket. With the ring every chunk is s, so
+/// every rank moves 2 (N − 1) s elements per bucket: 2(N−1)/N · 4(Ψ + padding) bytes. With
+/// MPI's collectives the counters see only the payload handed to MPI: the bucket to reduce
+/// less our block, and our block to gather, N s per bucket (the wire traffic is MPI's).
+inline TrafficTheory zero_traffic_theory(const ShardLayout& layout, int world_size, int64_t psi,
+                                         Collectives collectives) {
+  TrafficTheory theory;
+  const bool ring = collectives == Collectives::ring;
+  for (int r = 0; r < world_size; ++r) {
+    int64_t sent = 0, received = 0;
+    for (const BucketShard& b : layout.buckets) {
+      const int64_t n = b.padded_size(), s = b.shard_size;
+      sent +=
+          ring ? ring_reduce_scatter_sent(n, world_size, r) + ring_all_gather_sent(n, world_size, r)
+               : (world_size - 1) * s + s;
+      received += ring ? ring_reduce_scatter_received(n, world_size, r) +
+                             ring_all_gather_received(n, world_size, r)
+                       : s + (world_size - 1) * s;
+    }
+    theory.bytes_sent.push_back(4 * sent);
+    theory.bytes_received.push_back(4 * received);
+  }
+  const double N = world_size;
+  const std::string counts = "; N = " + std::to_string(world_size) +
+                             ", Ψ = " + std::to_string(psi) +
+                             ", padding = " + std::to_string(layout.padding_total);
+  theory.formula = ring ? "theory (ring reduce-scatter of gradients + ring all-gather of "
+                          "parameters, per bucket): every rank "
+                          "sends 2(N-1)/N·4Ψ = " +
+                              human_bytes(2 * (N - 1) / N * 4.0 * static_cast<double>(psi)) +
+                              " per step, as DDP; exactly 2(N-1)/N·4(Ψ + padding) = " +
+                              human_bytes(static_cast<double>(theory.bytes_sent[0])) + counts
+                        : "MPI_Reduce_scatter_block + MPI_Allgather: counters show the payload "
+                          "handed to MPI, 4(Ψ + padding) = " +
+                              human_bytes(static_cast<double>(theory.bytes_sent[0])) +
+                              " per step, not its wire traffic" + counts;
+  return theory;
+}
+
+/// Collective: reduce-scatters padded bucket `bucket` (n + padding) over the ranks; returns
+/// this rank's shard, bucket[r s, (r+1) s), which then holds the sum over ranks (the rest of
+/// the bucket holds partial sums). Collectives::ring: chapter 04's first half, in place;
+/// mpi: MPI_Reduce_scatter_block, which wants the output apart, through `scratch` (≥ s).
+inline std::span<float> reduce_scatter_bucket(Communicator& comm, std::span<float> bucket,
+                                              int64_t shard_size, std::span<float> scratch,
+                                              Collectives collectives) {
+  std::span<float> shard = bucket.subspan(comm.rank() * shard_size, shard_size);
+  if (collectives == Collectives::ring) {
+    ring_reduce_scatter(comm, bucket, scratch);  // chapter 04's first half: our chunk is summed
+  } else {                                       // MPI wants the output apart from the input
+    comm.reduce_scatter(bucket, scratch.first(shard_size));
+    std::copy_n(scratch.data(), shard_size, shard.begin());
+  }
+  return shard;
+}
+
+/// Collective: all-gathers padded bucket `bucket` (n + padding) from every rank's shard (this
+/// rank's in place at [r s, (r+1) s)). Collectives::ring: chapter 04's second half; mpi:
+/// MPI_Allgather, which wants the input apart, through `scratch` (≥ s).
+inline void all_gather_bucket(Communicator& comm, std::span<float> bucket, int64_t shard_size,
+                              std::span<float> scratch, Collectives collectives) {
+  if (collectives == Collectives::ring) {
+    ring_all_gather(comm, bucket);  // chapter 04's second half
+  } else {                          // MPI wants the input apart from the output
+    std::span<float> shard = bucket.subspan(comm.rank() * shard_size, shard_size);
+    std::copy(shard.begin(), shard.end(), scratch.data());
+    comm.all_gather(scratch.first(shard_size), bucket);
+  }
+}
+
+}  // namespace ringzero

@@ -1,0 +1,66 @@
+// The AdamW state of a bucketed ZeRO (chapters 06-07) gathered whole, named as PyTorch's
+// optimizer state is named per parameter (--save-optimizer-state, the equivalence tests).
+// Leaves out: chapter 08's per-layer gather (its zero_io.cpp), checkpoints
+// (common/checkpoint.hpp).
+#pragma once
+
+#include <algorithm>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "chapters/04_ring_allreduce/ring.hpp"
+#include "chapters/06_zero1/shard.hpp"
+#include "common/comm.hpp"
+#include "common/ledger.hpp"
+#include "common/nn.hpp"
+#include "common/optim.hpp"
+#include "common/safetensors.hpp"
+
+namespace ringzero {
+
+/// Collective, for the equivalence tests (the comm counters count its traffic): the AdamW
+/// state of `optimizers` (optimizers[b] over this rank's real elements of bucket b) gathered
+/// into the unpadded names and shapes, as "<param>.exp_avg", "<param>.exp_avg_sq" and
+/// "<param>.step" (shape (1)). Errors: an optimizer that is not AdamW; pieces of a parameter
+/// whose step counts differ.
+inline std::map<std::string, NamedTensor> gather_optimizer_state(
+    Communicator& comm, const Model& model, const ShardLayout& layout,
+    const std::vector<Optimizer>& optimizers) {
+  const auto& params = model.parameters();
+  std::map<std::string, NamedTensor> out;
+  std::vector<double> steps(3 * params.size(), 0.0);  // (P, 3) Σ step, Σ step², pieces
+  for (int which = 0; which < 2; ++which) {
+    Buffer full(layout.padded_total, MemTag::comm_buffers);  // (Ψ + padding) the state, gathered
+    for (size_t b = 0; b < layout.buckets.size(); ++b) {
+      const BucketShard& s = layout.buckets[b];
+      const AdamW* adamw = optimizers[b].adamw();
+      RZ_CHECK(adamw != nullptr, "optimizer state is saved for --optimizer adamw only");
+      std::span<const float> state = which == 0 ? adamw->exp_avg() : adamw->exp_avg_sq();
+      std::copy(state.begin(), state.end(),
+                full.data() + s.padded_offset + comm.rank() * s.shard_size);
+      ring_all_gather(comm, full.span().subspan(s.padded_offset, s.padded_size()));
+      for (size_t k = 0; which == 0 && k < adamw->segment_steps().size(); ++k) {
+        const auto t = static_cast<double>(adamw->segment_steps()[k]);
+        double* st = &steps[3 * s.segment_params[k]];
+        st[0] += t, st[1] += t * t, st[2] += 1;
+      }
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      const float* v = full.data() + layout.param_offset[i];
+      out[params[i]->name() + (which == 0 ? ".exp_avg" : ".exp_avg_sq")] = {
+          params[i]->shape(), {v, v + params[i]->numel()}};
+    }
+  }
+  comm.all_reduce_metrics(steps);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const double* st = &steps[3 * i];
+    RZ_CHECK(st[1] * st[2] == st[0] * st[0],
+             "the pieces of " << params[i]->name() << " took different numbers of steps");
+    out[params[i]->name() + ".step"] = {{1}, {static_cast<float>(st[0] / st[2])}};
+  }
+  return out;
+}
+
+}  // namespace ringzero

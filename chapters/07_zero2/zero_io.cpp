@@ -1,0 +1,91 @@
+// ZeRO-2's members that are not the lesson: what it reports (the exact model-state bytes, the
+// buckets in flight and the ledger's formula line), what it saves (--save-optimizer-state,
+// checkpoints) and what the tests check (the padding stays zero). zero.hpp declares them.
+// Leaves out: everything the training step does (zero.hpp).
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "chapters/06_zero1/optimizer_state.hpp"
+#include "chapters/07_zero2/zero.hpp"
+
+namespace ringzero {
+
+/// Between steps: 4 per element of the padded parameters (Ψ + padding) and of the rank's
+/// gradient shard (Σ s), 8 per real element of its shard (AdamW); one entry per rank. During
+/// backward, the buckets in flight come on top (in_flight_peak_bytes()).
+std::vector<int64_t> Zero2::model_states_bytes() const {
+  std::vector<int64_t> bytes;
+  for (int r = 0; r < comm_.world_size(); ++r)
+    bytes.push_back(4 * layout_.padded_total + 4 * layout_.shard_total +
+                    static_cast<int64_t>(states_.optimizer) * shard_real_of(layout_, r));
+  return bytes;
+}
+
+/// With one micro-step per optimizer step: the largest two consecutive buckets (padded), or
+/// the only one.
+int64_t Zero2::in_flight_peak_bytes() const {
+  int64_t most = 4 * layout_.buckets[0].padded_size();
+  for (size_t b = 1; b < layout_.buckets.size(); ++b)
+    most = std::max(most,
+                    4 * (layout_.buckets[b - 1].padded_size() + layout_.buckets[b].padded_size()));
+  return most;
+}
+
+std::string Zero2::ledger_formula() const {
+  const ModelStateBytes f =
+      zero_model_state_bytes(2, static_cast<double>(psi_), comm_.world_size(), states_);
+  std::string exact;
+  for (int64_t b : model_states_bytes()) exact += (exact.empty() ? "" : ", ") + std::to_string(b);
+  const int k = static_cast<int>(states_.optimizer);
+  return "formula (ZeRO-2, " + std::string(states_.name) + "): " + zero_formula_text(2, states_) +
+         " = " + human_bytes(f.total()) + " per rank, + at most two buckets in flight = " +
+         human_bytes(static_cast<double>(in_flight_peak_bytes())) +
+         " (DDP: " + full_copy_formula_text(states_) + " = " +
+         human_bytes(states_.per_param() * static_cast<double>(psi_)) +
+         "); exactly, with padding " + std::to_string(layout_.padding_total) +
+         ": 4(Ψ + padding) + 4·(shard) + " + std::to_string(k) + "·(real shard) = " + exact +
+         " B on ranks 0..N-1 between steps, + " + std::to_string(in_flight_peak_bytes()) +
+         " B in flight at the peak (K = 1; with K > 1 every bucket stays through accumulation)";
+}
+
+/// optimizer_state.hpp's gather_optimizer_state. Errors: --optimizer is not adamw.
+std::map<std::string, NamedTensor> Zero2::optimizer_state_dict() {
+  return gather_optimizer_state(comm_, model_, layout_, optimizers_);
+}
+
+/// Counts the padding elements of the parameters and of the gradient shard that are not zero.
+int64_t Zero2::nonzero_padding() const {
+  int64_t count = 0;
+  for (const BucketShard& s : layout_.buckets) {
+    for (int64_t i = s.padded_offset + s.size; i < s.padded_offset + s.padded_size(); ++i)
+      count += params_.span()[i] != 0.0f;
+    for (int64_t i = s.shard_offset + s.real; i < s.shard_offset + s.shard_size; ++i)
+      count += grad_shard_.span()[i] != 0.0f;
+  }
+  return count;
+}
+
+TrainingState Zero2::training_state() {
+  TrainingState state;
+  state.model = &model_;
+  state.sharded = true;
+  state.params_replicated = true;  // params_ holds every parameter on every rank
+  state.chapter = "07_zero2";
+  state.zero_stage = 7;
+  state.layout = {{"kind", "buckets"}, {"padding_total", layout_.padding_total}};
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    const BucketShard& s = layout_.buckets[b];
+    state.layout["buckets"].push_back({{"offset", s.offset},
+                                       {"size", s.size},
+                                       {"padding", s.padding},
+                                       {"padded_offset", s.padded_offset},
+                                       {"shard_size", s.shard_size}});
+    state.pieces.push_back({shard_params(b), s.offset + comm_.rank() * s.shard_size,
+                            &optimizers_[b], s.segment_params});
+  }
+  return state;
+}
+
+}  // namespace ringzero
