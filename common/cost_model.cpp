@@ -70,9 +70,10 @@ double op_time_ms(const Network& net, const std::vector<OpTraffic>& per_rank) {
 
 StepPrediction predict_step(const Network& net, const TrafficPerStep& traffic, int world_size,
                             double compute_ms, Overlap overlap,
-                            const std::vector<std::string>& overlapped_ops) {
+                            const std::vector<std::string>& overlapped_ops, int cores) {
   check_network(net);
   RZ_CHECK(world_size >= 1, "predict_step: world_size " << world_size << " < 1");
+  RZ_CHECK(cores >= 0, "--net-cores " << cores << " must be >= 0 (0: not given)");
   RZ_CHECK(compute_ms >= 0 && std::isfinite(compute_ms),
            "compute time " << compute_ms
                            << " ms: give --net-compute-ms >= 0, the step time of this chapter "
@@ -108,7 +109,10 @@ StepPrediction predict_step(const Network& net, const TrafficPerStep& traffic, i
     const double last = ov / static_cast<double>(std::max<int64_t>(1, p.collectives));
     p.overlapped_ms = (1 - f) * compute_ms + std::max(f * compute_ms, ov - last) + last + after;
   }
-  p.predicted_ms = p.overlapped_ms;
+  p.cores = cores;
+  p.ranks = world_size;
+  p.overlap_possible = cores == 0 || cores > world_size;
+  p.predicted_ms = p.overlap_possible ? p.overlapped_ms : p.serial_ms;
   return p;
 }
 
@@ -148,9 +152,13 @@ std::string format_prediction(const StepPrediction& p, double measured_ms) {
   std::string s = fmt("step time: predicted %.1f ms (compute %.1f + communication %.1f ms",
                       p.predicted_ms, p.compute_ms, p.comm_ms);
   s += std::string(", overlap ") + overlap_name(p.overlap);
-  if (p.overlap != Overlap::none)
+  if (p.overlap != Overlap::none && p.overlap_possible)
     s += fmt("; %.1f ms of it overlapped; without overlap %.1f ms", p.overlapped_comm_ms,
              p.serial_ms);
+  else if (p.overlap != Overlap::none)
+    s += fmt(", not possible: %.0f ranks share %.0f cores, none free for the communication "
+             "thread; with a core to spare %.1f ms",
+             static_cast<double>(p.ranks), static_cast<double>(p.cores), p.overlapped_ms);
   s += fmt(") | measured %.1f ms (measured / predicted %.2f)", measured_ms,
            p.predicted_ms > 0 ? measured_ms / p.predicted_ms : 0.0);
   for (const auto& [op, ms] : p.ops_ms) s += "\n  " + op + fmt(": %.2f ms", ms);
@@ -165,6 +173,9 @@ nlohmann::json prediction_json(const StepPrediction& p) {
           {"comm_ms", p.comm_ms},
           {"serial_ms", p.serial_ms},
           {"overlap", overlap_name(p.overlap)},
+          {"overlap_possible", p.overlap_possible},
+          {"overlapped_ms_per_step", p.overlapped_ms},
+          {"cores", p.cores},
           {"ops_ms", ops}};
 }
 
@@ -204,6 +215,11 @@ void add_net_flags(CLI::App& app, NetFlags& flags) {
                  "compute per step, measured at N = 1 on one rank's share of the batch, ms")
       ->check(CLI::NonNegativeNumber)
       ->group(group);
+  app.add_option("--net-cores", flags.cores,
+                 "CPU cores the ranks share (the emulated cluster: this machine's); with no more "
+                 "cores than ranks, nothing overlaps (default 0: a core to spare per rank)")
+      ->check(CLI::NonNegativeNumber)
+      ->group(group);
 }
 
 nlohmann::json report_step_prediction(const NetFlags& flags, const nlohmann::json& summary,
@@ -216,7 +232,8 @@ nlohmann::json report_step_prediction(const NetFlags& flags, const nlohmann::jso
                                              : network_from_selftest(flags.selftest);
   const StepPrediction p =
       predict_step(net, traffic_per_step(summary.at("comm"), summary.at("steps").get<int64_t>()),
-                   world_size, flags.compute_ms, schedule.overlap, schedule.overlapped_ops);
+                   world_size, flags.compute_ms, schedule.overlap, schedule.overlapped_ops,
+                   flags.cores);
   print0(
       fmt("network: alpha %.1f us, beta %.3f Gbit/s per link", net.alpha_us, net.bandwidth_gbps));
   print0(format_prediction(p, summary.at("ms_per_step").get<double>()));

@@ -26,6 +26,10 @@
 //      step = (1 − f)·compute + max(f·compute, comm − last) + last + after,
 //    comm: the overlapped operations, last = comm / their collectives per step, after: the
 //    operations that wait for compute to end (ZeRO-1/2's parameter all-gather).
+//    Overlap needs a core to run the communication thread on while compute keeps its own: when
+//    the ranks share fewer cores than there are ranks plus one (--net-cores; the emulated
+//    cluster puts every node on one machine), the communication thread waits for a time slice
+//    at every ring step, and the step is predicted without overlap (docs/cost-model.md).
 // Leaves out: contention between flows on a shared link (every schedule here uses each link
 // once per direction at a time), TCP's slow start, Open MPI's rendezvous handshake for
 // messages above its eager limit (~2α more per message), and MPI's own collectives
@@ -88,6 +92,11 @@ struct StepPrediction {
   double overlapped_comm_ms = 0;  ///< the part of comm_ms that runs during compute
   int64_t collectives = 0;        ///< calls per step of the overlapped operations (buckets, layers)
   Overlap overlap = Overlap::none;
+  /// Whether a core is free for the communication thread (see the header); when false,
+  /// predicted_ms = serial_ms whatever the schedule.
+  bool overlap_possible = true;
+  int cores = 0;  ///< the cores the ranks share (0: not given, a core to spare assumed)
+  int ranks = 1;  ///< world_size
   std::vector<std::pair<std::string, double>> ops_ms;  ///< per operation, plus "loss all-reduce"
 };
 
@@ -99,11 +108,13 @@ double op_time_ms(const Network& net, const std::vector<OpTraffic>& per_rank);
 /// modelled as one MPI_Allreduce of a double per step, ⌈log2 N⌉·α) one after another, plus
 /// compute_ms, combined as `overlap` says. `overlapped_ops` names the operations that run
 /// during compute (empty: all of them); the others run after it (ZeRO-1/2's all-gather of the
-/// updated parameters follows the optimizer step). Errors: compute_ms < 0, world_size < 1, the
-/// Network's own.
+/// updated parameters follows the optimizer step). `cores`: the CPU cores the world_size ranks
+/// share (0: unknown, every rank assumed to have one to spare); with cores <= world_size no
+/// communication overlaps (overlap_possible false). Errors: compute_ms < 0, world_size < 1,
+/// cores < 0, the Network's own.
 StepPrediction predict_step(const Network& net, const TrafficPerStep& traffic, int world_size,
                             double compute_ms, Overlap overlap,
-                            const std::vector<std::string>& overlapped_ops = {});
+                            const std::vector<std::string>& overlapped_ops = {}, int cores = 0);
 
 /// end_of_run_report's "comm" entries (one per rank: {"rank", "ops": {op: {calls,
 /// messages_sent, bytes_sent, messages_received, bytes_received}}}) divided by `steps`.
@@ -134,10 +145,11 @@ struct NetFlags {
   double bandwidth_gbps = 0;  ///< --net-bandwidth: β, Gbit/s per link and direction
   std::string selftest;       ///< --net-selftest: α and β from scripts/cluster selftest's JSON
   double compute_ms = -1;     ///< --net-compute-ms: compute per step at N = 1 (this rank's share)
+  int cores = 0;              ///< --net-cores: CPU cores the ranks share (0: one to spare each)
   bool enabled() const { return bandwidth_gbps > 0 || !selftest.empty(); }
 };
-/// Registers --net-alpha-us, --net-bandwidth, --net-selftest, --net-compute-ms (group "Cost
-/// model").
+/// Registers --net-alpha-us, --net-bandwidth, --net-selftest, --net-compute-ms, --net-cores
+/// (group "Cost model").
 void add_net_flags(CLI::App& app, NetFlags& flags);
 
 /// At the end of a run, on rank 0: predicts the step from the summary record's "comm" (per

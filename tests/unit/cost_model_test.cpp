@@ -180,3 +180,27 @@ TEST_CASE("ZeRO-1/2: the reduce-scatter overlaps backward, the all-gather follow
   // all-reduce come after.
   REQUIRE(p.predicted_ms == Approx(120.0 + phase / 10 + phase + 0.020).epsilon(1e-9));
 }
+
+TEST_CASE("overlap needs a core to spare: with no more cores than ranks, nothing overlaps",
+          "[cost_model]") {
+  const int N = 4;
+  const TrafficPerStep t = ring_traffic(std::vector<double>(10, 4.0 * 65536), N);
+  const StepPrediction spare = predict_step(kNet, t, N, 120.0, Overlap::backward, {}, 8);
+  const StepPrediction unknown = predict_step(kNet, t, N, 120.0, Overlap::backward);
+  REQUIRE(spare.overlap_possible);
+  REQUIRE(unknown.overlap_possible);  // 0 cores: not given, a core to spare assumed
+  REQUIRE(spare.predicted_ms == unknown.predicted_ms);
+  REQUIRE(spare.predicted_ms < spare.serial_ms);  // the buckets hide behind backward
+  // 4 ranks on 2 cores (the emulated cluster on this 2-core machine) or on exactly 4: the
+  // communication thread has no core of its own; the step is compute + communication.
+  for (int cores : {1, 2, 4}) {
+    const StepPrediction none = predict_step(kNet, t, N, 120.0, Overlap::backward, {}, cores);
+    REQUIRE_FALSE(none.overlap_possible);
+    REQUIRE(none.predicted_ms == none.serial_ms);
+    REQUIRE(none.overlapped_ms == spare.overlapped_ms);  // still reported, as "with a core"
+    REQUIRE_THAT(format_prediction(none, 150.0),
+                 Contains("not possible: 4 ranks share " + std::to_string(cores) + " cores"));
+  }
+  REQUIRE_THROWS_WITH(predict_step(kNet, t, N, 1.0, Overlap::backward, {}, -1),
+                      Contains("--net-cores -1"));
+}
