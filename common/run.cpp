@@ -4,8 +4,10 @@
 
 #include "atomic_file.hpp"
 #include "check.hpp"
+#include "collective_check.hpp"
 #include "cost_model.hpp"
 #include "data_check.hpp"
+#include "finite_check.hpp"
 #include "device_ext.hpp"
 #include "dist.hpp"
 #include "ledger.hpp"
@@ -44,6 +46,8 @@ std::vector<std::unique_ptr<Extension>> extensions() {
   list.push_back(cost_model_extension());  // --net-*: the predicted step (cost_model.hpp)
   list.push_back(std::make_unique<DeviceExtension>());  // --device cpu|cuda
   list.push_back(checkpoint_extension());               // --checkpoint-*, --resume (checkpoint.hpp)
+  list.push_back(collective_check_extension());  // --check-collectives (collective_check.hpp)
+  list.push_back(gradient_scan_extension());     // where a gradient first turns non-finite
   return list;
 }
 
@@ -128,6 +132,8 @@ int Run::run(LessonOptions& options,
     verify_same_data(*comm_, data);  // same samples and content on every rank, or stop here
   }
   const int64_t psi = model->num_parameters();
+  state.model = model.get();
+  for (auto& e : extensions_) e->before_lesson(state);
   Tracer tracer;
   SetUp setup{comm_.get(), *model, config_, tracer};
   std::unique_ptr<Lesson> lesson = make_lesson(setup);

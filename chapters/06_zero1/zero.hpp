@@ -26,7 +26,10 @@
 //  - no_sync(): inside it, hooks do nothing and gradients just accumulate locally (chapter
 //    02); the backward after it, on the last micro-step, reduce-scatters the accumulated sums;
 //  - clip_grad_norm() sums the squared norms of the shards over ranks: each element counts
-//    once (padding is zero), so it is the norm of the whole gradient.
+//    once (padding is zero), so it is the norm of the whole gradient;
+//  - with --check-collectives, each reduce-scatter first checks that every rank is about to
+//    run the same one (common/collective_check.hpp), as in chapter 05: the launch order is
+//    decided during backward; the all-gathers of step() run in a fixed loop after it.
 //
 // Unused parameters: a parameter whose gradient never becomes ready would leave its bucket
 // incomplete forever, and every rank would wait for it. finalize_backward() detects it; by
@@ -48,6 +51,7 @@
 #include "chapters/05_ddp_buckets/buckets.hpp"
 #include "chapters/06_zero1/shard.hpp"
 #include "common/checkpoint.hpp"
+#include "common/collective_check.hpp"
 #include "common/comm_thread.hpp"
 #include "common/safetensors.hpp"
 #include "common/trace.hpp"
@@ -254,7 +258,10 @@ class ZeRO {
     Tracer* tracer = options_.tracer;
     const double launched = tracer ? tracer->now_us() : 0;
     if (tracer) tracer->instant("launch bucket " + std::to_string(b), "zero", Tracer::kMainTrack);
-    comm_thread_.submit([this, b, tracer, launched] {
+    const CollectiveHeader header =
+        sequence_.next(CollectiveSequence::kReduceScatter, b, layout_.buckets[b].padded_size());
+    comm_thread_.submit([this, b, tracer, launched, header] {
+      sequence_.check(comm_, header);  // --check-collectives: every rank, this reduce-scatter
       const double start = tracer ? tracer->now_us() : 0;
       const BucketShard& s = layout_.buckets[b];
       std::span<float> bucket = grads_.span().subspan(s.padded_offset, s.padded_size());
@@ -288,7 +295,9 @@ class ZeRO {
   int next_bucket_ = 0;                // the next bucket to launch: launches happen in plan order
   bool require_sync_ = true;
   Buffer scratch_;
-  CommThread comm_thread_;  // last: destroyed (drained) first, while everything above lives
+  CollectiveSequence sequence_;    // numbers the collectives for --check-collectives
+  friend struct BucketOrderFault;  // tests/tools/rank_fault.cpp: a rank out of order
+  CommThread comm_thread_;         // last: destroyed (drained) first, while everything above lives
 };
 
 }  // namespace ringzero

@@ -33,7 +33,10 @@
 //  - no_sync(): inside it, hooks do nothing and gradients just accumulate locally (chapter
 //    02); the backward after it, on the last micro-step, reduce-scatters the accumulated sums;
 //  - clip_grad_norm() sums the squared norms of the shards over ranks: each element counts
-//    once (padding is zero), so it is the norm of the whole gradient.
+//    once (padding is zero), so it is the norm of the whole gradient;
+//  - with --check-collectives, each reduce-scatter first checks that every rank is about to
+//    run the same one (common/collective_check.hpp), as in chapter 05: the launch order is
+//    decided during backward; the all-gathers of step() run in a fixed loop after it.
 //
 // Unused parameters: a parameter whose gradient never becomes ready would leave its bucket
 // incomplete forever, and every rank would wait for it. finalize_backward() detects it; by
@@ -56,6 +59,7 @@
 #include "chapters/05_ddp_buckets/buckets.hpp"
 #include "chapters/06_zero1/shard.hpp"
 #include "common/checkpoint.hpp"
+#include "common/collective_check.hpp"
 #include "common/comm_thread.hpp"
 #include "common/safetensors.hpp"
 #include "common/trace.hpp"
@@ -311,7 +315,10 @@ class ZeRO {
     Tracer* tracer = options_.tracer;
     const double launched = tracer ? tracer->now_us() : 0;
     if (tracer) tracer->instant("launch bucket " + std::to_string(b), "zero", Tracer::kMainTrack);
-    tickets_[b] = comm_thread_.submit([this, b, tracer, launched] {
+    const CollectiveHeader header =
+        sequence_.next(CollectiveSequence::kReduceScatter, b, layout_.buckets[b].padded_size());
+    tickets_[b] = comm_thread_.submit([this, b, tracer, launched, header] {
+      sequence_.check(comm_, header);  // --check-collectives: every rank, this reduce-scatter
       const double start = tracer ? tracer->now_us() : 0;
       const BucketShard& s = layout_.buckets[b];
       // BEGIN EXERCISE 07.1 (ZeRO-2: reduce-scatter in backward)
@@ -350,6 +357,8 @@ class ZeRO {
   int next_bucket_ = 0;                // the next bucket to launch: launches happen in plan order
   bool require_sync_ = true;
   Buffer scratch_;
+  CollectiveSequence sequence_;    // numbers the collectives for --check-collectives
+  friend struct BucketOrderFault;  // tests/tools/rank_fault.cpp: a rank out of order
   std::shared_ptr<ZeRO*> alive_ =
       std::make_shared<ZeRO*>(this);  // what the layer hooks reach us by
   CommThread comm_thread_;  // last: destroyed (drained) first, while everything above lives
