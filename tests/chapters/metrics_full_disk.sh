@@ -4,7 +4,8 @@
 # must hold is that a failed write leaves a VALID PREFIX: whole records only, every line JSON,
 # and the run stops at once with a message naming --metrics and the records kept (not killed by
 # SIGXFSZ, not a cut last line). A file-size limit (ulimit -f 8: 8 KiB) stands in for the full
-# disk; chapter 01 (one process: the limit is its own) and chapter 05 at np 2 (rank 0 writes).
+# disk. Chapter 01 (one process): under mpirun the limit would also stop Open MPI's own
+# shared-memory files; the writer is the same StepLogger in every chapter.
 source "$(dirname "$0")/lib.bash"
 small=(--model toy --hidden-sizes 8 --global-batch-size 8 --max-steps 400 --eval-every-epoch 0 --log-every 1000)
 
@@ -30,9 +31,5 @@ PY
 
 rc=0
 timeout 60 bash -c 'ulimit -f 8; exec "$@"' limit "$BIN/ch01_training_loop" "${small[@]}" \
-  --log-every 1000 --metrics "$WORK/ch01.jsonl" >"$WORK/ch01.log" 2>&1 || rc=$?
+  --metrics "$WORK/ch01.jsonl" >"$WORK/ch01.log" 2>&1 || rc=$?
 check ch01 "$rc"
-rc=0
-timeout 60 "$MPIRUN" -np 2 --oversubscribe bash -c 'ulimit -f 8; exec "$@"' limit "$BIN/ch05_ddp_buckets" \
-  "${small[@]}" --metrics "$WORK/ch05.jsonl" >"$WORK/ch05.log" 2>&1 || rc=$?
-check ch05 "$rc"

@@ -39,7 +39,7 @@ for case in "05 1" "05 2" "05 3" "05 4" "07 2"; do
   set -- $case
   ch=$1 np=$2 r=$(($2 - 1))
   stops "ch${ch}_np${np}_loss" "$np" "ch${ch}_rank_fault" \
-    "loss is nan at step 3 \(global-batch mean\).*; the gradient first became non-finite at step 2 on rank\(s\) $r $bad_grad" \
+    "loss is -?nan at step 3 \(global-batch mean\).*; the gradient first became non-finite at step 2 on rank\(s\) $r $bad_grad" \
     "${small[@]}" --max-steps 4 --debug-fault-rank "$r" --debug-inf-weight-step 2
   stops "ch${ch}_np${np}_last" "$np" "ch${ch}_rank_fault" \
     "the gradient first became non-finite at step 3 on rank\(s\) $r $bad_grad" \
