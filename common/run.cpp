@@ -108,8 +108,14 @@ int Run::run(LessonOptions& options,
     // With --init-from the weights no longer show --seed (it still drives the shuffle): then
     // --seed is compared as a flag (seed_checked_elsewhere, data_check.hpp).
     std::vector<std::string> skip = cli_.checked_elsewhere;
+    // Decided together: a rank with --init-from and one without would otherwise compare
+    // different lists of flags (and blame an unrelated flag).
+    std::vector<double> init_from_given = {config_.init_from.empty() ? 0.0 : 1.0};
+    comm_->all_reduce_metrics(init_from_given);
+    TrainConfig probe;
+    if (init_from_given[0] > 0) probe.init_from = "(given on some rank)";
     std::replace(skip.begin(), skip.end(), std::string("seed"),
-                 std::string(seed_checked_elsewhere(config_)));
+                 std::string(seed_checked_elsewhere(probe)));
     verify_same_flags(*comm_, cli_.app, skip);
   }
   if (options.run_instead(comm_.get())) return 0;

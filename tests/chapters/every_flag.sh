@@ -44,11 +44,19 @@ expect = {  # flag -> (must the run stop?, pattern in its output)
     "first-bucket-cap-mb": (True, r"bucket plans differ"),
     "help": (True, r"--help"),
 }
-flags = []  # (name, type token or None, default or None)
+flags = []  # (name, type or None for a switch, default or None), from CLI11's "--name TYPE=default"
 for line in help_text.splitlines():
-    m = re.match(r"^\s+(?:-\w,)?\s*--([a-z0-9][a-z0-9-]*)(?:\s+(?!\[)(\S+))?(?:\s+\[(.*?)\](?=\s|$))?", line)
-    if m:
-        flags.append(m.groups())
+    m = re.match(r"^\s+(?:-\w,)?--([a-z0-9][a-z0-9-]*)(.*)$", line)
+    if not m:
+        continue
+    rest = m.group(2)
+    spec = "" if rest.startswith("  ") else re.split(r"\s{2,}", rest.strip())[0]  # then: description
+    if spec == "" or spec.startswith("(Env"):
+        flags.append((m.group(1), None, None))
+        continue
+    kind, _, default = spec.partition("=") if not spec.startswith("TEXT:{") else (
+        spec.split("}")[0] + "}", "", spec.split("}", 1)[1].lstrip("="))
+    flags.append((m.group(1), kind, default.split(" ")[0] if default else None))
 assert len(flags) > 20, f"{chapter} --help: only {len(flags)} flags parsed:\n{help_text}"
 
 def other_value(name, kind, default):
@@ -66,7 +74,9 @@ def other_value(name, kind, default):
     if kind.startswith("FLOAT"):
         d = float(default) if default not in (None, "") else 0.0
         return [repr(d * 2 if d > 0 else 0.5)]
-    if kind.startswith("TEXT"):  # a path or a name: something rank 0 does not have
+    if kind.startswith("TEXT") or kind.startswith("INT=[]"):  # a path or a name
+        if kind.startswith("INT"):
+            raise SystemExit(f"FAILED: {chapter} --{name}: a list needs an override")
         return [f"{work}/other_{name}"]
     raise SystemExit(f"FAILED: {chapter} --{name}: no rule for a value of type {kind!r}")
 
