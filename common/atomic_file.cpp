@@ -4,7 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -34,24 +36,37 @@ int make_temp_next_to(const std::string& path, std::string& tmp) {
 
 }  // namespace
 
-void write_file_atomically(const std::string& path, std::string_view bytes) {
+void ignore_file_size_signal() {
+  std::signal(SIGXFSZ, SIG_IGN);
+}
+
+void write_file_atomically(const std::string& path, std::string_view bytes,
+                           const AtomicWriteOptions& options) {
   RZ_CHECK(!path.empty(), "write_file_atomically: empty path");
+  ignore_file_size_signal();
   std::string tmp;
   const int fd = make_temp_next_to(path, tmp);
   RZ_CHECK(fd >= 0, "cannot write " << path << ": " << std::strerror(errno)
                                     << "; check the directory " << directory_of(path)
-                                    << " exists and is writable");
+                                    << " exists and is writable" << options.advice);
+  size_t done = 0;
   auto fail = [&](const char* what) {
     const std::string reason = std::strerror(errno);
     ::close(fd);
     ::unlink(tmp.c_str());
-    RZ_CHECK(false, "writing " << path << " failed (" << what << ": " << reason
-                               << "); the previous file, if any, is intact");
+    RZ_CHECK(false, "writing " << path << " failed after " << done << " of " << bytes.size()
+                               << " bytes (" << what << ": " << reason
+                               << " (disk full or file size limit?)); the previous file, if any, "
+                                  "is intact"
+                               << options.advice);
   };
-  size_t done = 0;
   while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (options.kill_halfway && done >= bytes.size() / 2) std::raise(SIGKILL);
+    const size_t chunk =
+        std::min<size_t>(bytes.size() - done, options.kill_halfway ? 4096 : 1 << 24);
+    const ssize_t n = ::write(fd, bytes.data() + done, chunk);
     if (n < 0 && errno == EINTR) continue;
+    if (n == 0) errno = ENOSPC;
     if (n <= 0) fail("write");
     done += static_cast<size_t>(n);
   }
@@ -77,6 +92,44 @@ void write_file_atomically(const std::string& path, std::string_view bytes) {
     ::fsync(dir);  // best effort: some file systems refuse fsync on a directory
     ::close(dir);
   }
+}
+
+RecordFile::RecordFile(const std::string& path, std::string flag)
+    : path_(path), flag_(std::move(flag)) {
+  ignore_file_size_signal();
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666 & ~mask);
+  RZ_CHECK(fd_ >= 0, "cannot write " << flag_ << " " << path << ": " << std::strerror(errno)
+                                     << "; give a file path in an existing, writable directory");
+}
+
+RecordFile::~RecordFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void RecordFile::append(std::string_view record) {
+  if (fd_ < 0) return;
+  size_t done = 0;
+  while (done < record.size()) {  // one write(2) unless interrupted or short
+    const ssize_t n = ::write(fd_, record.data() + done, record.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string reason = std::strerror(n == 0 ? ENOSPC : errno);
+      const bool cut = ::ftruncate(fd_, size_) == 0 && ::lseek(fd_, size_, SEEK_SET) == size_;
+      ::close(fd_);
+      fd_ = -1;
+      RZ_CHECK(false, "writing " << flag_ << " " << path_ << " failed at record " << records_ + 1
+                                 << " (" << reason << " (disk full or file size limit?)); "
+                                 << (cut ? "the file keeps the " + std::to_string(records_) +
+                                               " whole records before it"
+                                         : "the last record may be cut")
+                                 << ". Free space, or point " << flag_ << " elsewhere");
+    }
+    done += static_cast<size_t>(n);
+  }
+  size_ += static_cast<int64_t>(record.size());
+  ++records_;
 }
 
 void check_output_path(const std::string& flag, const std::string& path) {

@@ -6,20 +6,65 @@
 // PyTorch's torch.save callers and of safetensors' own writers) and check_output_path (create
 // and remove a temporary file in the target's directory before the first step, so an
 // unwritable --save-final fails in seconds instead of after the last step).
+// Also RecordFile, for the one output that is streamed instead (--metrics, JSON lines): a
+// run's metrics are read while it trains (tail -f, scripts/plot), and a run killed at step 900
+// should keep its 900 steps, which a rename at the end would lose. So the file is appended to,
+// one whole record per write(2), and a failed or short write is cut back (ftruncate) to the last
+// whole record before the run stops: a crash or a full disk leaves a valid prefix of records.
 // Leaves out: Windows, network file systems whose rename is not atomic.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
 namespace ringzero {
+
+/// Options of write_file_atomically beyond the defaults.
+struct AtomicWriteOptions {
+  /// Appended to the error message: what the user can do (e.g. "point --checkpoint-dir
+  /// elsewhere").
+  std::string advice;
+  /// Test hook (tests/chapters/ckpt_faults.sh, through RINGZERO_TEST_KILL_IN_CHECKPOINT): the
+  /// process kills itself (SIGKILL) once half the bytes are written, a crash mid-write.
+  bool kill_halfway = false;
+};
+
+/// Past a file-size limit (ulimit -f) the kernel kills a writing process with SIGXFSZ; ignored
+/// (process-wide, from the first writer on), write(2) fails with EFBIG instead, and the writers
+/// here name the file, as for ENOSPC.
+void ignore_file_size_signal();
 
 /// Writes `bytes` to `path` atomically: path's directory gets "<name>.tmp.XXXXXX", the bytes
 /// are written and fsync'ed, the temporary is renamed over `path`, and the directory is
 /// fsync'ed. Errors (each names the path and the OS reason, e.g. "No space left on device"):
 /// the directory is missing or unwritable, a write or fsync fails, the rename fails. On any
 /// error the temporary file is removed and `path` is untouched.
-void write_file_atomically(const std::string& path, std::string_view bytes);
+void write_file_atomically(const std::string& path, std::string_view bytes,
+                           const AtomicWriteOptions& options = {});
+
+/// A file of records (e.g. JSON lines) that always holds whole records, for a streamed output.
+/// Errors name `flag`, the path, the records kept and the OS reason.
+class RecordFile {
+ public:
+  RecordFile() = default;  ///< no file: append() does nothing
+  /// Creates or truncates `path`. Errors: the directory is missing or unwritable.
+  RecordFile(const std::string& path, std::string flag);
+  ~RecordFile();
+  RecordFile(const RecordFile&) = delete;
+  RecordFile& operator=(const RecordFile&) = delete;
+
+  bool is_open() const { return fd_ >= 0; }
+  /// Appends `record` (its own newline included) with one write(2), flushed to the kernel. If
+  /// the write fails or is short (disk full, file size limit), the file is cut back to the
+  /// records before it, then the error is raised: the file stays a valid prefix.
+  void append(std::string_view record);
+
+ private:
+  int fd_ = -1;
+  std::string path_, flag_;
+  int64_t size_ = 0, records_ = 0;
+};
 
 /// Checks before training that `path` (given by `flag`, e.g. "--save-final") can be written:
 /// not a directory, and its directory accepts a new file (one is created and removed again).

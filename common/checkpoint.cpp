@@ -1,18 +1,15 @@
 #include "checkpoint.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
+#include "checkpoint_format.hpp"
 #include "check.hpp"
 #include "comm.hpp"
 #include "safetensors.hpp"
@@ -21,125 +18,7 @@ namespace fs = std::filesystem;
 
 namespace ringzero {
 
-namespace {
-
-constexpr const char* kManifest = "manifest.json";
-constexpr const char* kReplicatedFile = "model.safetensors";
-
-std::string step_dir_name(int64_t step) {
-  char name[32];
-  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
-  return name;
-}
-
-// step_SSSSSSSS -> SSSSSSSS, or -1 for any other name.
-int64_t step_of_dir_name(const std::string& name) {
-  if (name.size() != 13 || name.rfind("step_", 0) != 0) return -1;
-  int64_t s = 0;
-  for (size_t i = 5; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9') return -1;
-    s = s * 10 + (name[i] - '0');
-  }
-  return s;
-}
-
-uint32_t crc32_of(const std::string& bytes) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  size_t done = 0;
-  while (done < bytes.size()) {  // zlib takes uInt lengths
-    const auto n = static_cast<uInt>(std::min<size_t>(bytes.size() - done, 1u << 30));
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(bytes.data() + done), n);
-    done += n;
-  }
-  return static_cast<uint32_t>(crc);
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  RZ_CHECK(in, "cannot read " << path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-// The optimizer's state as named flat spans, parallel to the piece's params.
-std::map<std::string, std::span<float>> optimizer_fields(Optimizer* optimizer) {
-  std::map<std::string, std::span<float>> out;
-  if (optimizer == nullptr) return out;
-  if (AdamW* a = optimizer->adamw()) {
-    out["exp_avg"] = a->exp_avg();
-    out["exp_avg_sq"] = a->exp_avg_sq();
-  } else if (SGD* s = optimizer->sgd(); s && !s->momentum_buffer().empty()) {
-    out["momentum_buffer"] = s->momentum_buffer();
-  }
-  return out;
-}
-
-std::vector<std::string> field_names(const TrainConfig& c) {
-  if (c.optimizer == "adamw") return {"params", "exp_avg", "exp_avg_sq"};
-  if (c.momentum > 0) return {"params", "momentum_buffer"};
-  return {"params"};
-}
-
-// "<name>.exp_avg" etc. in the replicated file and the consolidated optimizer state.
-std::string tensor_key(const std::string& name, const std::string& field) {
-  return field == "params" ? name : name + "." + field;
-}
-
-// Writes bytes to path.tmp, fsyncs, renames; with kill_halfway, the process kills itself
-// (SIGKILL) after half the bytes: the fault test's crash in the middle of a write.
-void write_atomically(const std::string& path, const std::string& bytes, bool kill_halfway) {
-  const std::string tmp = path + ".tmp";
-  // Past a file-size limit (ulimit -f) the kernel would kill the process with SIGXFSZ; ignored,
-  // write() fails with EFBIG instead and the error below names the file, like ENOSPC.
-  std::signal(SIGXFSZ, SIG_IGN);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  RZ_CHECK(fd >= 0, "cannot create " << tmp << ": " << std::strerror(errno)
-                                     << "; check --checkpoint-dir exists and is writable");
-  size_t done = 0;
-  int error = 0;
-  while (done < bytes.size()) {
-    if (kill_halfway && done >= bytes.size() / 2) std::raise(SIGKILL);
-    const size_t chunk = std::min<size_t>(bytes.size() - done, kill_halfway ? 4096 : 1 << 24);
-    const ssize_t n = ::write(fd, bytes.data() + done, chunk);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      error = n < 0 ? errno : ENOSPC;
-      break;
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (error == 0 && ::fsync(fd) != 0) error = errno;
-  if (::close(fd) != 0 && error == 0) error = errno;
-  if (error != 0) {
-    ::unlink(tmp.c_str());
-    RZ_CHECK(false, "writing " << path << " failed after " << done << " of " << bytes.size()
-                               << " bytes: " << std::strerror(error)
-                               << " (disk full or file size limit?); the previous checkpoint "
-                                  "is untouched. Free space or point --checkpoint-dir elsewhere");
-  }
-  RZ_CHECK(::rename(tmp.c_str(), path.c_str()) == 0,
-           "cannot rename " << tmp << " to " << path << ": " << std::strerror(errno));
-  const std::string dir = fs::path(path).parent_path().string();
-  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dfd >= 0) {  // the rename itself must reach the disk before the manifest's does
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-}
-
-// The test hook RINGZERO_TEST_KILL_IN_CHECKPOINT=STEP:RANK.
-bool kill_hook(int64_t step, int rank) {
-  const char* env = std::getenv("RINGZERO_TEST_KILL_IN_CHECKPOINT");
-  if (env == nullptr) return false;
-  long long s = -1;
-  int r = -1;
-  return std::sscanf(env, "%lld:%d", &s, &r) == 2 && s == step && r == rank;
-}
-
-std::string json_str(const nlohmann::json& j) {
-  return j.is_string() ? j.get<std::string>() : j.dump();
-}
-
-}  // namespace
+using namespace checkpoint_format;  // names, CRC-32, the writer (checkpoint_format.hpp)
 
 void atomic_write_file(const std::string& path, const std::string& bytes) {
   write_atomically(path, bytes, false);
@@ -169,161 +48,6 @@ TrainingState replicated_state(const Model& model, Optimizer* optimizer, std::st
   s.chapter = std::move(chapter);
   s.layout = {{"kind", "replicated"}};
   return s;
-}
-
-std::string resolve_checkpoint(const std::string& path) {
-  RZ_CHECK(fs::exists(path), "--resume " << path << ": no such file or directory");
-  if (fs::exists(fs::path(path) / kManifest)) return path;
-  RZ_CHECK(fs::is_directory(path), "--resume " << path << " is not a checkpoint directory");
-  // A step_* directory itself: read_checkpoint names its missing manifest.
-  if (step_of_dir_name(fs::path(path).lexically_normal().filename().string()) >= 0) return path;
-  int64_t best = -1;
-  std::string uncommitted;
-  for (const auto& e : fs::directory_iterator(path)) {
-    const int64_t s = step_of_dir_name(e.path().filename().string());
-    if (s < 0 || !e.is_directory()) continue;
-    if (fs::exists(e.path() / kManifest))
-      best = std::max(best, s);
-    else
-      uncommitted += " " + e.path().filename().string();
-  }
-  RZ_CHECK(best >= 0,
-           "--resume " << path << ": no committed checkpoint (no step_*/" << kManifest << ")"
-                       << (uncommitted.empty()
-                               ? std::string()
-                               : "; without a manifest (interrupted writes):" + uncommitted)
-                       << ". Point --resume at a --checkpoint-dir of an earlier run");
-  return (fs::path(path) / step_dir_name(best)).string();
-}
-
-CheckpointData read_checkpoint(const std::string& dir) {
-  CheckpointData ck;
-  ck.dir = dir;
-  const std::string mpath = (fs::path(dir) / kManifest).string();
-  RZ_CHECK(fs::exists(mpath), mpath << ": missing; the checkpoint was never committed (a write "
-                                       "was interrupted). Resume from an earlier checkpoint");
-  try {
-    ck.manifest = nlohmann::json::parse(read_file(mpath));
-  } catch (const nlohmann::json::exception& e) {
-    RZ_CHECK(false, mpath << ": not valid JSON (" << e.what() << ")");
-  }
-  const nlohmann::json& m = ck.manifest;
-  RZ_CHECK(m.value("format", "") == "ringzero-checkpoint",
-           mpath << ": field format is " << json_str(m.value("format", nlohmann::json("missing")))
-                 << ", not ringzero-checkpoint");
-  RZ_CHECK(m.contains("format_version") && m["format_version"] == kCheckpointFormatVersion,
-           mpath << ": field format_version is "
-                 << json_str(m.value("format_version", nlohmann::json("missing")))
-                 << "; this binary reads version " << kCheckpointFormatVersion
-                 << " only. Use the binary that wrote it");
-  const int64_t psi = m.at("num_parameters").get<int64_t>();
-  const auto fields = m.at("fields").get<std::vector<std::string>>();
-  for (const auto& f : fields) ck.fields[f].assign(static_cast<size_t>(psi), 0.0f);
-  std::vector<uint8_t> covered(static_cast<size_t>(psi), 0);
-  for (const auto& rec : m.at("files")) {
-    const std::string name = rec.at("file").get<std::string>();
-    const std::string path = (fs::path(dir) / name).string();
-    RZ_CHECK(fs::exists(path), path << ": missing; " << kManifest << " lists it (rank "
-                                    << rec.value("rank", 0)
-                                    << "). The checkpoint is incomplete: resume from another");
-    const auto size = static_cast<int64_t>(fs::file_size(path));
-    RZ_CHECK(size == rec.at("bytes").get<int64_t>(),
-             path << ": " << size << " bytes, but " << kManifest << " field files[" << name
-                  << "].bytes says " << rec.at("bytes").get<int64_t>()
-                  << " (a partial or replaced shard). Resume from another checkpoint");
-    const std::string bytes = read_file(path);
-    RZ_CHECK(crc32_of(bytes) == rec.at("crc32").get<uint32_t>(),
-             path << ": CRC-32 " << crc32_of(bytes) << " differs from " << kManifest
-                  << " field files[" << name << "].crc32 = " << rec.at("crc32").get<uint32_t>()
-                  << " (corrupted). Resume from another checkpoint");
-    const auto tensors = load_safetensors(path);
-    auto get = [&](const std::string& key, int64_t numel) -> const std::vector<float>& {
-      auto it = tensors.find(key);
-      RZ_CHECK(it != tensors.end(), path << ": no tensor " << key << ", which " << kManifest
-                                         << " field fields promises");
-      RZ_CHECK(static_cast<int64_t>(it->second.values.size()) == numel,
-               path << ": tensor " << key << " has " << it->second.values.size() << " elements, "
-                    << kManifest << " says " << numel);
-      return it->second.values;
-    };
-    auto cover = [&](int64_t begin, int64_t n) {
-      RZ_CHECK(begin >= 0 && n >= 0 && begin + n <= psi,
-               path << ": range [" << begin << ", " << begin + n << ") outside the model's " << psi
-                    << " elements");
-      for (int64_t i = begin; i < begin + n; ++i) covered[i]++;
-    };
-    if (rec.at("kind") == "state_dict") {
-      for (const auto& t : m.at("tensors")) {
-        const std::string tname = t.at("name").get<std::string>();
-        const int64_t off = t.at("offset").get<int64_t>(), n = t.at("numel").get<int64_t>();
-        cover(off, n);
-        for (const auto& f : fields) {
-          const auto& v = get(tensor_key(tname, f), n);
-          std::copy(v.begin(), v.end(), ck.fields[f].begin() + off);
-        }
-      }
-    } else {
-      int64_t local = 0;
-      for (const auto& run : rec.at("runs")) local += run.at(2).get<int64_t>();
-      for (const auto& f : fields) {
-        const auto& v = get(f, local);
-        for (const auto& run : rec.at("runs")) {
-          const int64_t g = run.at(0), l = run.at(1), n = run.at(2);
-          RZ_CHECK(l >= 0 && l + n <= local, path << ": run " << run.dump() << " out of range");
-          std::copy_n(v.begin() + l, n, ck.fields[f].begin() + g);
-        }
-      }
-      for (const auto& run : rec.at("runs")) cover(run.at(0), run.at(2));
-    }
-  }
-  for (int64_t i = 0; i < psi; ++i)
-    RZ_CHECK(covered[i] == 1, dir << ": element " << i << " of the model is held by " << +covered[i]
-                                  << " files (must be exactly 1): the files do not match "
-                                  << kManifest << " field files");
-  return ck;
-}
-
-std::map<std::string, NamedTensor> consolidated_state_dict(const CheckpointData& ck,
-                                                           bool optimizer) {
-  std::map<std::string, NamedTensor> out;
-  for (const auto& t : ck.manifest.at("tensors")) {
-    const std::string name = t.at("name").get<std::string>();
-    const int64_t off = t.at("offset").get<int64_t>(), n = t.at("numel").get<int64_t>();
-    const Shape shape = t.at("shape").get<Shape>();
-    for (const auto& [field, values] : ck.fields) {
-      if (field != "params" && !optimizer) continue;
-      out[tensor_key(name, field)] = {shape, {values.begin() + off, values.begin() + off + n}};
-    }
-    if (optimizer && t.contains("step"))  // torch.optim.AdamW's state["step"], a float tensor
-      out[name + ".step"] = {{1}, {static_cast<float>(t.at("step").get<int64_t>())}};
-  }
-  return out;
-}
-
-void write_replicated_checkpoint(const CheckpointData& ck, const std::string& out_dir) {
-  nlohmann::json m = ck.manifest;
-  const int64_t step = m.at("global_step").get<int64_t>();
-  const fs::path dir = fs::path(out_dir) / step_dir_name(step);
-  fs::create_directories(dir);
-  std::map<std::string, NamedTensor> tensors;
-  for (const auto& t : m.at("tensors")) {
-    const std::string name = t.at("name").get<std::string>();
-    const int64_t off = t.at("offset").get<int64_t>(), n = t.at("numel").get<int64_t>();
-    for (const auto& [field, values] : ck.fields)
-      tensors[tensor_key(name, field)] = {t.at("shape").get<Shape>(),
-                                          {values.begin() + off, values.begin() + off + n}};
-  }
-  const std::string bytes = safetensors_bytes(tensors);
-  write_atomically((dir / kReplicatedFile).string(), bytes, false);
-  m["world_size"] = 1;
-  m["zero_stage"] = 0;
-  m["layout"] = {{"kind", "replicated"}, {"consolidated_from", ck.dir}};
-  m["files"] = nlohmann::json::array({{{"file", kReplicatedFile},
-                                       {"rank", 0},
-                                       {"kind", "state_dict"},
-                                       {"bytes", bytes.size()},
-                                       {"crc32", crc32_of(bytes)}}});
-  write_atomically((dir / kManifest).string(), m.dump(2) + "\n", false);
 }
 
 Checkpointer::Checkpointer(const TrainConfig& c, Communicator* comm) : config_(c), comm_(comm) {

@@ -11,6 +11,7 @@ namespace ringzero {
 
 namespace {
 thread_local int wait_sleep_us = 0;  // see Communicator::set_wait_sleep_us_this_thread
+thread_local const std::atomic<bool>* abandon_flag = nullptr;  // set_abandon_flag_this_thread
 
 void check_mpi(int rc, const char* call) {
   if (rc == MPI_SUCCESS) return;
@@ -123,6 +124,10 @@ void Communicator::recv(std::span<float> buf, int src) {
   }
 }
 
+void Communicator::set_abandon_flag_this_thread(const std::atomic<bool>* flag) {
+  abandon_flag = flag;
+}
+
 void Communicator::set_wait_sleep_us_this_thread(int us) {
   RZ_CHECK(us >= 0, "wait sleep " << us << " us must be >= 0");
   wait_sleep_us = us;
@@ -176,6 +181,17 @@ void Communicator::sendrecv_raw(const void* send_data, int64_t send_n, int dest,
       MPI_CALL(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
                            MPI_STATUSES_IGNORE));
       if (done) break;
+      if (abandon_flag != nullptr && abandon_flag->load()) {
+        // This rank is unwinding from an error: receive nothing more into buffers about to be
+        // freed, and stop (the sends may stay posted: MPI only reads them, until MPI_Abort).
+        for (MPI_Request& r : requests) {
+          if (r == MPI_REQUEST_NULL) continue;
+          MPI_Cancel(&r);
+          MPI_Request_free(&r);
+        }
+        RZ_CHECK(false, "sendrecv with ranks " << dest << " and " << src
+                                               << " abandoned: this rank is stopping at an error");
+      }
       std::this_thread::sleep_for(std::chrono::microseconds(wait_sleep_us));
     }
   }

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <climits>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <span>
@@ -62,6 +63,11 @@ class Communicator {
   /// with computation does not take the core away while it waits for a slower peer (a spinning
   /// MPI wait does; CommThread sets this for its own thread).
   static void set_wait_sleep_us_this_thread(int us);
+  /// The CALLING thread's sendrecv gives up once *flag is true (null: never; thread_local):
+  /// while it waits (with a wait sleep > 0) it cancels its receives, frees its requests and
+  /// throws. CommThread sets it for its own thread, so that an error on the main thread can
+  /// stop a job blocked on a rank that has failed before the job's buffers are freed.
+  static void set_abandon_flag_this_thread(const std::atomic<bool>* flag);
 
   /// MPI_Bcast from root.
   void broadcast(std::span<float> buf, int root);

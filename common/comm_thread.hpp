@@ -4,7 +4,16 @@
 // Provides: CommThread — submit() queues a job (a closure that makes MPI calls) and returns a
 // ticket; wait(ticket) blocks until that job and every earlier one have finished; wait_all()
 // drains the queue. An exception thrown by a job is kept and rethrown by the next submit() or
-// wait() on the main thread, so run_main turns it into MPI_Abort as usual.
+// wait() on the main thread, so run_main turns it into MPI_Abort as usual. The jobs queued
+// behind a failed one are not run (they would pair this rank's next collective with another
+// rank's different one); waiting for one of them throws.
+//
+// Errors and unwinding: when an exception unwinds through the owner (a DDP, a ZeRO) while a
+// job is still blocked in MPI (on a rank that has failed), the destructor tells the job to give
+// up (its sendrecv cancels its receives and throws, see Communicator::
+// set_abandon_flag_this_thread) and joins the thread BEFORE the owner's buffers are freed, so
+// the thread never touches freed memory. A job blocked where it cannot look (an MPI
+// collective of --collectives mpi) is detached after 2 s: run_main's MPI_Abort ends it.
 //
 // Why a thread and not MPI's non-blocking collectives: MPI_Iallreduce returns at once, but on
 // most MPI builds (Open MPI over shared memory or TCP included) it only makes progress inside
@@ -29,6 +38,7 @@
 // Leaves out: priorities, cancelling a submitted job, more than one communication thread.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -44,9 +54,9 @@ class CommThread {
   /// wait_sleep_us: how this thread waits in sendrecv (see above; 0 spins).
   explicit CommThread(int wait_sleep_us = kDefaultWaitSleepUs);
   static constexpr int kDefaultWaitSleepUs = 20;
-  /// Waits for the queued jobs and joins. If an exception is unwinding through the caller
-  /// while a job is still running (that job may wait forever for a rank that has failed), the
-  /// thread is detached instead: the process is about to be aborted by run_main.
+  /// Waits for the queued jobs and joins. If an exception is unwinding through the caller, the
+  /// queued jobs are dropped, a running one is told to give up, and the thread is joined (see
+  /// the top of this file; detached only if the job does not stop within 2 s).
   ~CommThread();
   CommThread(const CommThread&) = delete;
   CommThread& operator=(const CommThread&) = delete;
@@ -68,9 +78,13 @@ class CommThread {
   mutable std::mutex mutex_;
   std::condition_variable work_cv_, done_cv_;
   std::deque<std::function<void()>> queue_;
-  uint64_t submitted_ = 0;  // written by the main thread only, under mutex_
-  uint64_t finished_ = 0;   // guarded by mutex_
+  uint64_t submitted_ = 0;       // written by the main thread only, under mutex_
+  uint64_t finished_ = 0;        // guarded by mutex_
+  uint64_t skipped_before_ = 0;  // the ticket of the last job that failed
+  uint64_t skip_through_ = 0;    // jobs after it, up to this ticket, are dropped
+  bool busy_ = false;            // a job is running (guarded by mutex_)
   bool stop_ = false;
+  std::atomic<bool> abandon_{false};  // the running job's sendrecv gives up (destructor only)
   std::exception_ptr error_;
   std::thread thread_;  // last: started after every member above exists
 };

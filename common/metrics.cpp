@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "atomic_file.hpp"
 #include "check.hpp"
 #include "ledger.hpp"
 
@@ -10,15 +11,14 @@ namespace ringzero {
 
 StepLogger::StepLogger(const std::string& metrics_path, int rank, int64_t log_every)
     : rank_(rank), log_every_(log_every) {
-  if (rank == 0 && !metrics_path.empty()) {
-    file_.open(metrics_path);
-    RZ_CHECK(file_, "cannot write --metrics "
-                        << metrics_path << "; give a file path in an existing, writable directory");
-  }
+  if (rank == 0 && !metrics_path.empty())
+    file_ = std::make_unique<RecordFile>(metrics_path, "--metrics");
 }
 
+StepLogger::~StepLogger() = default;
+
 void StepLogger::write(const nlohmann::json& record) {
-  if (file_.is_open()) file_ << record.dump() << "\n" << std::flush;
+  if (file_) file_->append(record.dump() + "\n");  // whole lines only (atomic_file.hpp)
 }
 
 void StepLogger::step(int64_t step, int64_t total_steps, int64_t epoch, double loss,

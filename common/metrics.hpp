@@ -3,8 +3,9 @@
 // Provides: StepLogger, which prints the line every chapter shares (so logs diff cleanly)
 //   step 120/937 | epoch 1 | loss 0.4321 | 15234 samples/s | 4.2 ms/step
 // and writes the --metrics FILE.jsonl lines ({"type":"step"|"eval"|"summary", ...}; flags in
-// README.md, "Reading the code"); and the
-// per-rank ledger table printed beside a formula. Only rank 0 prints and writes.
+// README.md, "Reading the code"; streamed whole line by whole line, so a crash or a full disk
+// leaves a valid prefix: atomic_file.hpp's RecordFile says why it is not renamed into place);
+// and the per-rank ledger table printed beside a formula. Only rank 0 prints and writes.
 // Leaves out: TensorBoard, wandb, anything networked.
 #pragma once
 
@@ -13,15 +14,21 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace ringzero {
 
+class RecordFile;  // atomic_file.hpp
+
 class StepLogger {
  public:
   /// metrics_path "" writes no file. rank != 0 loggers are silent.
+  /// Errors: the --metrics file cannot be created; later, a write that fails (disk full): the
+  /// file then holds the whole records before it (RecordFile, atomic_file.hpp).
   StepLogger(const std::string& metrics_path, int rank, int64_t log_every);
+  ~StepLogger();
   /// Records one optimizer step. step is 1-based within the run, loss the global-batch mean.
   void step(int64_t step, int64_t total_steps, int64_t epoch, double loss, double samples_per_s,
             double ms_per_step);
@@ -33,7 +40,7 @@ class StepLogger {
  private:
   int rank_;
   int64_t log_every_;
-  std::ofstream file_;
+  std::unique_ptr<RecordFile> file_;  // rank 0 with --metrics: appended, whole lines only
 };
 
 /// This rank's ledger: {"<tag>": {"current": bytes, "peak": bytes}, "model_states_peak": ...}.

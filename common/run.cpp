@@ -4,8 +4,10 @@
 
 #include "atomic_file.hpp"
 #include "check.hpp"
+#include "collective_check.hpp"
 #include "cost_model.hpp"
 #include "data_check.hpp"
+#include "finite_check.hpp"
 #include "device_ext.hpp"
 #include "dist.hpp"
 #include "dist_config.hpp"
@@ -46,6 +48,8 @@ std::vector<std::unique_ptr<Extension>> extensions() {
   list.push_back(cost_model_extension());  // --net-*: the predicted step (cost_model.hpp)
   list.push_back(std::make_unique<DeviceExtension>());  // --device cpu|cuda
   list.push_back(checkpoint_extension());               // --checkpoint-*, --resume (checkpoint.hpp)
+  list.push_back(collective_check_extension());  // --check-collectives (collective_check.hpp)
+  list.push_back(gradient_scan_extension());     // where a gradient first turns non-finite
   return list;
 }
 
@@ -106,8 +110,14 @@ int Run::run(LessonOptions& options,
     // With --init-from the weights no longer show --seed (it still drives the shuffle): then
     // --seed is compared as a flag (seed_checked_elsewhere, data_check.hpp).
     std::vector<std::string> skip = cli_.checked_elsewhere;
+    // Decided together: a rank with --init-from and one without would otherwise compare
+    // different lists of flags (and blame an unrelated flag).
+    std::vector<double> init_from_given = {config_.init_from.empty() ? 0.0 : 1.0};
+    comm_->all_reduce_metrics(init_from_given);
+    TrainConfig probe;
+    if (init_from_given[0] > 0) probe.init_from = "(given on some rank)";
     std::replace(skip.begin(), skip.end(), std::string("seed"),
-                 std::string(seed_checked_elsewhere(config_)));
+                 std::string(seed_checked_elsewhere(probe)));
     verify_same_flags(*comm_, cli_.app, skip);
   }
   if (options.run_instead(comm_.get())) return 0;
@@ -130,6 +140,8 @@ int Run::run(LessonOptions& options,
     verify_same_data(*comm_, data);  // same samples and content on every rank, or stop here
   }
   const int64_t psi = model->num_parameters();
+  state.model = model.get();
+  for (auto& e : extensions_) e->before_lesson(state);
   Tracer tracer;
   SetUp setup{comm_.get(), *model, config_, tracer};
   std::unique_ptr<Lesson> lesson = make_lesson(setup);

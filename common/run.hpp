@@ -83,6 +83,9 @@ class Extension {
   virtual void add_flags(CommandLine&) {}
   /// After parsing and the cross-rank check, before set-up: RZ_CHECK the flags' values.
   virtual void validate(const RunState&) {}
+  /// After the model is built and checked, before the lesson object exists (state.model is
+  /// set): what hooks the model here runs before the lesson's own hooks (DDP's, ZeRO's).
+  virtual void before_lesson(RunState&) {}
   /// After set-up (model, lesson object, start-up line), before the first step.
   virtual void after_setup(RunState&) {}
   /// After each optimizer step (state.step is that step's number, state.loss its loss).

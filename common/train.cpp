@@ -1,5 +1,7 @@
 #include "train.hpp"
 
+#include <filesystem>
+
 #include <algorithm>
 #include <cmath>
 
@@ -19,7 +21,12 @@ TrainTestData load_data(const TrainConfig& c) {
 
 std::unique_ptr<Model> build_model(const TrainConfig& c) {
   auto model = std::make_unique<Model>(c.layer_sizes(), c.seed);
-  if (!c.init_from.empty()) load_state_dict(*model, load_safetensors(c.init_from), c.init_from);
+  if (!c.init_from.empty()) {
+    RZ_CHECK(std::filesystem::is_regular_file(c.init_from),
+             "--init-from " << c.init_from << ": no such file on this rank; give a safetensors "
+                            << "file every rank can read (e.g. written by --save-final)");
+    load_state_dict(*model, load_safetensors(c.init_from), c.init_from);
+  }
   return model;
 }
 

@@ -16,7 +16,10 @@
 //  - finalize_backward() waits for every bucket; each is divided by world_size on the comm
 //    thread right after its all-reduce, so the optimizer sees the mean gradient, as in ch04;
 //  - no_sync(): inside it, hooks do nothing and gradients just accumulate locally (chapter
-//    02); the backward after it, on the last micro-step, all-reduces the accumulated sums.
+//    02); the backward after it, on the last micro-step, all-reduces the accumulated sums;
+//  - with --check-collectives, each all-reduce first checks that every rank is about to run the
+//    same one, bucket, size and number (common/collective_check.hpp), so a rank out of order
+//    stops every rank with a message instead of a crash inside MPI or different weights.
 //
 // Unused parameters: a parameter whose gradient never becomes ready would leave its bucket
 // incomplete forever, and every rank would wait for it. finalize_backward() detects it; by
@@ -36,6 +39,7 @@
 
 #include "chapters/04_ring_allreduce/ring.hpp"
 #include "chapters/05_ddp_buckets/buckets.hpp"
+#include "common/collective_check.hpp"
 #include "common/collectives.hpp"
 #include "common/comm_thread.hpp"
 #include "common/train.hpp"
@@ -172,7 +176,10 @@ class DDP {
     Tracer* tracer = options_.tracer;
     const double launched = tracer ? tracer->now_us() : 0;
     if (tracer) tracer->instant("launch bucket " + std::to_string(b), "ddp", Tracer::kMainTrack);
-    comm_thread_.submit([this, b, tracer, launched] {
+    const CollectiveHeader header = sequence_.next(CollectiveSequence::kAllReduce, b,
+                                                   buckets_[b].size);  // --check-collectives
+    comm_thread_.submit([this, b, tracer, launched, header] {
+      sequence_.check(comm_, header);  // every rank runs this all-reduce now, or all stop
       const double start = tracer ? tracer->now_us() : 0;
       std::span<float> grads =
           model_.grads_memory.span().subspan(buckets_[b].offset, buckets_[b].size);
@@ -202,7 +209,9 @@ class DDP {
   int next_bucket_ = 0;  // the next bucket to launch: launches happen in plan order
   bool require_sync_ = true;
   Buffer scratch_;
-  CommThread comm_thread_;  // last: destroyed (drained) first, while everything above lives
+  CollectiveSequence sequence_;    // numbers the all-reduces for --check-collectives
+  friend struct BucketOrderFault;  // tests/tools/rank_fault.cpp: a rank out of order
+  CommThread comm_thread_;         // last: destroyed (drained) first, while everything above lives
 };
 
 }  // namespace ringzero

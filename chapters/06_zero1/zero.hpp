@@ -14,8 +14,10 @@
 // shard.hpp); 1/N of the optimizer state and work: model states 4Ψ + 4Ψ + 8Ψ/N. The gradients
 // stay whole (keeping only the shard is chapter 07). Every rank stays in step by chapter 05's
 // rules (ddp.hpp: "Rules that keep every rank in step", "Unused parameters"), reduce-scatter
-// in place of all-reduce. Leaves out: bucket rebuilding, comm hooks, static graphs, broadcast
-// buffers, overlapping the all-gather with the next forward (DeepSpeed's prefetch).
+// in place of all-reduce; with --check-collectives each reduce-scatter is first checked across
+// ranks (common/collective_check.hpp; the all-gathers of step() run in a fixed loop). Leaves out:
+// bucket rebuilding, comm hooks, static graphs, broadcast buffers, overlapping the all-gather with
+// the next forward (DeepSpeed's prefetch).
 #pragma once
 
 #include <map>
@@ -29,6 +31,7 @@
 #include "chapters/06_zero1/shard.hpp"
 #include "chapters/06_zero1/sharded_clip.hpp"
 #include "common/checkpoint.hpp"
+#include "common/collective_check.hpp"
 #include "common/collectives.hpp"
 #include "common/comm_thread.hpp"
 #include "common/dist.hpp"
@@ -241,7 +244,10 @@ class Zero1 {
     Tracer* tracer = options_.tracer;
     const double launched = tracer ? tracer->now_us() : 0;
     if (tracer) tracer->instant("launch bucket " + std::to_string(b), "zero", Tracer::kMainTrack);
-    comm_thread_.submit([this, b, tracer, launched] {
+    const CollectiveHeader header =
+        sequence_.next(CollectiveSequence::kReduceScatter, b, layout_.buckets[b].padded_size());
+    comm_thread_.submit([this, b, tracer, launched, header] {
+      sequence_.check(comm_, header);  // --check-collectives: every rank, this reduce-scatter
       const double start = tracer ? tracer->now_us() : 0;
       const BucketShard& s = layout_.buckets[b];
       std::span<float> bucket = grads_.span().subspan(s.padded_offset, s.padded_size());
@@ -275,7 +281,9 @@ class Zero1 {
   int next_bucket_ = 0;                // the next bucket to launch: launches happen in plan order
   bool require_sync_ = true;
   Buffer scratch_;
-  CommThread comm_thread_;  // last: destroyed (drained) first, while everything above lives
+  CollectiveSequence sequence_;    // numbers the collectives for --check-collectives
+  friend struct BucketOrderFault;  // tests/tools/rank_fault.cpp: a rank out of order
+  CommThread comm_thread_;         // last: destroyed (drained) first, while everything above lives
 };
 
 }  // namespace ringzero

@@ -15,8 +15,9 @@
 // no_sync() and accumulate as in DDP (the full 4Ψ lives again: one reduce per step); DeepSpeed
 // reduce-scatters every micro-step instead (4Ψ/N, K times the traffic, not bitwise).
 // Every rank stays in step by chapter 05's rules (ddp.hpp: "Rules that keep every rank in
-// step", "Unused parameters"), reduce-scatter in place of all-reduce.
-// Leaves out: what chapter 06's zero.hpp leaves out.
+// step", "Unused parameters"), reduce-scatter in place of all-reduce; --check-collectives checks
+// each reduce-scatter across ranks first (common/collective_check.hpp). Leaves out: what chapter
+// 06's zero.hpp leaves out.
 #pragma once
 
 #include <map>
@@ -31,6 +32,7 @@
 #include "chapters/06_zero1/shard.hpp"
 #include "chapters/06_zero1/sharded_clip.hpp"
 #include "common/checkpoint.hpp"
+#include "common/collective_check.hpp"
 #include "common/collectives.hpp"
 #include "common/comm_thread.hpp"
 #include "common/dist.hpp"
@@ -292,7 +294,10 @@ class Zero2 {
     Tracer* tracer = options_.tracer;
     const double launched = tracer ? tracer->now_us() : 0;
     if (tracer) tracer->instant("launch bucket " + std::to_string(b), "zero", Tracer::kMainTrack);
-    tickets_[b] = comm_thread_.submit([this, b, tracer, launched] {
+    const CollectiveHeader header =
+        sequence_.next(CollectiveSequence::kReduceScatter, b, layout_.buckets[b].padded_size());
+    tickets_[b] = comm_thread_.submit([this, b, tracer, launched, header] {
+      sequence_.check(comm_, header);  // --check-collectives: every rank, this reduce-scatter
       const double start = tracer ? tracer->now_us() : 0;
       const BucketShard& s = layout_.buckets[b];
       // BEGIN EXERCISE 07.1 (ZeRO-2: reduce-scatter in backward)
@@ -331,6 +336,8 @@ class Zero2 {
   int next_bucket_ = 0;                // the next bucket to launch: launches happen in plan order
   bool require_sync_ = true;
   Buffer scratch_;
+  CollectiveSequence sequence_;    // numbers the collectives for --check-collectives
+  friend struct BucketOrderFault;  // tests/tools/rank_fault.cpp: a rank out of order
   std::shared_ptr<Zero2*> alive_ =
       std::make_shared<Zero2*>(this);  // what the layer hooks reach us by
   CommThread comm_thread_;  // last: destroyed (drained) first, while everything above lives

@@ -14,49 +14,32 @@
 // (if no two neighbours differ, none differ) and fails, naming both; run_main's MPI_Abort
 // then stops every rank. The rank that runs ahead is caught too: its extra collective meets
 // the others' next one, whose header differs. Cost: 16 bytes per collective, counted apart.
+// The check itself is common/collective_check.hpp's, shared with chapters 05-07 (which run
+// it under --check-collectives); this chapter runs it always, as part of its traffic.
 // Leaves out: checking the data's contents, and divergences that post the same collectives
 // (a rank that skips a layer's compute but not its hooks computes garbage, in step).
 #pragma once
 
-#include <array>
-#include <bit>
-#include <cstdint>
 #include <functional>
 #include <string>
 
-#include "chapters/04_ring_allreduce/ring.hpp"
-#include "common/check.hpp"
+#include "common/collective_check.hpp"
 #include "common/comm.hpp"
 
 namespace ringzero {
 
-/// What a collective is, in 16 bytes: the sequence number of this rank's collectives (mod
-/// 2^32), the layer, the kind (what for) and the number of elements.
-struct CollectiveHeader {
-  uint32_t seq = 0, layer = 0, kind = 0, size = 0;
-  bool operator==(const CollectiveHeader&) const = default;
-};
-
-/// Collective, on every rank, right before the collective `mine` describes: swaps headers with
-/// the ring neighbours and fails if rank r − 1's differs from ours, with both `describe`d.
-/// Counted as the operation "desync_check". World size 1: nothing to check.
+/// Collective, on every rank, right before the collective `mine` describes (its id is the
+/// layer): swaps headers with the ring neighbours and fails if rank r − 1's differs from ours,
+/// with both `describe`d (common/collective_check.hpp, which chapters 05-07 share). Counted as
+/// the operation "desync_check". World size 1: nothing to check.
 inline void check_in_step(Communicator& comm, const CollectiveHeader& mine,
                           const std::function<std::string(const CollectiveHeader&)>& describe) {
-  const int N = comm.world_size(), r = comm.rank();
-  if (N == 1) return;
-  comm.count_call("desync_check");
-  Communicator::Scope scope(comm, "desync_check");
-  std::array<float, 4> received{};  // the header's bytes; MPI copies them as they are
-  comm.sendrecv(std::bit_cast<std::array<float, 4>>(mine), ring_mod(r + 1, N), received,
-                ring_mod(r - 1, N));
-  const auto left = std::bit_cast<CollectiveHeader>(received);
-  RZ_CHECK(
-      left == mine,
-      "ranks out of step: "
-          << describe(mine) << " on this rank, but " << describe(left) << " on rank "
-          << ring_mod(r - 1, N) << ". Every rank must run the same layers in the same order: a "
-          << "layer run on some ranks only (a branch on one rank's data, a layer called twice) "
-          << "pairs different collectives across ranks, a hang or silently wrong weights");
+  check_collective(
+      comm, mine, describe,
+      "Every rank must run the same layers in the same order: a layer run on some ranks only (a "
+      "branch on one rank's data, a layer called twice) pairs different collectives across "
+      "ranks, a hang or silently wrong weights",
+      "desync_check");
 }
 
 }  // namespace ringzero

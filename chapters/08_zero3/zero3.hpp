@@ -55,6 +55,9 @@ class Zero3 {
     Collectives collectives =
         Collectives::ring;  ///< ring (chapter 04's) | mpi (MPI_Allgather, MPI_Reduce_scatter_block)
     bool prefetch = true;   ///< post the next layer's all-gather while this one computes
+    /// A layer whose backward did not run in a step counts as a zero gradient, as chapter 05's
+    /// find_unused_parameters; without it, finalize_backward() names its parameters and fails.
+    bool find_unused_parameters = false;
     Tracer* tracer = nullptr;  ///< optional: posts, collectives, waits and each layer's compute
   };
   /// What a collective is for; part of the desync header.
@@ -89,6 +92,7 @@ class Zero3 {
     gathered_.resize(L);
     full_grads_.resize(L);
     tickets_.assign(L, 0);
+    ran_backward_.assign(L, 0);
     for (int l = 0; l < L; ++l) {  // through alive_, so the hooks go quiet once the Zero3 is gone
       Linear& m = *layout_.layers[l].layer;
       m.add_pre_forward_hook([alive = alive_, l](Module&) {
@@ -139,15 +143,29 @@ class Zero3 {
   void zero_grad() { std::fill(grads_.data(), grads_.data() + grads_.size(), 0.0f); }
 
   /// After the last micro-step's backward: every reduce-scatter has finished (the first
-  /// layer's is waited for in its hook) and no layer is left gathered. Errors: a layer whose
-  /// forward ran on this rank without its backward.
+  /// layer's is waited for in its hook) and no layer is left gathered. Unused layers, as
+  /// chapters 05-07's unused parameters: a layer whose backward ran in no micro-step of this
+  /// step (its forward may have run, or not) has a zero gradient with find_unused_parameters;
+  /// without it, every rank fails naming its parameters. A layer gathered ahead (prefetch) that
+  /// then did not run is released: every rank posted that all-gather (the desync check makes
+  /// sure), so it is one more collective, not an error.
   void finalize_backward() {
     finish_reduce_scatter();
     comm_thread_.wait_all();
     for (size_t l = 0; l < tickets_.size(); ++l)
-      RZ_CHECK(tickets_[l] == 0,
-               "layer " << name(static_cast<int>(l)) << " is still gathered after backward: "
-                        << "every forward on the tape must be followed by its backward");
+      if (tickets_[l] != 0) release_parameters(static_cast<int>(l));  // prefetched, not run
+    std::string unused;
+    for (size_t l = 0; l < ran_backward_.size(); ++l)
+      if (!ran_backward_[l])
+        for (Parameter* p : layout_.layers[l].layer->parameters())
+          unused += (unused.empty() ? "" : ", ") + p->name();
+    std::fill(ran_backward_.begin(), ran_backward_.end(), 0);
+    RZ_CHECK(unused.empty() || options_.find_unused_parameters,
+             "parameters that received no gradient in this backward: "
+                 << unused
+                 << ". Every rank would step them with a zero gradient without saying so. Make "
+                    "every parameter take part in the loss, or pass --find-unused-parameters "
+                    "(PyTorch: find_unused_parameters=True) to count a missing gradient as zero");
   }
 
   /// Collective, after finalize_backward(): as chapters 06-07, each rank's Σ g² over its shard,
@@ -215,6 +233,7 @@ class Zero3 {
     compute_start_ = now();
   }
   void post_backward(int l) {
+    ran_backward_[l] = 1;
     trace_compute("backward " + name(l), "backward");
     release_parameters(l);
     layout_.layers[l].layer->weight.grad = layout_.layers[l].layer->bias.grad = Tensor();
@@ -332,8 +351,9 @@ class Zero3 {
   std::vector<Buffer> gathered_;       // (layers) a layer's full parameters (P_l) while gathered
   std::vector<Buffer>
       full_grads_;  // (layers) a layer's full gradient (P_l), backward to reduce-scatter
-  std::vector<uint64_t> tickets_;  // (layers) the all-gather filling gathered_[l]; 0: not gathered
-  uint64_t rs_ticket_ = 0;         // the reduce-scatter in flight (at most one), of layer rs_layer_
+  std::vector<uint64_t> tickets_;   // (layers) the all-gather filling gathered_[l]; 0: not gathered
+  std::vector<char> ran_backward_;  // (layers) 1 once its backward ran in this step
+  uint64_t rs_ticket_ = 0;  // the reduce-scatter in flight (at most one), of layer rs_layer_
   int rs_layer_ = -1;
   uint32_t seq_ = 0;  // collectives posted so far: the desync header's number
   double compute_start_ = 0;

@@ -118,8 +118,8 @@ std::string Zero3::describe(const CollectiveHeader& h) const {
   static const char* what[] = {
       "the all-gather of layer %s for its forward", "the all-gather of layer %s for its backward",
       "the reduce-scatter of layer %s's gradient", "the all-gather of layer %s for a checkpoint"};
-  const std::string layer = h.layer < layout_.layers.size() ? name(static_cast<int>(h.layer))
-                                                            : "#" + std::to_string(h.layer);
+  const std::string layer =
+      h.id < layout_.layers.size() ? name(static_cast<int>(h.id)) : "#" + std::to_string(h.id);
   char out[192];
   const int n = std::snprintf(out, sizeof out, "ZeRO-3 collective #%u is ", h.seq);
   std::snprintf(out + n, sizeof out - n,

@@ -34,6 +34,9 @@ class Zero3Training : public Lesson {
       cli.app.add_flag(
           "--no-prefetch", no_prefetch,
           "post each all-gather only when its layer needs it; wait for every collective");
+      cli.app.add_flag("--find-unused-parameters", zero.find_unused_parameters,
+                       "count a layer whose backward did not run as a zero gradient instead of "
+                       "failing (chapters 05-07's flag)");
       cli.app.add_flag("--explain-layers", explain,
                        "print the layer plan (elements, padding, shard size per layer)");
     }

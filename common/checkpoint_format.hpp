@@ -1,0 +1,113 @@
+// checkpoint_format: the pieces of the on-disk checkpoint format that writing
+// (checkpoint.cpp: Checkpointer) and reading (checkpoint_read.cpp: resolve, read and validate,
+// consolidate) share: file and directory names, CRC-32, field names, the one atomic writer.
+// Internal to common/ (docs/checkpoints.md describes the format; checkpoint.hpp is the API).
+#pragma once
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "atomic_file.hpp"
+#include "check.hpp"
+#include "config.hpp"
+#include "optim.hpp"
+#include "train.hpp"
+
+namespace ringzero::checkpoint_format {
+
+inline constexpr const char* kManifest = "manifest.json";
+inline constexpr const char* kReplicatedFile = "model.safetensors";
+
+inline std::string step_dir_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
+  return name;
+}
+
+// step_SSSSSSSS -> SSSSSSSS, or -1 for any other name.
+inline int64_t step_of_dir_name(const std::string& name) {
+  if (name.size() != 13 || name.rfind("step_", 0) != 0) return -1;
+  int64_t s = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    s = s * 10 + (name[i] - '0');
+  }
+  return s;
+}
+
+inline uint32_t crc32_of(const std::string& bytes) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  size_t done = 0;
+  while (done < bytes.size()) {  // zlib takes uInt lengths
+    const auto n = static_cast<uInt>(std::min<size_t>(bytes.size() - done, 1u << 30));
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(bytes.data() + done), n);
+    done += n;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  RZ_CHECK(in, "cannot read " << path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The optimizer's state as named flat spans, parallel to the piece's params.
+inline std::map<std::string, std::span<float>> optimizer_fields(Optimizer* optimizer) {
+  std::map<std::string, std::span<float>> out;
+  if (optimizer == nullptr) return out;
+  if (AdamW* a = optimizer->adamw()) {
+    out["exp_avg"] = a->exp_avg();
+    out["exp_avg_sq"] = a->exp_avg_sq();
+  } else if (SGD* s = optimizer->sgd(); s && !s->momentum_buffer().empty()) {
+    out["momentum_buffer"] = s->momentum_buffer();
+  }
+  return out;
+}
+
+inline std::vector<std::string> field_names(const TrainConfig& c) {
+  if (c.optimizer == "adamw") return {"params", "exp_avg", "exp_avg_sq"};
+  if (c.momentum > 0) return {"params", "momentum_buffer"};
+  return {"params"};
+}
+
+// "<name>.exp_avg" etc. in the replicated file and the consolidated optimizer state.
+inline std::string tensor_key(const std::string& name, const std::string& field) {
+  return field == "params" ? name : name + "." + field;
+}
+
+// Every checkpoint file goes through common/atomic_file's writer; kill_halfway is the fault
+// test's crash in the middle of a write (RINGZERO_TEST_KILL_IN_CHECKPOINT, kill_hook below).
+inline void write_atomically(const std::string& path, const std::string& bytes, bool kill_halfway) {
+  write_file_atomically(path, bytes,
+                        {.advice = ". The previous checkpoint is untouched: free space or point "
+                                   "--checkpoint-dir elsewhere",
+                         .kill_halfway = kill_halfway});
+}
+
+// The test hook RINGZERO_TEST_KILL_IN_CHECKPOINT=STEP:RANK.
+inline bool kill_hook(int64_t step, int rank) {
+  const char* env = std::getenv("RINGZERO_TEST_KILL_IN_CHECKPOINT");
+  if (env == nullptr) return false;
+  long long s = -1;
+  int r = -1;
+  return std::sscanf(env, "%lld:%d", &s, &r) == 2 && s == step && r == rank;
+}
+
+inline std::string json_str(const nlohmann::json& j) {
+  return j.is_string() ? j.get<std::string>() : j.dump();
+}
+
+}  // namespace ringzero::checkpoint_format
