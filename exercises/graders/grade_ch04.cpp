@@ -44,7 +44,7 @@ void check_bytes(grade::Report& report, Communicator& comm, int64_t n, int64_t w
   if (c.bytes_sent != 4 * want_sent || c.bytes_received != 4 * want_received)
     report.fail("n = " + std::to_string(n) + ": " + phase + " sent " +
                 std::to_string(c.bytes_sent) + " B and received " +
-                std::to_string(c.bytes_received) + " B; the ring moves " +
+                std::to_string(c.bytes_received) + " B; expected: the ring moves " +
                 std::to_string(4 * want_sent) + " B out and " + std::to_string(4 * want_received) +
                 " B in on this rank (every chunk but one, N - 1 steps)");
 }
@@ -63,7 +63,8 @@ int reduce_scatter_grader(Communicator& comm) {
       for (int q = 0; q < N; ++q) expected += grade::tag_value(q, i);
       if (!report.bitwise(where(n, N, i), expected, buf[i],
                           "after the reduce-scatter rank r owns chunk r: the sum over all "
-                          "ranks of that chunk"))
+                          "ranks of that chunk (rank q contributes (q + 1)·1000 + i mod 1000, "
+                          "so the thousands count the ranks that arrived)"))
         break;
     }
     check_bytes(report, comm, n, ring_reduce_scatter_sent(n, N, r),
