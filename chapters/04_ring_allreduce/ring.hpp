@@ -16,6 +16,8 @@
 // bandwidth-optimal bound (Patarasuk & Yuan 2009; Baidu's ring all-reduce, 2017).
 // The sum for chunk c is accumulated in ring order starting at rank c + 1; every rank gets
 // bit-identical results because the reduced chunk is copied, not recomputed.
+// One template serves float32 and 16-bit (bf16/fp16 bits) buffers: the hop's add is the only
+// difference (RingAddFp32 adds in fp32; RingAddHalf adds in fp32 and rounds once to 16 bits).
 // Leaves out: pipelining each chunk in segments (adding one while the next is in flight),
 // bidirectional rings, the tree and recursive-doubling schedules MPI libraries prefer for
 // small messages (latency: the ring takes 2 (N − 1) rounds), and topology awareness.
@@ -25,6 +27,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/check.hpp"
@@ -70,22 +73,51 @@ inline int64_t ring_all_gather_received(int64_t n, int world_size, int r) {
   return world_size == 1 ? 0 : n - ring_chunk(n, world_size, r).size;
 }
 
-/// Reduce-scatter phase in place: afterwards chunk rank() of buf holds the sum over ranks of
-/// that chunk; the other chunks hold partial sums (garbage to the caller). Every rank must call
-/// with the same n. `scratch` receives the incoming chunk: at least ring_chunk(n, N, 0).size
-/// elements (pass a buffer kept across calls to avoid allocating and zeroing one every call;
-/// empty: allocate one here). Traffic per rank: (N − 1) chunks sent, (N − 1) received.
-inline void ring_reduce_scatter(Communicator& comm, std::span<float> buf,
-                                std::span<float> scratch = {}) {
+/// How one reduce-scatter hop adds the chunk it received (`src`) into its own (`dst`, the same
+/// length): the only difference between the fp32 ring and the 16-bit ring.
+///   RingAddFp32: dst[i] += src[i] in float32.
+///   RingAddHalf: dst[i] = round16(float(dst[i]) + float(src[i])) (accumulate_half): the
+///     receiver widens both to float32, adds, and rounds the sum once to bf16/fp16, which is what
+///     NCCL's bf16/fp16 reductions do per hop.
+struct RingAddFp32 {
+  void operator()(std::span<float> dst, std::span<const float> src) const {
+    float* __restrict d = dst.data();
+    const float* __restrict s = src.data();
+    for (size_t i = 0; i < dst.size(); ++i) d[i] += s[i];
+  }
+};
+struct RingAddHalf {
+  Dtype dtype;  ///< bf16 or fp16: which 16-bit format the uint16_t bits hold
+  void operator()(std::span<uint16_t> dst, std::span<const uint16_t> src) const {
+    accumulate_half(dtype, dst, src);
+  }
+};
+
+namespace ring_detail {
+// The buffer type that owns a scratch chunk of T: Buffer (float) or Buffer16 (16-bit bits).
+template <class T>
+using OwnedBuffer = std::conditional_t<std::is_same_v<T, float>, Buffer, Buffer16>;
+}  // namespace ring_detail
+
+/// The reduce-scatter phase for elements of type T (float, or 16-bit bits with RingAddHalf),
+/// in place; `add` is the hop's accumulate (RingAddFp32 or RingAddHalf). Callers use the
+/// ring_reduce_scatter overloads below. Afterwards chunk rank() of buf holds the sum over ranks
+/// of that chunk; the other chunks hold partial sums (garbage to the caller). Every rank must
+/// call with the same n. `scratch` receives the incoming chunk: at least
+/// ring_chunk(n, N, 0).size elements (empty: one is allocated here). Traffic per rank: (N − 1)
+/// chunks sent, (N − 1) received, of sizeof(T) bytes per element.
+template <class T, class Add>
+void ring_reduce_scatter_with(Communicator& comm, std::span<T> buf, std::span<T> scratch,
+                              [[maybe_unused]] Add add) {  // unused while 04.1 is a stub
   const int N = comm.world_size(), r = comm.rank();
   const auto n = static_cast<int64_t>(buf.size());
   comm.count_call("ring_reduce_scatter");
   if (N == 1) return;
   Communicator::Scope scope(comm, "ring_reduce_scatter");
   const int64_t s = ring_chunk(n, N, 0).size;
-  Buffer owned;
+  ring_detail::OwnedBuffer<T> owned;
   if (scratch.empty()) {
-    owned = Buffer(s, MemTag::comm_buffers);
+    owned = ring_detail::OwnedBuffer<T>(s, MemTag::comm_buffers);
     scratch = owned.span();
   }
   RZ_CHECK(static_cast<int64_t>(scratch.size()) >= s, "ring_reduce_scatter: scratch has "
@@ -95,18 +127,19 @@ inline void ring_reduce_scatter(Communicator& comm, std::span<float> buf,
   for (int k = 0; k < N - 1; ++k) {
     const Chunk send = ring_chunk(n, N, ring_mod(r - k - 1, N));
     const Chunk recv = ring_chunk(n, N, ring_mod(r - k - 2, N));
-    comm.sendrecv(buf.subspan(send.offset, send.size), ring_mod(r + 1, N), scratch.first(recv.size),
-                  ring_mod(r - 1, N));
-    float* __restrict dst = buf.data() + recv.offset;
-    const float* __restrict src = scratch.data();
-    for (int64_t i = 0; i < recv.size; ++i) dst[i] += src[i];
+    comm.sendrecv(std::span<const T>(buf.subspan(send.offset, send.size)), ring_mod(r + 1, N),
+                  scratch.first(recv.size), ring_mod(r - 1, N));
+    add(buf.subspan(recv.offset, recv.size), std::span<const T>(scratch.first(recv.size)));
   }
   // END EXERCISE 04.1
 }
 
-/// All-gather phase in place: on entry chunk rank() of buf is this rank's; afterwards every
-/// chunk holds its owner's values. Traffic per rank: (N − 1) chunks sent, (N − 1) received.
-inline void ring_all_gather(Communicator& comm, std::span<float> buf) {
+/// The all-gather phase for elements of type T (float or 16-bit bits: it only copies), in
+/// place: on entry chunk rank() of buf is this rank's; afterwards every chunk holds its
+/// owner's values. Callers use the ring_all_gather overloads below. Traffic per rank: (N − 1)
+/// chunks sent, (N − 1) received.
+template <class T>
+void ring_all_gather_of(Communicator& comm, std::span<T> buf) {
   const int N = comm.world_size(), r = comm.rank();
   const auto n = static_cast<int64_t>(buf.size());
   comm.count_call("ring_all_gather");
@@ -116,14 +149,26 @@ inline void ring_all_gather(Communicator& comm, std::span<float> buf) {
   for (int k = 0; k < N - 1; ++k) {
     const Chunk send = ring_chunk(n, N, ring_mod(r - k, N));
     const Chunk recv = ring_chunk(n, N, ring_mod(r - k - 1, N));
-    comm.sendrecv(buf.subspan(send.offset, send.size), ring_mod(r + 1, N),
+    comm.sendrecv(std::span<const T>(buf.subspan(send.offset, send.size)), ring_mod(r + 1, N),
                   buf.subspan(recv.offset, recv.size), ring_mod(r - 1, N));
   }
   // END EXERCISE 04.2
 }
 
+/// Reduce-scatter phase in place on float32 (ring_reduce_scatter_with, adds in fp32). Errors:
+/// scratch shorter than a chunk.
+inline void ring_reduce_scatter(Communicator& comm, std::span<float> buf,
+                                std::span<float> scratch = {}) {
+  ring_reduce_scatter_with(comm, buf, scratch, RingAddFp32{});
+}
+
+/// All-gather phase in place on float32 (ring_all_gather_of).
+inline void ring_all_gather(Communicator& comm, std::span<float> buf) {
+  ring_all_gather_of(comm, buf);
+}
+
 /// Sum over ranks, in place, on every rank: reduce-scatter then all-gather. `scratch` as for
-/// ring_reduce_scatter.
+/// ring_reduce_scatter_with.
 inline void ring_all_reduce(Communicator& comm, std::span<float> buf,
                             std::span<float> scratch = {}) {
   ring_reduce_scatter(comm, buf, scratch);
@@ -131,49 +176,18 @@ inline void ring_all_reduce(Communicator& comm, std::span<float> buf,
 }
 
 /// The same ring on 16-bit values (bf16 or fp16 bits, --reduce-dtype bf16|fp16): half the
-/// bytes on every link. Each hop ADDS IN FP32 AND ROUNDS ONCE: the receiver widens the chunk
-/// it received and its own chunk to float32, adds them, and rounds the sum to 16 bits
-/// (accumulate_half), which is what NCCL's bf16/fp16 reductions do per hop. A chunk's sum is
+/// bytes on every link, the same template with RingAddHalf as the hop's add. A chunk's sum is
 /// therefore rounded N − 1 times, once per hop, in ring order starting at rank c + 1; an fp32
 /// ring (--reduce-dtype fp32) rounds to fp32 instead and only the sender's 16-bit inputs are
 /// 16-bit. The all-gather copies, so every rank still gets identical bits.
 inline void ring_reduce_scatter(Communicator& comm, std::span<uint16_t> buf, Dtype dtype,
                                 std::span<uint16_t> scratch = {}) {
-  const int N = comm.world_size(), r = comm.rank();
-  const auto n = static_cast<int64_t>(buf.size());
-  comm.count_call("ring_reduce_scatter");
-  if (N == 1) return;
-  Communicator::Scope scope(comm, "ring_reduce_scatter");
-  const int64_t s = ring_chunk(n, N, 0).size;
-  Buffer16 owned;
-  if (scratch.empty()) {
-    owned = Buffer16(s, MemTag::comm_buffers);
-    scratch = owned.span();
-  }
-  RZ_CHECK(static_cast<int64_t>(scratch.size()) >= s, "ring_reduce_scatter: scratch has "
-                                                          << scratch.size()
-                                                          << " elements, the chunk needs " << s);
-  for (int k = 0; k < N - 1; ++k) {
-    const Chunk send = ring_chunk(n, N, ring_mod(r - k - 1, N));
-    const Chunk recv = ring_chunk(n, N, ring_mod(r - k - 2, N));
-    comm.sendrecv(std::span<const uint16_t>(buf.subspan(send.offset, send.size)),
-                  ring_mod(r + 1, N), scratch.first(recv.size), ring_mod(r - 1, N));
-    accumulate_half(dtype, buf.subspan(recv.offset, recv.size), scratch.first(recv.size));
-  }
+  ring_reduce_scatter_with(comm, buf, scratch, RingAddHalf{dtype});
 }
 
+/// All-gather phase in place on 16-bit values (ring_all_gather_of; copies, any format).
 inline void ring_all_gather(Communicator& comm, std::span<uint16_t> buf) {
-  const int N = comm.world_size(), r = comm.rank();
-  const auto n = static_cast<int64_t>(buf.size());
-  comm.count_call("ring_all_gather");
-  if (N == 1) return;
-  Communicator::Scope scope(comm, "ring_all_gather");
-  for (int k = 0; k < N - 1; ++k) {
-    const Chunk send = ring_chunk(n, N, ring_mod(r - k, N));
-    const Chunk recv = ring_chunk(n, N, ring_mod(r - k - 1, N));
-    comm.sendrecv(std::span<const uint16_t>(buf.subspan(send.offset, send.size)),
-                  ring_mod(r + 1, N), buf.subspan(recv.offset, recv.size), ring_mod(r - 1, N));
-  }
+  ring_all_gather_of(comm, buf);
 }
 
 /// 16-bit sum over ranks, in place, on every rank (see the 16-bit ring_reduce_scatter).

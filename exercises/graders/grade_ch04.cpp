@@ -6,7 +6,10 @@
 // Lengths 0, 2 (< N: an empty chunk at N = 3), 9 (divisible by 3) and 10 (chunks 4, 4, 2: the
 // ragged case that catches floor instead of ceil) and 1001. Values are grade::tag_value: small
 // integers, exact in float32 in any order, so results are compared bit for bit. The byte
-// counters must equal the ring's definition: every chunk but one per phase.
+// counters must equal the ring's definition: every chunk but one per phase. The same template
+// also serves 16-bit values (--reduce-dtype bf16): each check is repeated on bf16 bits with
+// values small enough to be exact in bf16 (integers below 256), so a region that adds with
+// `+=` instead of the hop's `add`, or sends the wrong type, fails there.
 #include <string>
 #include <vector>
 
@@ -18,6 +21,12 @@ using namespace ringzero;
 namespace {
 
 const std::vector<int64_t> kCounts = {0, 2, 9, 10, 1001};
+
+// A 16-bit test value: a small integer, exact in bf16 (8 significant bits), and so is the sum
+// over up to 4 ranks (at most 16·10 + 4·15 = 220).
+float small_value(int rank, int64_t element) {
+  return static_cast<float>((rank + 1) * 16 + element % 16);
+}
 
 // "n = 10, chunk 2 (elements [8, 10)), element 9"
 std::string where(int64_t n, int N, int64_t i) {
@@ -35,7 +44,7 @@ void check_bytes(grade::Report& report, Communicator& comm, int64_t n, int64_t w
   if (c.bytes_sent != 4 * want_sent || c.bytes_received != 4 * want_received)
     report.fail("n = " + std::to_string(n) + ": " + phase + " sent " +
                 std::to_string(c.bytes_sent) + " B and received " +
-                std::to_string(c.bytes_received) + " B; the ring moves " +
+                std::to_string(c.bytes_received) + " B; expected: the ring moves " +
                 std::to_string(4 * want_sent) + " B out and " + std::to_string(4 * want_received) +
                 " B in on this rank (every chunk but one, N - 1 steps)");
 }
@@ -54,11 +63,27 @@ int reduce_scatter_grader(Communicator& comm) {
       for (int q = 0; q < N; ++q) expected += grade::tag_value(q, i);
       if (!report.bitwise(where(n, N, i), expected, buf[i],
                           "after the reduce-scatter rank r owns chunk r: the sum over all "
-                          "ranks of that chunk"))
+                          "ranks of that chunk (rank q contributes (q + 1)·1000 + i mod 1000, "
+                          "so the thousands count the ranks that arrived)"))
         break;
     }
     check_bytes(report, comm, n, ring_reduce_scatter_sent(n, N, r),
                 ring_reduce_scatter_received(n, N, r), "reduce-scatter");
+  }
+  for (int64_t n : kCounts) {  // the same template on bf16 bits, with RingAddHalf as the add
+    std::vector<uint16_t> buf(n);
+    for (int64_t i = 0; i < n; ++i) buf[i] = float_to_half(Dtype::bf16, small_value(r, i));
+    ring_reduce_scatter(comm, std::span<uint16_t>(buf), Dtype::bf16);
+    const Chunk mine = ring_chunk(n, N, r);
+    for (int64_t i = mine.offset; i < mine.offset + mine.size; ++i) {
+      float expected = 0;
+      for (int q = 0; q < N; ++q) expected += small_value(q, i);
+      if (!report.bitwise("bf16 path, " + where(n, N, i), expected,
+                          half_to_float(Dtype::bf16, buf[i]),
+                          "the 16-bit ring (the same code, T = uint16_t) must add with the hop's "
+                          "`add` (RingAddHalf: widen, add in fp32, round once), never with +="))
+        break;
+    }
   }
   return report.finish();
 }
@@ -83,6 +108,21 @@ int all_gather_grader(Communicator& comm) {
     }
     check_bytes(report, comm, n, ring_all_gather_sent(n, N, r), ring_all_gather_received(n, N, r),
                 "all-gather");
+  }
+  for (int64_t n : kCounts) {  // the same template on bf16 bits
+    std::vector<uint16_t> buf(n, float_to_half(Dtype::bf16, -1.0f));
+    const Chunk mine = ring_chunk(n, N, r);
+    for (int64_t i = mine.offset; i < mine.offset + mine.size; ++i)
+      buf[i] = float_to_half(Dtype::bf16, small_value(r, i));
+    ring_all_gather(comm, std::span<uint16_t>(buf));
+    for (int64_t i = 0; i < n; ++i) {
+      const int owner = static_cast<int>(i / ((n + N - 1) / N));
+      if (!report.bitwise("bf16 path, " + where(n, N, i), small_value(owner, i),
+                          half_to_float(Dtype::bf16, buf[i]),
+                          "the 16-bit all-gather (the same code, T = uint16_t) copies every "
+                          "owner's chunk (-1 = never received)"))
+        break;
+    }
   }
   return report.finish();
 }
