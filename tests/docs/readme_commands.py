@@ -169,7 +169,7 @@ def check_run_it_sections(path, pairs):
     if os.path.basename(os.path.dirname(os.path.abspath(path)))[:2].isdigit():
         with open(path, encoding="utf-8") as f:
             text = f.read()
-        m = re.search(r"^## Run it\n(.*?)(?=^## )", text, re.S | re.M)
+        m = re.search(r"^## Run it\n(.*?)(?=^## |\Z)", text, re.S | re.M)
         if not m:
             raise MarkupError(f"{path}: no '## Run it' section")
         if COMMAND_MARK not in m.group(1):
