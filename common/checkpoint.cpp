@@ -32,9 +32,10 @@ std::string step_dir_name(int64_t step) {
   return name;
 }
 
-// step_SSSSSSSS -> SSSSSSSS, or -1 for any other name.
+// step_SSSSSSSS -> SSSSSSSS, or -1 for any other name. 8 digits or more: step_dir_name pads to
+// 8 and writes step 100000000 on with 9 (up to 18: int64_t).
 int64_t step_of_dir_name(const std::string& name) {
-  if (name.size() != 13 || name.rfind("step_", 0) != 0) return -1;
+  if (name.size() < 13 || name.size() > 23 || name.rfind("step_", 0) != 0) return -1;
   int64_t s = 0;
   for (size_t i = 5; i < name.size(); ++i) {
     if (name[i] < '0' || name[i] > '9') return -1;
@@ -139,6 +140,104 @@ std::string json_str(const nlohmann::json& j) {
   return j.is_string() ? j.get<std::string>() : j.dump();
 }
 
+// Every manifest field read_checkpoint and Checkpointer::resume read, with its JSON type,
+// checked before any is used: a valid JSON file with a missing or mistyped field (edited,
+// or written by another tool) is refused naming the file and the field, not with
+// nlohmann's "key not found" / "type must be number". Also bounds num_parameters by the
+// tensors and the files' bytes, so a damaged count cannot allocate gigabytes on every rank.
+void check_manifest_fields(const nlohmann::json& m, const std::string& mpath) {
+  auto fail_field = [&](const std::string& field, const char* want) {
+    RZ_CHECK(false, mpath << ": field " << field << " is missing or not " << want
+                          << "; the manifest is damaged. Resume from another checkpoint");
+  };
+  auto integer = [&](const nlohmann::json& j, const std::string& key, const std::string& where,
+                     int64_t min) {
+    if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() < min)
+      fail_field(where + key, min == 0 ? "an integer >= 0" : "an integer >= 1");
+    return j[key].get<int64_t>();
+  };
+  auto array = [&](const nlohmann::json& j, const std::string& key, const std::string& where) {
+    if (!j.contains(key) || !j[key].is_array()) fail_field(where + key, "an array");
+  };
+  auto string = [&](const nlohmann::json& j, const std::string& key, const std::string& where) {
+    if (!j.contains(key) || !j[key].is_string()) fail_field(where + key, "a string");
+  };
+  const int64_t psi = integer(m, "num_parameters", "", 1);
+  integer(m, "world_size", "", 1);
+  integer(m, "global_step", "", 0);
+  integer(m, "epoch", "", 1);
+  integer(m, "position_in_epoch", "", 0);
+  integer(m, "steps_per_epoch", "", 1);
+  if (!m.contains("flags") || !m["flags"].is_object()) fail_field("flags", "an object");
+  if (!m.contains("optimizer_state") || !m["optimizer_state"].is_object())
+    fail_field("optimizer_state", "an object");
+  if (m["optimizer_state"].value("type", "") == "sgd" &&
+      !(m["optimizer_state"].contains("started") && m["optimizer_state"]["started"].is_boolean()))
+    fail_field("optimizer_state.started", "a boolean");
+  array(m, "fields", "");
+  for (size_t i = 0; i < m["fields"].size(); ++i) {
+    const auto& f = m["fields"][i];
+    if (!f.is_string() ||
+        (f != "params" && f != "exp_avg" && f != "exp_avg_sq" && f != "momentum_buffer"))
+      fail_field("fields[" + std::to_string(i) + "]",
+                 "one of params, exp_avg, exp_avg_sq, momentum_buffer");
+  }
+  if (std::find(m["fields"].begin(), m["fields"].end(), "params") == m["fields"].end())
+    fail_field("fields", "a list holding \"params\"");
+  array(m, "tensors", "");
+  int64_t numel_sum = 0;
+  for (size_t i = 0; i < m["tensors"].size(); ++i) {
+    const auto& t = m["tensors"][i];
+    const std::string where = "tensors[" + std::to_string(i) + "].";
+    if (!t.is_object()) fail_field("tensors[" + std::to_string(i) + "]", "an object");
+    string(t, "name", where);
+    array(t, "shape", where);
+    for (const auto& d : t["shape"])
+      if (!d.is_number_integer() || d.get<int64_t>() < 0) fail_field(where + "shape", "integers");
+    integer(t, "offset", where, 0);
+    const int64_t n = integer(t, "numel", where, 0);
+    if (t.contains("step") || m["optimizer_state"].value("type", "") == "adamw")
+      integer(t, "step", where, 0);  // AdamW's per-tensor step count (bias correction)
+    if (n > psi - numel_sum) fail_field(where + "numel", "within num_parameters");
+    numel_sum += n;
+  }
+  RZ_CHECK(numel_sum == psi, mpath << ": field num_parameters is " << psi
+                                   << " but the tensors' numel add up to " << numel_sum
+                                   << "; the manifest is damaged. Resume from another checkpoint");
+  array(m, "files", "");
+  int64_t bytes = 0;
+  for (size_t i = 0; i < m["files"].size(); ++i) {
+    const auto& r = m["files"][i];
+    const std::string where = "files[" + std::to_string(i) + "].";
+    if (!r.is_object()) fail_field("files[" + std::to_string(i) + "]", "an object");
+    string(r, "file", where);
+    string(r, "kind", where);
+    const int64_t b = integer(r, "bytes", where, 0);
+    if (!r.contains("crc32") || !r["crc32"].is_number_unsigned() ||
+        r["crc32"].get<uint64_t>() > 0xffffffffull)
+      fail_field(where + "crc32", "a 32-bit unsigned integer");
+    if (r["kind"] == "flat") {
+      array(r, "runs", where);
+      for (const auto& run : r["runs"])
+        if (!run.is_array() || run.size() != 3 ||
+            !std::all_of(run.begin(), run.end(), [](const nlohmann::json& x) {
+              return x.is_number_integer() && x.get<int64_t>() >= 0;
+            }))
+          fail_field(where + "runs", "[global offset, local offset, length] integers >= 0");
+    } else if (r["kind"] != "state_dict") {
+      fail_field(where + "kind", "\"flat\" or \"state_dict\"");
+    }
+    bytes += b;
+  }
+  // Every field of every element is stored as 4 bytes in one of the files.
+  const auto nfields = static_cast<int64_t>(m["fields"].size());
+  RZ_CHECK(nfields == 0 || psi <= bytes / 4 / nfields,
+           mpath << ": field num_parameters is " << psi << ", but the files hold " << bytes
+                 << " bytes, too few for " << nfields
+                 << " float32 fields of that many elements; the manifest is damaged. Resume "
+                    "from another checkpoint");
+}
+
 }  // namespace
 
 void atomic_write_file(const std::string& path, const std::string& bytes) {
@@ -202,12 +301,16 @@ CheckpointData read_checkpoint(const std::string& dir) {
   const std::string mpath = (fs::path(dir) / kManifest).string();
   RZ_CHECK(fs::exists(mpath), mpath << ": missing; the checkpoint was never committed (a write "
                                        "was interrupted). Resume from an earlier checkpoint");
+  // A FIFO or device would block or never end the read below.
+  RZ_CHECK(fs::is_regular_file(mpath), mpath << ": not a regular file; a checkpoint's manifest "
+                                                "is one. Resume from a real checkpoint");
   try {
     ck.manifest = nlohmann::json::parse(read_file(mpath));
   } catch (const nlohmann::json::exception& e) {
     RZ_CHECK(false, mpath << ": not valid JSON (" << e.what() << ")");
   }
   const nlohmann::json& m = ck.manifest;
+  RZ_CHECK(m.is_object(), mpath << ": not a JSON object; the manifest is damaged");
   RZ_CHECK(m.value("format", "") == "ringzero-checkpoint",
            mpath << ": field format is " << json_str(m.value("format", nlohmann::json("missing")))
                  << ", not ringzero-checkpoint");
@@ -216,6 +319,7 @@ CheckpointData read_checkpoint(const std::string& dir) {
                  << json_str(m.value("format_version", nlohmann::json("missing")))
                  << "; this binary reads version " << kCheckpointFormatVersion
                  << " only. Use the binary that wrote it");
+  check_manifest_fields(m, mpath);
   const int64_t psi = m.at("num_parameters").get<int64_t>();
   const auto fields = m.at("fields").get<std::vector<std::string>>();
   for (const auto& f : fields) ck.fields[f].assign(static_cast<size_t>(psi), 0.0f);
@@ -340,6 +444,67 @@ Checkpointer::Checkpointer(const TrainConfig& c, Communicator* comm) : config_(c
                        << " both set the parameters; give one of them");
 }
 
+namespace {
+
+// The training set's fingerprint (Dataset::crc32 and size, as verify_same_data compares across
+// ranks), recorded in the manifest's field "data": another data set of the same shape (other
+// files in --data-dir, relabelled samples) is refused at resume, naming both. A manifest
+// without the field (written before it existed) is not checked.
+void check_same_data(const nlohmann::json& m, const nlohmann::json& now, const std::string& mpath) {
+  if (!m.contains("data") || now.is_null()) return;
+  const nlohmann::json& saved = m["data"];
+  const bool same = saved.is_object() && saved.value("size", int64_t{-1}) == now.at("size") &&
+                    saved.value("crc32", int64_t{-1}) == now.at("crc32");
+  RZ_CHECK(same, mpath << ": field data is " << saved.dump() << ", this run's training set is "
+                       << now.dump()
+                       << ": other samples than the run that wrote it. Resume with the same "
+                          "--data/--data-dir, or start a new run (--init-from for its weights)");
+}
+
+}  // namespace
+
+void Checkpointer::check_checkpoint_dir() {
+  if (config_.checkpoint_dir.empty() || rank_ != 0) return;
+  const fs::path d = config_.checkpoint_dir;
+  // Writable, now: not after the last step (F2's lost run). Created if missing.
+  std::error_code ec;
+  fs::create_directories(d, ec);
+  RZ_CHECK(!ec && fs::is_directory(d),
+           "--checkpoint-dir " << config_.checkpoint_dir << ": cannot create the directory ("
+                               << (ec ? ec.message() : "a file of that name exists")
+                               << "); give a directory in a writable place");
+  const std::string probe = (d / (".write-test." + std::to_string(::getpid()))).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  RZ_CHECK(fd >= 0, "--checkpoint-dir " << config_.checkpoint_dir << " is not writable ("
+                                        << std::strerror(errno) << "); give a writable directory");
+  ::close(fd);
+  ::unlink(probe.c_str());
+  // Another run's checkpoints: a run that did not resume from this directory must not save
+  // into it, since its saves would prune them (docs/checkpoints.md, "One directory, one run").
+  std::error_code same_ec;
+  fs::path from = fs::path(resumed_dir_).lexically_normal();
+  if (from.filename().empty()) from = from.parent_path();  // "D/step_X/"
+  const bool resumed_here = !resumed_dir_.empty() && fs::equivalent(from.parent_path(), d, same_ec);
+  if (resumed_here) return;
+  int64_t newest = -1;
+  for (const auto& e : fs::directory_iterator(d)) {
+    const int64_t s = step_of_dir_name(e.path().filename().string());
+    if (s >= 0 && e.is_directory() && fs::exists(e.path() / kManifest))
+      newest = std::max(newest, s);
+  }
+  RZ_CHECK(newest < 0, "--checkpoint-dir "
+                           << config_.checkpoint_dir
+                           << " already holds committed checkpoints of another run (newest: "
+                           << (d / step_dir_name(newest)).string() << ", step " << newest
+                           << ") and this run "
+                           << (resumed_dir_.empty() ? "does not resume from it"
+                                                    : "resumes from " + resumed_dir_)
+                           << "; its saves would mix with them and prune them. To continue "
+                              "that run add --resume "
+                           << config_.checkpoint_dir
+                           << "; for a new run give another (or an empty) --checkpoint-dir");
+}
+
 TrainPosition Checkpointer::resume(TrainingState& state, int64_t steps_per_epoch) {
   if (config_.resume.empty()) return {};
   const std::string dir = resolve_checkpoint(config_.resume);
@@ -412,6 +577,17 @@ TrainPosition Checkpointer::resume(TrainingState& state, int64_t steps_per_epoch
   RZ_CHECK(m.at("steps_per_epoch").get<int64_t>() == steps_per_epoch,
            mpath << ": field steps_per_epoch is " << m.at("steps_per_epoch") << ", this run has "
                  << steps_per_epoch << " (another data set size?)");
+  check_same_data(m, state.data, mpath);
+  // The directory's name is what --resume D and the pruning sort by: it must be the step.
+  fs::path dir_path = fs::path(dir).lexically_normal();
+  if (dir_path.filename().empty()) dir_path = dir_path.parent_path();  // "D/step_X/"
+  const int64_t named = step_of_dir_name(dir_path.filename().string());
+  RZ_CHECK(named < 0 || named == pos.step,
+           dir << " is named for step " << named << ", but " << kManifest
+               << " field global_step is " << pos.step
+               << " (renamed or swapped directories?). Rename it to " << step_dir_name(pos.step)
+               << ", or resume from another checkpoint");
+  resumed_dir_ = dir;
   if (pos.t >= steps_per_epoch) pos.epoch += 1, pos.t = 0;  // saved at an epoch's last step
   print0("resumed from " + dir + " (" + m.value("chapter", "?") + ", world size " +
          std::to_string(m.at("world_size").get<int>()) + "): " + std::to_string(pos.step) +
@@ -468,7 +644,12 @@ void Checkpointer::save(const TrainingState& state, const TrainPosition& pos,
         std::map<std::string, std::span<float>> spans = optimizer_fields(piece.optimizer);
         spans["params"] = piece.params;
         for (const auto& f : fields) {
-          RZ_CHECK(spans.count(f), "checkpoint: a shard holds no " << f << " to save");
+          // An empty shard (a bucket or layer with fewer elements than ranks) has no SGD
+          // momentum buffer; it contributes nothing to any field.
+          if (!spans.count(f) && piece.params.empty()) continue;
+          RZ_CHECK(spans.count(f), "checkpoint: rank " << rank_ << "'s shard at global offset "
+                                                       << piece.global_offset << " holds no " << f
+                                                       << " to save");
           tensors[f].values.insert(tensors[f].values.end(), spans[f].begin(), spans[f].end());
         }
         if (!piece.params.empty())
@@ -522,6 +703,7 @@ void Checkpointer::save(const TrainingState& state, const TrainPosition& pos,
                  "no random draws after initialisation: the sampler's order is a "
                  "function of (seed, epoch), so the position is the whole RNG state"}};
     m["flags"] = checkpoint_flags_that_must_match(config_);
+    if (!state.data.is_null()) m["data"] = state.data;
     m["flags_recorded"] = {{"lr", config_.lr},
                            {"weight_decay", config_.weight_decay},
                            {"clip_grad_norm", config_.clip_grad_norm},
@@ -533,7 +715,8 @@ void Checkpointer::save(const TrainingState& state, const TrainPosition& pos,
     if (config_.optimizer == "sgd") {
       bool started = false;
       for (const StatePiece& piece : state.pieces)
-        if (piece.optimizer && piece.optimizer->sgd()) started = piece.optimizer->sgd()->started();
+        if (piece.optimizer && piece.optimizer->sgd() && !piece.params.empty())
+          started = started || piece.optimizer->sgd()->started();
       m["optimizer_state"] = {{"type", "sgd"}, {"started", started}};
     } else {
       m["optimizer_state"] = {{"type", "adamw"}};

@@ -20,8 +20,16 @@ namespace ringzero {
 
 class StepLogger {
  public:
-  /// metrics_path "" writes no file. rank != 0 loggers are silent.
-  StepLogger(const std::string& metrics_path, int rank, int64_t log_every);
+  /// metrics_path "" writes no file. rank != 0 loggers are silent. resuming: the file is not
+  /// truncated here; continue_after() keeps the interrupted run's records (a resumed run's
+  /// curve continues the file, docs/checkpoints.md).
+  StepLogger(const std::string& metrics_path, int rank, int64_t log_every, bool resuming = false);
+  /// A --resume to step `step` (rank 0, before the first step): rewrites the metrics file
+  /// (atomically) with its records up to that step: step records with step <= `step`, eval
+  /// records of the epochs finished by then; later records (steps the interrupted run made
+  /// after its checkpoint) and summaries are dropped, so the file has each step once. Then
+  /// appends. A missing file starts empty.
+  void continue_after(int64_t step, int64_t steps_per_epoch);
   /// Records one optimizer step. step is 1-based within the run, loss the global-batch mean.
   void step(int64_t step, int64_t total_steps, int64_t epoch, double loss, double samples_per_s,
             double ms_per_step);
@@ -34,6 +42,7 @@ class StepLogger {
   int rank_;
   int64_t log_every_;
   std::ofstream file_;
+  std::string path_;  ///< the --metrics file while resuming (opened by continue_after)
 };
 
 /// This rank's ledger: {"<tag>": {"current": bytes, "peak": bytes}, "model_states_peak": ...}.
