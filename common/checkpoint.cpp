@@ -146,6 +146,7 @@ std::string json_str(const nlohmann::json& j) {
 // nlohmann's "key not found" / "type must be number". Also bounds num_parameters by the
 // tensors and the files' bytes, so a damaged count cannot allocate gigabytes on every rank.
 void check_manifest_fields(const nlohmann::json& m, const std::string& mpath) {
+  const fs::path dir = fs::path(mpath).parent_path();
   auto fail_field = [&](const std::string& field, const char* want) {
     RZ_CHECK(false, mpath << ": field " << field << " is missing or not " << want
                           << "; the manifest is damaged. Resume from another checkpoint");
@@ -227,7 +228,11 @@ void check_manifest_fields(const nlohmann::json& m, const std::string& mpath) {
     } else if (r["kind"] != "state_dict") {
       fail_field(where + "kind", "\"flat\" or \"state_dict\"");
     }
-    bytes += b;
+    // The larger of the recorded and the real size: a truncated file or a wrong
+    // files[i].bytes is reported later, by name.
+    std::error_code ec;
+    const auto real = fs::file_size(dir / r["file"].get<std::string>(), ec);
+    bytes += ec ? b : std::max(b, static_cast<int64_t>(real));
   }
   // Every field of every element is stored as 4 bytes in one of the files.
   const auto nfields = static_cast<int64_t>(m["fields"].size());

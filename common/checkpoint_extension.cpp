@@ -33,15 +33,20 @@ class CheckpointExtension : public Extension {
     checkpointer_->check_checkpoint_dir();  // before step 1: writable, and no other run's
     // Nothing left to train: no step would run, and the summary would report losses never
     // measured. Refused, before the driver's loop.
-    RZ_CHECK(run.config.resume.empty() || pos.step < run.steps,
+    RZ_CHECK(run.config.resume.empty() || pos.step <= run.steps,
              "--resume " << run.config.resume << ": the checkpoint has " << pos.step
                          << " steps done, and this run stops at step " << run.steps << " (--epochs "
                          << run.config.epochs
                          << (run.config.max_steps > 0
                                  ? ", --max-steps " + std::to_string(run.config.max_steps)
                                  : std::string())
-                         << "): nothing is left to train. Raise --max-steps or --epochs, or "
+                         << "): it is past this run's end. Raise --max-steps or --epochs, or "
                             "read the checkpoint with scripts/consolidate");
+    if (!run.config.resume.empty() && pos.step == run.steps)
+      print0(
+          "note: the checkpoint is at this run's last step: no step is trained; its state is "
+          "written out (--save-final, --save-optimizer-state), and the summary's losses are "
+          "null (none was measured)");
     // The driver derives epoch and position from the step count (every epoch has per_epoch
     // steps); the manifest's must agree.
     RZ_CHECK((pos.epoch - 1) * per_epoch + pos.t == pos.step,

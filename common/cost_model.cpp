@@ -299,6 +299,10 @@ class CostModelExtension : public Extension {
   }
   void report(RunState& state, nlohmann::json& summary) override {
     if (!flags_.enabled() || state.comm == nullptr || state.rank != 0) return;
+    if (state.step == state.resumed_step) {  // resumed at the last step: no step to predict
+      print0("step time: no prediction (no step ran in this process)");
+      return;
+    }
     summary["prediction"] =
         report_step_prediction(flags_, summary, state.world_size, state.lesson->comm_schedule());
   }

@@ -237,6 +237,9 @@ void Run::report(RunState& state, const nlohmann::json& startup, double median_m
                     {"ms_per_step", median_ms},
                     {"num_parameters", psi}});
     summary.update(lesson.summary_fields());
+    if (state.step == state.resumed_step)  // resumed at the last step: nothing was measured
+      for (const char* k : {"final_loss", "test_loss", "test_accuracy", "ms_per_step"})
+        summary[k] = nullptr;
   }
   for (auto& e : extensions_) e->report(state, summary);
   if (state.rank == 0) state.logger->summary(summary);

@@ -7,7 +7,8 @@
 #       from that directory may save and prune there
 #   F19 --resume "" / --checkpoint-dir "" / --net-selftest "" are errors
 #   F2  an unwritable --checkpoint-dir stops before step 1
-#   F4  a checkpoint at or past the run's last step is refused
+#   F4  a checkpoint past the run's last step is refused; at it, its state is written out and
+#       the summary's losses are null (never 0.0)
 #   F5  another training set (the manifest's data fingerprint) is refused, naming both
 #   F13 a resumed run continues --metrics: steps 1..S of the interrupted run kept, each step once
 #   F18 after a resume, traffic per step and the predicted comm time are those of the
@@ -77,10 +78,19 @@ refused dir_under_file "--checkpoint-dir .*/afile/sub: cannot create the directo
   -- "${M[@]}" -np 2 "$BIN/ch06_zero1" "${T[@]}" --max-steps 3 --checkpoint-dir "$WORK/afile/sub"
 
 # --- F4: nothing left to train --------------------------------------------------------------
-refused past_end "the checkpoint has 8 steps done, and this run stops at step 4 \(--epochs 1, --max-steps 4\): nothing is left to train" \
+refused past_end "the checkpoint has 8 steps done, and this run stops at step 4 \(--epochs 1, --max-steps 4\): it is past this run's end" \
   -- "${C1[@]}" --max-steps 4 --resume "$WORK/c1"
-refused at_end "the checkpoint has 8 steps done, and this run stops at step 8" \
-  -- "${C1[@]}" --max-steps 8 --resume "$WORK/c1" --metrics "$WORK/at_end.jsonl"
+# At the last step: no step runs; the checkpoint's state is written out, no loss is made up.
+run at_end 0 ch01_training_loop "${T[@]}" --max-steps 8 --resume "$WORK/c1"
+grep -q "note: the checkpoint is at this run's last step: no step is trained" "$WORK/at_end.log"
+"$BIN/consolidate_checkpoint" "$WORK/c1" "$WORK/c1_params.safetensors" >/dev/null
+"$COMPARE" "$WORK/c1_params.safetensors" "$WORK/at_end.safetensors" --bitwise >/dev/null
+python3 - "$WORK/at_end.jsonl" <<'PY'
+import json, sys
+s = [json.loads(l) for l in open(sys.argv[1]) if '"summary"' in l][-1]
+assert s["steps"] == 8 and s["steps_run"] == 0 and s["final_loss"] is None and s["test_loss"] is None, s
+print("ok at_end: --save-final = the checkpoint's parameters (bitwise), summary losses null")
+PY
 
 # --- F5: another training set ---------------------------------------------------------------
 grep -q '"data": {' "$WORK/c1/step_00000008/manifest.json" || { echo "FAILED: no data fingerprint"; exit 1; }
