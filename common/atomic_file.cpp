@@ -94,14 +94,17 @@ void write_file_atomically(const std::string& path, std::string_view bytes,
   }
 }
 
-RecordFile::RecordFile(const std::string& path, std::string flag)
+RecordFile::RecordFile(const std::string& path, std::string flag, bool truncate)
     : path_(path), flag_(std::move(flag)) {
   ignore_file_size_signal();
   const mode_t mask = ::umask(0);
   ::umask(mask);
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666 & ~mask);
+  fd_ =
+      ::open(path.c_str(), O_WRONLY | O_CREAT | (truncate ? O_TRUNC : 0) | O_CLOEXEC, 0666 & ~mask);
   RZ_CHECK(fd_ >= 0, "cannot write " << flag_ << " " << path << ": " << std::strerror(errno)
                                      << "; give a file path in an existing, writable directory");
+  size_ = ::lseek(fd_, 0, SEEK_END);  // appending: a failed write is cut back to here
+  RZ_CHECK(size_ >= 0, "cannot seek in " << flag_ << " " << path << ": " << std::strerror(errno));
 }
 
 RecordFile::~RecordFile() {

@@ -48,8 +48,9 @@ void write_file_atomically(const std::string& path, std::string_view bytes,
 class RecordFile {
  public:
   RecordFile() = default;  ///< no file: append() does nothing
-  /// Creates or truncates `path`. Errors: the directory is missing or unwritable.
-  RecordFile(const std::string& path, std::string flag);
+  /// Creates or truncates `path` (truncate false: opens it to append after its records).
+  /// Errors: the directory is missing or unwritable.
+  RecordFile(const std::string& path, std::string flag, bool truncate = true);
   ~RecordFile();
   RecordFile(const RecordFile&) = delete;
   RecordFile& operator=(const RecordFile&) = delete;

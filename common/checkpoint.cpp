@@ -1,10 +1,13 @@
 #include "checkpoint.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -62,6 +65,67 @@ Checkpointer::Checkpointer(const TrainConfig& c, Communicator* comm) : config_(c
   RZ_CHECK(c.resume.empty() || c.init_from.empty(),
            "--resume " << c.resume << " and --init-from " << c.init_from
                        << " both set the parameters; give one of them");
+}
+
+namespace {
+
+// The training set's fingerprint (Dataset::crc32 and size, as verify_same_data compares across
+// ranks), recorded in the manifest's field "data": another data set of the same shape (other
+// files in --data-dir, relabelled samples) is refused at resume, naming both. A manifest
+// without the field (written before it existed) is not checked.
+void check_same_data(const nlohmann::json& m, const nlohmann::json& now, const std::string& mpath) {
+  if (!m.contains("data") || now.is_null()) return;
+  const nlohmann::json& saved = m["data"];
+  const bool same = saved.is_object() && saved.value("size", int64_t{-1}) == now.at("size") &&
+                    saved.value("crc32", int64_t{-1}) == now.at("crc32");
+  RZ_CHECK(same, mpath << ": field data is " << saved.dump() << ", this run's training set is "
+                       << now.dump()
+                       << ": other samples than the run that wrote it. Resume with the same "
+                          "--data/--data-dir, or start a new run (--init-from for its weights)");
+}
+
+}  // namespace
+
+void Checkpointer::check_checkpoint_dir() {
+  if (config_.checkpoint_dir.empty() || rank_ != 0) return;
+  const fs::path d = config_.checkpoint_dir;
+  // Writable, now: not after the last step (F2's lost run). Created if missing.
+  std::error_code ec;
+  fs::create_directories(d, ec);
+  RZ_CHECK(!ec && fs::is_directory(d),
+           "--checkpoint-dir " << config_.checkpoint_dir << ": cannot create the directory ("
+                               << (ec ? ec.message() : "a file of that name exists")
+                               << "); give a directory in a writable place");
+  const std::string probe = (d / (".write-test." + std::to_string(::getpid()))).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  RZ_CHECK(fd >= 0, "--checkpoint-dir " << config_.checkpoint_dir << " is not writable ("
+                                        << std::strerror(errno) << "); give a writable directory");
+  ::close(fd);
+  ::unlink(probe.c_str());
+  // Another run's checkpoints: a run that did not resume from this directory must not save
+  // into it, since its saves would prune them (docs/checkpoints.md, "One directory, one run").
+  std::error_code same_ec;
+  fs::path from = fs::path(resumed_dir_).lexically_normal();
+  if (from.filename().empty()) from = from.parent_path();  // "D/step_X/"
+  const bool resumed_here = !resumed_dir_.empty() && fs::equivalent(from.parent_path(), d, same_ec);
+  if (resumed_here) return;
+  int64_t newest = -1;
+  for (const auto& e : fs::directory_iterator(d)) {
+    const int64_t s = step_of_dir_name(e.path().filename().string());
+    if (s >= 0 && e.is_directory() && fs::exists(e.path() / kManifest))
+      newest = std::max(newest, s);
+  }
+  RZ_CHECK(newest < 0, "--checkpoint-dir "
+                           << config_.checkpoint_dir
+                           << " already holds committed checkpoints of another run (newest: "
+                           << (d / step_dir_name(newest)).string() << ", step " << newest
+                           << ") and this run "
+                           << (resumed_dir_.empty() ? "does not resume from it"
+                                                    : "resumes from " + resumed_dir_)
+                           << "; its saves would mix with them and prune them. To continue "
+                              "that run add --resume "
+                           << config_.checkpoint_dir
+                           << "; for a new run give another (or an empty) --checkpoint-dir");
 }
 
 TrainPosition Checkpointer::resume(TrainingState& state, int64_t steps_per_epoch) {
@@ -136,6 +200,17 @@ TrainPosition Checkpointer::resume(TrainingState& state, int64_t steps_per_epoch
   RZ_CHECK(m.at("steps_per_epoch").get<int64_t>() == steps_per_epoch,
            mpath << ": field steps_per_epoch is " << m.at("steps_per_epoch") << ", this run has "
                  << steps_per_epoch << " (another data set size?)");
+  check_same_data(m, state.data, mpath);
+  // The directory's name is what --resume D and the pruning sort by: it must be the step.
+  fs::path dir_path = fs::path(dir).lexically_normal();
+  if (dir_path.filename().empty()) dir_path = dir_path.parent_path();  // "D/step_X/"
+  const int64_t named = step_of_dir_name(dir_path.filename().string());
+  RZ_CHECK(named < 0 || named == pos.step,
+           dir << " is named for step " << named << ", but " << kManifest
+               << " field global_step is " << pos.step
+               << " (renamed or swapped directories?). Rename it to " << step_dir_name(pos.step)
+               << ", or resume from another checkpoint");
+  resumed_dir_ = dir;
   if (pos.t >= steps_per_epoch) pos.epoch += 1, pos.t = 0;  // saved at an epoch's last step
   print0("resumed from " + dir + " (" + m.value("chapter", "?") + ", world size " +
          std::to_string(m.at("world_size").get<int>()) + "): " + std::to_string(pos.step) +
@@ -192,7 +267,12 @@ void Checkpointer::save(const TrainingState& state, const TrainPosition& pos,
         std::map<std::string, std::span<float>> spans = optimizer_fields(piece.optimizer);
         spans["params"] = piece.params;
         for (const auto& f : fields) {
-          RZ_CHECK(spans.count(f), "checkpoint: a shard holds no " << f << " to save");
+          // An empty shard (a bucket or layer with fewer elements than ranks) has no SGD
+          // momentum buffer; it contributes nothing to any field.
+          if (!spans.count(f) && piece.params.empty()) continue;
+          RZ_CHECK(spans.count(f), "checkpoint: rank " << rank_ << "'s shard at global offset "
+                                                       << piece.global_offset << " holds no " << f
+                                                       << " to save");
           tensors[f].values.insert(tensors[f].values.end(), spans[f].begin(), spans[f].end());
         }
         if (!piece.params.empty())
@@ -246,6 +326,7 @@ void Checkpointer::save(const TrainingState& state, const TrainPosition& pos,
                  "no random draws after initialisation: the sampler's order is a "
                  "function of (seed, epoch), so the position is the whole RNG state"}};
     m["flags"] = checkpoint_flags_that_must_match(config_);
+    if (!state.data.is_null()) m["data"] = state.data;
     m["flags_recorded"] = {{"lr", config_.lr},
                            {"weight_decay", config_.weight_decay},
                            {"clip_grad_norm", config_.clip_grad_norm},
@@ -257,7 +338,8 @@ void Checkpointer::save(const TrainingState& state, const TrainPosition& pos,
     if (config_.optimizer == "sgd") {
       bool started = false;
       for (const StatePiece& piece : state.pieces)
-        if (piece.optimizer && piece.optimizer->sgd()) started = piece.optimizer->sgd()->started();
+        if (piece.optimizer && piece.optimizer->sgd() && !piece.params.empty())
+          started = started || piece.optimizer->sgd()->started();
       m["optimizer_state"] = {{"type", "sgd"}, {"started", started}};
     } else {
       m["optimizer_state"] = {{"type", "adamw"}};

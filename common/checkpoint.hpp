@@ -68,6 +68,9 @@ struct TrainingState {
   std::string chapter;
   int zero_stage = 0;
   nlohmann::json layout;  ///< the chapter's bucket/layer layout and padding, for the manifest
+  /// The training set's fingerprint {"source", "size", "crc32"} (Dataset, as verify_same_data
+  /// compares it): written to the manifest's field "data", compared at resume. null: none.
+  nlohmann::json data;
 };
 
 /// The replicated chapters' state: the whole model and `optimizer` (or none).
@@ -124,6 +127,12 @@ class Checkpointer {
   /// state into `state` and returns the position to continue from. Without: {0, 1, 0}.
   TrainPosition resume(TrainingState& state, int64_t steps_per_epoch);
 
+  /// Rank 0, before the first step, after resume(): --checkpoint-dir D is created if missing
+  /// and must accept a new file; it must hold no committed checkpoint unless this run resumed
+  /// from one in D (then every checkpoint in D is of this run's lineage, and pruning them is
+  /// safe). Errors name D, the newest checkpoint found and the fix (--resume D, another D).
+  void check_checkpoint_dir();
+
   /// Collective; call after every optimizer step: saves when `step` is a multiple of
   /// --checkpoint-every, or is the last step of the run (total_steps).
   void after_step(const TrainingState& state, int64_t step, int64_t epoch, int64_t t_next,
@@ -137,6 +146,7 @@ class Checkpointer {
   Communicator* comm_;
   int rank_ = 0, world_size_ = 1;
   int64_t last_saved_ = -1;
+  std::string resumed_dir_;  ///< the checkpoint resume() loaded, or ""
 };
 
 /// The flags that give the saved state its meaning; a resume with any other value is refused.

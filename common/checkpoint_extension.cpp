@@ -15,7 +15,8 @@ class CheckpointExtension : public Extension {
     // checkpoint format does not hold yet: refuse rather than resume a silently different run.
     const bool wants = !run.config.checkpoint_dir.empty() || !run.config.resume.empty();
     RZ_CHECK(!wants || run.config.precision == "fp32",
-             "--checkpoint-dir/--resume with --precision " << run.config.precision
+             "--checkpoint-dir/--resume with --precision "
+                 << run.config.precision
                  << ": checkpoints hold fp32 training state only (the master weights of a "
                     "16-bit run are not saved yet); use --precision fp32");
     checkpointer_ = std::make_unique<Checkpointer>(run.config, run.comm);
@@ -24,8 +25,28 @@ class CheckpointExtension : public Extension {
     if (run.config.checkpoint_dir.empty() && run.config.resume.empty()) return;
     state_ = run.lesson->training_state(*run.model);
     state_.chapter = run.chapter.name;
+    state_.data = {{"source", run.data->train.source},
+                   {"size", run.data->train.size},
+                   {"crc32", run.data->train.crc32}};
     const int64_t per_epoch = run.sampler->steps_per_epoch();
     const TrainPosition pos = checkpointer_->resume(state_, per_epoch);
+    checkpointer_->check_checkpoint_dir();  // before step 1: writable, and no other run's
+    // Nothing left to train: no step would run, and the summary would report losses never
+    // measured. Refused, before the driver's loop.
+    RZ_CHECK(run.config.resume.empty() || pos.step <= run.steps,
+             "--resume " << run.config.resume << ": the checkpoint has " << pos.step
+                         << " steps done, and this run stops at step " << run.steps << " (--epochs "
+                         << run.config.epochs
+                         << (run.config.max_steps > 0
+                                 ? ", --max-steps " + std::to_string(run.config.max_steps)
+                                 : std::string())
+                         << "): it is past this run's end. Raise --max-steps or --epochs, or "
+                            "read the checkpoint with scripts/consolidate");
+    if (!run.config.resume.empty() && pos.step == run.steps)
+      print0(
+          "note: the checkpoint is at this run's last step: no step is trained; its state is "
+          "written out (--save-final, --save-optimizer-state), and the summary's losses are "
+          "null (none was measured)");
     // The driver derives epoch and position from the step count (every epoch has per_epoch
     // steps); the manifest's must agree.
     RZ_CHECK((pos.epoch - 1) * per_epoch + pos.t == pos.step,
@@ -33,6 +54,8 @@ class CheckpointExtension : public Extension {
                                                  << " do not follow from its " << pos.step
                                                  << " steps at " << per_epoch << " per epoch");
     run.step = pos.step;
+    run.resumed_step = pos.step;
+    run.logger->continue_after(pos.step, per_epoch);  // the curve goes on in --metrics
   }
   void after_step(RunState& run) override {
     if (run.config.checkpoint_dir.empty()) return;

@@ -36,9 +36,10 @@ inline std::string step_dir_name(int64_t step) {
   return name;
 }
 
-// step_SSSSSSSS -> SSSSSSSS, or -1 for any other name.
+// step_SSSSSSSS -> SSSSSSSS, or -1 for any other name. 8 digits or more: step_dir_name pads to
+// 8 and writes step 100000000 on with 9 (up to 18: int64_t).
 inline int64_t step_of_dir_name(const std::string& name) {
-  if (name.size() != 13 || name.rfind("step_", 0) != 0) return -1;
+  if (name.size() < 13 || name.size() > 23 || name.rfind("step_", 0) != 0) return -1;
   int64_t s = 0;
   for (size_t i = 5; i < name.size(); ++i) {
     if (name[i] < '0' || name[i] > '9') return -1;

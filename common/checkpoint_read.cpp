@@ -14,6 +14,113 @@ namespace ringzero {
 
 using namespace checkpoint_format;
 
+namespace {
+
+// Every manifest field read_checkpoint and Checkpointer::resume read, with its JSON type,
+// checked before any is used: a valid JSON file with a missing or mistyped field (edited,
+// or written by another tool) is refused naming the file and the field, not with
+// nlohmann's "key not found" / "type must be number". Also bounds num_parameters by the
+// tensors and the files' bytes, so a damaged count cannot allocate gigabytes on every rank.
+void check_manifest_fields(const nlohmann::json& m, const std::string& mpath) {
+  const fs::path dir = fs::path(mpath).parent_path();
+  auto fail_field = [&](const std::string& field, const char* want) {
+    RZ_CHECK(false, mpath << ": field " << field << " is missing or not " << want
+                          << "; the manifest is damaged. Resume from another checkpoint");
+  };
+  auto integer = [&](const nlohmann::json& j, const std::string& key, const std::string& where,
+                     int64_t min) {
+    if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() < min)
+      fail_field(where + key, min == 0 ? "an integer >= 0" : "an integer >= 1");
+    return j[key].get<int64_t>();
+  };
+  auto array = [&](const nlohmann::json& j, const std::string& key, const std::string& where) {
+    if (!j.contains(key) || !j[key].is_array()) fail_field(where + key, "an array");
+  };
+  auto string = [&](const nlohmann::json& j, const std::string& key, const std::string& where) {
+    if (!j.contains(key) || !j[key].is_string()) fail_field(where + key, "a string");
+  };
+  const int64_t psi = integer(m, "num_parameters", "", 1);
+  integer(m, "world_size", "", 1);
+  integer(m, "global_step", "", 0);
+  integer(m, "epoch", "", 1);
+  integer(m, "position_in_epoch", "", 0);
+  integer(m, "steps_per_epoch", "", 1);
+  if (!m.contains("flags") || !m["flags"].is_object()) fail_field("flags", "an object");
+  if (!m.contains("optimizer_state") || !m["optimizer_state"].is_object())
+    fail_field("optimizer_state", "an object");
+  if (m["optimizer_state"].value("type", "") == "sgd" &&
+      !(m["optimizer_state"].contains("started") && m["optimizer_state"]["started"].is_boolean()))
+    fail_field("optimizer_state.started", "a boolean");
+  array(m, "fields", "");
+  for (size_t i = 0; i < m["fields"].size(); ++i) {
+    const auto& f = m["fields"][i];
+    if (!f.is_string() ||
+        (f != "params" && f != "exp_avg" && f != "exp_avg_sq" && f != "momentum_buffer"))
+      fail_field("fields[" + std::to_string(i) + "]",
+                 "one of params, exp_avg, exp_avg_sq, momentum_buffer");
+  }
+  if (std::find(m["fields"].begin(), m["fields"].end(), "params") == m["fields"].end())
+    fail_field("fields", "a list holding \"params\"");
+  array(m, "tensors", "");
+  int64_t numel_sum = 0;
+  for (size_t i = 0; i < m["tensors"].size(); ++i) {
+    const auto& t = m["tensors"][i];
+    const std::string where = "tensors[" + std::to_string(i) + "].";
+    if (!t.is_object()) fail_field("tensors[" + std::to_string(i) + "]", "an object");
+    string(t, "name", where);
+    array(t, "shape", where);
+    for (const auto& d : t["shape"])
+      if (!d.is_number_integer() || d.get<int64_t>() < 0) fail_field(where + "shape", "integers");
+    integer(t, "offset", where, 0);
+    const int64_t n = integer(t, "numel", where, 0);
+    if (t.contains("step") || m["optimizer_state"].value("type", "") == "adamw")
+      integer(t, "step", where, 0);  // AdamW's per-tensor step count (bias correction)
+    if (n > psi - numel_sum) fail_field(where + "numel", "within num_parameters");
+    numel_sum += n;
+  }
+  RZ_CHECK(numel_sum == psi, mpath << ": field num_parameters is " << psi
+                                   << " but the tensors' numel add up to " << numel_sum
+                                   << "; the manifest is damaged. Resume from another checkpoint");
+  array(m, "files", "");
+  int64_t bytes = 0;
+  for (size_t i = 0; i < m["files"].size(); ++i) {
+    const auto& r = m["files"][i];
+    const std::string where = "files[" + std::to_string(i) + "].";
+    if (!r.is_object()) fail_field("files[" + std::to_string(i) + "]", "an object");
+    string(r, "file", where);
+    string(r, "kind", where);
+    const int64_t b = integer(r, "bytes", where, 0);
+    if (!r.contains("crc32") || !r["crc32"].is_number_unsigned() ||
+        r["crc32"].get<uint64_t>() > 0xffffffffull)
+      fail_field(where + "crc32", "a 32-bit unsigned integer");
+    if (r["kind"] == "flat") {
+      array(r, "runs", where);
+      for (const auto& run : r["runs"])
+        if (!run.is_array() || run.size() != 3 ||
+            !std::all_of(run.begin(), run.end(), [](const nlohmann::json& x) {
+              return x.is_number_integer() && x.get<int64_t>() >= 0;
+            }))
+          fail_field(where + "runs", "[global offset, local offset, length] integers >= 0");
+    } else if (r["kind"] != "state_dict") {
+      fail_field(where + "kind", "\"flat\" or \"state_dict\"");
+    }
+    // The larger of the recorded and the real size: a truncated file or a wrong
+    // files[i].bytes is reported later, by name.
+    std::error_code ec;
+    const auto real = fs::file_size(dir / r["file"].get<std::string>(), ec);
+    bytes += ec ? b : std::max(b, static_cast<int64_t>(real));
+  }
+  // Every field of every element is stored as 4 bytes in one of the files.
+  const auto nfields = static_cast<int64_t>(m["fields"].size());
+  RZ_CHECK(nfields == 0 || psi <= bytes / 4 / nfields,
+           mpath << ": field num_parameters is " << psi << ", but the files hold " << bytes
+                 << " bytes, too few for " << nfields
+                 << " float32 fields of that many elements; the manifest is damaged. Resume "
+                    "from another checkpoint");
+}
+
+}  // namespace
+
 std::string resolve_checkpoint(const std::string& path) {
   RZ_CHECK(fs::exists(path), "--resume " << path << ": no such file or directory");
   if (fs::exists(fs::path(path) / kManifest)) return path;
@@ -45,12 +152,16 @@ CheckpointData read_checkpoint(const std::string& dir) {
   const std::string mpath = (fs::path(dir) / kManifest).string();
   RZ_CHECK(fs::exists(mpath), mpath << ": missing; the checkpoint was never committed (a write "
                                        "was interrupted). Resume from an earlier checkpoint");
+  // A FIFO or device would block or never end the read below.
+  RZ_CHECK(fs::is_regular_file(mpath), mpath << ": not a regular file; a checkpoint's manifest "
+                                                "is one. Resume from a real checkpoint");
   try {
     ck.manifest = nlohmann::json::parse(read_file(mpath));
   } catch (const nlohmann::json::exception& e) {
     RZ_CHECK(false, mpath << ": not valid JSON (" << e.what() << ")");
   }
   const nlohmann::json& m = ck.manifest;
+  RZ_CHECK(m.is_object(), mpath << ": not a JSON object; the manifest is damaged");
   RZ_CHECK(m.value("format", "") == "ringzero-checkpoint",
            mpath << ": field format is " << json_str(m.value("format", nlohmann::json("missing")))
                  << ", not ringzero-checkpoint");
@@ -59,6 +170,7 @@ CheckpointData read_checkpoint(const std::string& dir) {
                  << json_str(m.value("format_version", nlohmann::json("missing")))
                  << "; this binary reads version " << kCheckpointFormatVersion
                  << " only. Use the binary that wrote it");
+  check_manifest_fields(m, mpath);
   const int64_t psi = m.at("num_parameters").get<int64_t>();
   const auto fields = m.at("fields").get<std::vector<std::string>>();
   for (const auto& f : fields) ck.fields[f].assign(static_cast<size_t>(psi), 0.0f);

@@ -69,16 +69,25 @@ void add_train_flags(CLI::App& app, TrainConfig& c, bool with_grad_accum) {
                  "fp32 | bf16 | fp16: the dtype gradients are summed in across ranks "
                  "(default: the --precision's)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  // An empty value (an unset shell variable: --resume "$CKPT") is an error, not "not given".
+  const CLI::Validator non_empty(
+      [](std::string& v) {
+        return v.empty() ? std::string("an empty path; give a directory, or leave the flag out")
+                         : std::string();
+      },
+      "PATH");
   app.add_option("--checkpoint-dir", c.checkpoint_dir,
                  "write checkpoints to D/step_SSSSSSSS (docs/checkpoints.md); with no "
-                 "--checkpoint-every, only at the end of the run");
+                 "--checkpoint-every, only at the end of the run")
+      ->check(non_empty);
   app.add_option("--checkpoint-every", c.checkpoint_every,
                  "save a checkpoint every S optimizer steps (0: only at the end)");
   app.add_option("--keep-checkpoints", c.keep_checkpoints,
                  "keep the newest K committed checkpoints (0: keep all)");
   app.add_option("--resume", c.resume,
                  "continue from a checkpoint: a step_* directory, or the newest committed one "
-                 "in a --checkpoint-dir");
+                 "in a --checkpoint-dir")
+      ->check(non_empty);
 }
 
 void validate(const TrainConfig& c, int world_size) {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include "common/check.hpp"
@@ -156,9 +158,10 @@ std::string format_prediction(const StepPrediction& p, double measured_ms) {
     s += fmt("; %.1f ms of it overlapped; without overlap %.1f ms", p.overlapped_comm_ms,
              p.serial_ms);
   else if (p.overlap != Overlap::none)
-    s += fmt(", not possible: %.0f ranks share %.0f cores, none free for the communication "
-             "thread; with a core to spare %.1f ms",
-             static_cast<double>(p.ranks), static_cast<double>(p.cores), p.overlapped_ms);
+    s +=
+        fmt(", not possible: %.0f ranks share %.0f cores, none free for the communication "
+            "thread; with a core to spare %.1f ms",
+            static_cast<double>(p.ranks), static_cast<double>(p.cores), p.overlapped_ms);
   s += fmt(") | measured %.1f ms (measured / predicted %.2f)", measured_ms,
            p.predicted_ms > 0 ? measured_ms / p.predicted_ms : 0.0);
   for (const auto& [op, ms] : p.ops_ms) s += "\n  " + op + fmt(": %.2f ms", ms);
@@ -180,6 +183,11 @@ nlohmann::json prediction_json(const StepPrediction& p) {
 }
 
 Network network_from_selftest(const std::string& path) {
+  // A FIFO (--net-selftest <(ssh node cat selftest.json)) or a device would block the read.
+  RZ_CHECK(!std::filesystem::exists(path) || std::filesystem::is_regular_file(path),
+           "--net-selftest " << path
+                             << " is not a regular file (a pipe, device or directory); save "
+                                "scripts/cluster selftest's JSON to a file and give its path");
   std::ifstream in(path);
   RZ_CHECK(in, "cannot read the selftest file '"
                    << path
@@ -191,29 +199,63 @@ Network network_from_selftest(const std::string& path) {
   } catch (const std::exception& e) {
     RZ_CHECK(false, "selftest file '" << path << "' is not JSON: " << e.what());
   }
-  RZ_CHECK(j.contains("latency_us") && j.contains("bandwidth_bps"),
+  RZ_CHECK(j.is_object() && j.contains("latency_us") && j.contains("bandwidth_bps"),
            "selftest file '" << path << "' lacks latency_us or bandwidth_bps");
+  for (const char* field : {"latency_us", "bandwidth_bps"})
+    RZ_CHECK(j[field].is_number() && std::isfinite(j[field].get<double>()),
+             "selftest file '" << path << "': field " << field << " is " << j[field].dump()
+                               << ", not a finite number; rerun scripts/cluster selftest");
   Network net{j.at("latency_us").get<double>(), j.at("bandwidth_bps").get<double>() / 1e9};
-  check_network(net);
+  RZ_CHECK(net.bandwidth_gbps > 0, "selftest file '" << path << "': field bandwidth_bps is "
+                                                     << j["bandwidth_bps"].dump()
+                                                     << ", must be > 0; rerun scripts/cluster "
+                                                        "selftest");
+  RZ_CHECK(net.alpha_us >= 0, "selftest file '"
+                                  << path << "': field latency_us is " << j["latency_us"].dump()
+                                  << ", must be >= 0; rerun scripts/cluster selftest");
   return net;
 }
+
+namespace {
+// A finite number > min (strict) or >= min, with the unit in the message (CLI11's own
+// PositiveNumber prints its range as 309 digits and lets nan through).
+CLI::Validator finite_number(double min, bool strict, const char* unit) {
+  return CLI::Validator(
+      [=](std::string& v) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        const bool ok =
+            end != v.c_str() && *end == '\0' && std::isfinite(x) && (strict ? x > min : x >= min);
+        return ok ? std::string()
+                  : v + " must be a finite number " + (strict ? "> " : ">= ") +
+                        (min == 0 ? "0" : std::to_string(min)) + " (" + unit + ")";
+      },
+      "NUMBER");
+}
+}  // namespace
 
 void add_net_flags(CLI::App& app, NetFlags& flags) {
   const std::string group = "Cost model (docs/cost-model.md)";
   app.add_option("--net-alpha-us", flags.alpha_us,
                  "predict the step on a network of this latency per message, us")
-      ->check(CLI::NonNegativeNumber)
+      ->check(finite_number(0, false, "microseconds per message"))
       ->group(group);
   app.add_option("--net-bandwidth", flags.bandwidth_gbps,
                  "... and this bandwidth per link and direction, Gbit/s")
-      ->check(CLI::PositiveNumber)
+      ->check(finite_number(0, true, "Gbit/s per link and direction"))
       ->group(group);
   app.add_option("--net-selftest", flags.selftest,
                  "... or take latency and bandwidth from scripts/cluster selftest's JSON")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            return v.empty() ? std::string("an empty path; give the selftest's JSON file")
+                             : std::string();
+          },
+          "FILE"))
       ->group(group);
   app.add_option("--net-compute-ms", flags.compute_ms,
                  "compute per step, measured at N = 1 on one rank's share of the batch, ms")
-      ->check(CLI::NonNegativeNumber)
+      ->check(finite_number(0, false, "milliseconds per step"))
       ->group(group);
   app.add_option("--net-cores", flags.cores,
                  "CPU cores the ranks share (the emulated cluster: this machine's); with no more "
@@ -230,10 +272,11 @@ nlohmann::json report_step_prediction(const NetFlags& flags, const nlohmann::jso
            "rank's share of the batch (scripts/run --cluster measures it)");
   const Network net = flags.selftest.empty() ? Network{flags.alpha_us, flags.bandwidth_gbps}
                                              : network_from_selftest(flags.selftest);
-  const StepPrediction p =
-      predict_step(net, traffic_per_step(summary.at("comm"), summary.at("steps").get<int64_t>()),
-                   world_size, flags.compute_ms, schedule.overlap, schedule.overlapped_ops,
-                   flags.cores);
+  const StepPrediction p = predict_step(
+      net,
+      traffic_per_step(summary.at("comm"),
+                       summary.value("steps_run", summary.at("steps").get<int64_t>())),
+      world_size, flags.compute_ms, schedule.overlap, schedule.overlapped_ops, flags.cores);
   print0(
       fmt("network: alpha %.1f us, beta %.3f Gbit/s per link", net.alpha_us, net.bandwidth_gbps));
   print0(format_prediction(p, summary.at("ms_per_step").get<double>()));
@@ -247,7 +290,24 @@ namespace {
 class CostModelExtension : public Extension {
  public:
   void add_flags(CommandLine& cli) override { add_net_flags(cli.app, flags_); }
-  void validate(const RunState&) override {
+  void validate(const RunState& state) override {
+    const NetFlags& f = flags_;
+    RZ_CHECK(!std::isnan(f.bandwidth_gbps) && !std::isnan(f.alpha_us) && !std::isnan(f.compute_ms),
+             "--net-bandwidth/--net-alpha-us/--net-compute-ms: nan is not a number; give a "
+             "finite value");
+    const bool any = f.enabled() || f.alpha_us != 0 || f.compute_ms >= 0;
+    RZ_CHECK(!any || state.chapter.distributed,
+             "--net-*: chapter " << state.chapter.name
+                                 << " runs on one process, with no communication to predict; the "
+                                    "cost model is for chapters 03-08 (docs/cost-model.md). Drop "
+                                    "the --net-* flags");
+    RZ_CHECK(!any || f.enabled(),
+             "--net-alpha-us/--net-compute-ms need --net-bandwidth (or --net-selftest): the "
+             "cost model predicts nothing without a bandwidth");
+    RZ_CHECK(f.selftest.empty() || (f.bandwidth_gbps == 0 && f.alpha_us == 0),
+             "--net-selftest " << f.selftest
+                               << " with --net-bandwidth/--net-alpha-us: give one network, "
+                                  "the selftest's file or the flags");
     if (!flags_.enabled()) return;
     RZ_CHECK(flags_.compute_ms >= 0,
              "--net-bandwidth/--net-selftest need --net-compute-ms: the step time of this chapter "
@@ -256,6 +316,10 @@ class CostModelExtension : public Extension {
   }
   void report(RunState& state, nlohmann::json& summary) override {
     if (!flags_.enabled() || state.comm == nullptr || state.rank != 0) return;
+    if (state.step == state.resumed_step) {  // resumed at the last step: no step to predict
+      print0("step time: no prediction (no step ran in this process)");
+      return;
+    }
     summary["prediction"] =
         report_step_prediction(flags_, summary, state.world_size, state.lesson->comm_schedule());
   }

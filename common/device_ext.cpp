@@ -16,6 +16,23 @@ void DeviceExtension::validate(const RunState& state) {
            "--device " << device_ << ": chapter " << state.chapter.name
                        << " trains on the CPU only so far; chapters 01 and 02 run on cuda "
                           "(docs/multi-node-gpu.md). Use --device cpu");
+  // Checked here, before after_setup probes the GPU, so a build or machine without one gives
+  // this message too. The GPU step keeps its weights and AdamW moments in device buffers: a
+  // checkpoint would save the stale host copy, and a resume would load into the host after
+  // the trainer copied the fresh weights over.
+  const TrainConfig& c = state.config;
+  RZ_CHECK(device_ != "cuda" || (c.checkpoint_dir.empty() && c.resume.empty()),
+           "--device cuda with " << (c.resume.empty() ? "--checkpoint-dir " + c.checkpoint_dir
+                                                      : "--resume " + c.resume)
+                                 << ": the GPU path cannot save or resume its training state yet "
+                                    "(checkpoints hold the CPU state only). Drop "
+                                    "--checkpoint-dir/--resume, or use --device cpu");
+  // The GPU trainer trains fp32 copies of the host weights, which a 16-bit run has released.
+  RZ_CHECK(device_ != "cuda" || c.precision == "fp32",
+           "--device cuda with --precision " << c.precision
+                                             << ": the GPU path trains in fp32 only so far. Drop "
+                                                "--precision (or use --precision fp32), or use "
+                                                "--device cpu for 16-bit training");
 }
 
 void DeviceExtension::after_setup(RunState& state) {

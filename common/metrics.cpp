@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "atomic_file.hpp"
 #include "check.hpp"
@@ -9,13 +12,34 @@
 
 namespace ringzero {
 
-StepLogger::StepLogger(const std::string& metrics_path, int rank, int64_t log_every)
+StepLogger::StepLogger(const std::string& metrics_path, int rank, int64_t log_every, bool resuming)
     : rank_(rank), log_every_(log_every) {
-  if (rank == 0 && !metrics_path.empty())
+  if (rank == 0 && resuming) path_ = metrics_path;
+  if (rank == 0 && !metrics_path.empty() && !resuming)
     file_ = std::make_unique<RecordFile>(metrics_path, "--metrics");
 }
 
 StepLogger::~StepLogger() = default;
+
+void StepLogger::continue_after(int64_t step, int64_t steps_per_epoch) {
+  if (rank_ != 0 || path_.empty()) return;
+  std::string kept;
+  if (std::ifstream in(path_); in) {
+    for (std::string line; std::getline(in, line);) {
+      // A line cut by the interrupted run's kill is not JSON: dropped.
+      const nlohmann::json r = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (r.is_discarded() || !r.is_object()) continue;
+      const std::string type = r.value("type", "");
+      if (type == "summary") continue;
+      if (type == "step" && r.value("step", int64_t{0}) > step) continue;
+      if (type == "eval" && r.value("epoch", int64_t{0}) * steps_per_epoch > step) continue;
+      kept += line + "\n";
+    }
+  }
+  write_file_atomically(path_, kept);
+  file_ = std::make_unique<RecordFile>(path_, "--metrics", /*truncate=*/false);
+  path_.clear();
+}
 
 void StepLogger::write(const nlohmann::json& record) {
   if (file_) file_->append(record.dump() + "\n");  // whole lines only (atomic_file.hpp)

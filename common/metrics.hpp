@@ -24,11 +24,19 @@ class RecordFile;  // atomic_file.hpp
 
 class StepLogger {
  public:
-  /// metrics_path "" writes no file. rank != 0 loggers are silent.
+  /// metrics_path "" writes no file. rank != 0 loggers are silent. resuming: the file is not
+  /// truncated here; continue_after() keeps the interrupted run's records (a resumed run's
+  /// curve continues the file, docs/checkpoints.md).
   /// Errors: the --metrics file cannot be created; later, a write that fails (disk full): the
   /// file then holds the whole records before it (RecordFile, atomic_file.hpp).
-  StepLogger(const std::string& metrics_path, int rank, int64_t log_every);
+  StepLogger(const std::string& metrics_path, int rank, int64_t log_every, bool resuming = false);
   ~StepLogger();
+  /// A --resume to step `step` (rank 0, before the first step): rewrites the metrics file
+  /// (atomically) with its records up to that step: step records with step <= `step`, eval
+  /// records of the epochs finished by then; later records (steps the interrupted run made
+  /// after its checkpoint) and summaries are dropped, so the file has each step once. Then
+  /// appends. A missing file starts empty.
+  void continue_after(int64_t step, int64_t steps_per_epoch);
   /// Records one optimizer step. step is 1-based within the run, loss the global-batch mean.
   void step(int64_t step, int64_t total_steps, int64_t epoch, double loss, double samples_per_s,
             double ms_per_step);
@@ -41,6 +49,7 @@ class StepLogger {
   int rank_;
   int64_t log_every_;
   std::unique_ptr<RecordFile> file_;  // rank 0 with --metrics: appended, whole lines only
+  std::string path_;  ///< the --metrics file while resuming (opened by continue_after)
 };
 
 /// This rank's ledger: {"<tag>": {"current": bytes, "peak": bytes}, "model_states_peak": ...}.

@@ -69,6 +69,9 @@ struct RunState {
   /// Optimizer steps done. The loop starts at global batch step % steps_per_epoch of epoch
   /// 1 + step / steps_per_epoch: an extension that restores a run at after_setup sets it.
   int64_t step = 0;
+  /// The step a resumed run started from (0: a fresh run). This process's counters (traffic)
+  /// cover steps resumed_step + 1 .. step only.
+  int64_t resumed_step = 0;
   double loss = 0;                           ///< the last step's global-batch mean loss
   double test_loss = 0, test_accuracy = -1;  ///< the last evaluation
   double last_ms = 0;                        ///< the last step's wall time

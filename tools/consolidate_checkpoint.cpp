@@ -13,12 +13,31 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <filesystem>
 
 #include "common/check.hpp"
 #include "common/checkpoint.hpp"
 #include "common/safetensors.hpp"
 
 using namespace ringzero;
+namespace fs = std::filesystem;
+
+// An output file must not be one of the checkpoint's own files (or anything in its directory):
+// writing model.safetensors or manifest.json there would destroy the checkpoint being read.
+// Its directory must exist (the writer would otherwise blame a --checkpoint-dir this tool
+// does not have).
+static void check_output(const char* what, const std::string& path, const std::string& ckpt) {
+  if (path.empty()) return;
+  const fs::path out = fs::weakly_canonical(fs::absolute(path));
+  const fs::path src = fs::weakly_canonical(fs::absolute(ckpt));
+  RZ_CHECK(out.parent_path() != src && out != src,
+           what << " " << path << " is inside the checkpoint " << ckpt
+                << " being read (it would overwrite or mix with its files); write it elsewhere");
+  const fs::path dir = fs::path(path).parent_path();
+  RZ_CHECK(dir.empty() || fs::is_directory(dir),
+           what << " " << path << ": directory " << dir.string()
+                << " does not exist; create it or write elsewhere");
+}
 
 int main(int argc, char** argv) {
   CLI::App app{"consolidate a RingZero checkpoint into one safetensors file"};
@@ -33,6 +52,8 @@ int main(int argc, char** argv) {
     RZ_CHECK(!out.empty() || !optimizer_out.empty() || !as_checkpoint.empty(),
              "nothing to write: give OUT.safetensors, --optimizer-state or --as-checkpoint");
     const std::string resolved = resolve_checkpoint(dir);
+    check_output("OUT", out, resolved);
+    check_output("--optimizer-state", optimizer_out, resolved);
     const CheckpointData ckpt = read_checkpoint(resolved);
     if (!out.empty()) {
       atomic_write_file(out, safetensors_bytes(consolidated_state_dict(ckpt, false)));
