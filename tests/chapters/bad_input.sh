@@ -80,7 +80,7 @@ fails batch_not_divisible "--global-batch-size 64 is not divisible by world_size
 fails model_data_mismatch "--model mlp does not fit --data synthetic" -- "${CH01[@]}" --data synthetic
 fails batch_exceeds_dataset "--global-batch-size 2000 exceeds the 1000 training samples" \
   -- "${CH01[@]}" --model toy --global-batch-size 2000
-fails init_from_missing "$WORK/none.safetensors" "not found" -- "${CH01[@]}" --model toy --init-from "$WORK/none.safetensors"
+fails init_from_missing "$WORK/none.safetensors" "--init-from" "no such file on this rank" -- "${CH01[@]}" --model toy --init-from "$WORK/none.safetensors"
 
 # A diverging run stops at the first non-finite loss and names the step: with lr 1e10 the
 # first AdamW step moves every weight by ~1e10, and step 2's loss overflows float32 to inf.
