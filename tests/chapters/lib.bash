@@ -85,3 +85,25 @@ assert tail == res, f"resumed from step {first}: {res[:3]}... vs {tail[:3]}..."
 print(f"ok: steps {first}..{res[-1][0]} equal (epochs {sorted(set(s[1] for s in res))})")
 PY
 }
+
+# stops NAME NP BINARY PATTERN ARGS...: a run that must stop. Every rank must exit within 10 s
+# with a code 1..123 (0: it trained on; 124: a hang; above 128: a signal), no rank may die of a
+# signal, and the output must match PATTERN (grep -E). Prints how long it took and the first
+# match of $STOPS_SHOW (default: PATTERN).
+stops() {
+  local name=$1 np=$2 binary=$3 pattern=$4 rc=0; shift 4
+  local start=$(date +%s%N)
+  timeout 60 "$MPIRUN" -np "$np" --oversubscribe "$BIN/$binary" "$@" >"$WORK/$name.log" 2>&1 || rc=$?
+  local ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  if [ "$rc" -eq 0 ] || [ "$rc" -ge 124 ]; then
+    echo "FAILED $name: exit $rc (0: trained on; 124: hang; >128: signal)"; cat "$WORK/$name.log"; exit 1
+  fi
+  if grep -qiE "segmentation fault|signal (11|6|7|8)([^0-9]|$)|SIGSEGV|MPI_ERR_TRUNCATE|core dumped" "$WORK/$name.log"; then
+    echo "FAILED $name: a rank crashed"; cat "$WORK/$name.log"; exit 1
+  fi
+  if ! grep -qE -- "$pattern" "$WORK/$name.log"; then
+    echo "FAILED $name: no '$pattern'"; cat "$WORK/$name.log"; exit 1
+  fi
+  if [ "$ms" -gt 10000 ]; then echo "FAILED $name: took $ms ms to stop (limit 10 s)"; exit 1; fi
+  echo "ok $name: stopped in $ms ms: $(grep -E -m1 -o -- "${STOPS_SHOW:-$pattern}" "$WORK/$name.log" | tail -c 230)"
+}

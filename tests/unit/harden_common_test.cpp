@@ -25,10 +25,6 @@ using namespace ringzero::test;
 using Catch::Matchers::Contains;
 
 namespace {
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 }  // namespace
 

@@ -21,11 +21,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 // Lowers the soft file-size limit to `bytes` for its lifetime.
 class FileSizeLimit {
  public:

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <functional>
 #include <initializer_list>
 #include <string>
@@ -15,6 +17,12 @@
 #include "common/rng.hpp"
 
 namespace ringzero::test {
+
+/// The whole content of the file at `path` ("" if it cannot be read).
+inline std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
 
 /// A fresh tensor holding `values` (row-major), counted as activations.
 inline Tensor tensor(Shape shape, std::initializer_list<float> values) {
