@@ -12,8 +12,8 @@
 // naming the collective, the buckets and the ranks; without it the first crashes inside MPI or
 // hangs, and the second trains on with different weights on each rank.
 //
-//   mpirun -np 2 build/bin/ch05_rank_fault --model toy --bucket-cap-mb 4 --check-collectives \
-//       --debug-fault-rank 1 --debug-bucket-order swap --max-steps 3
+//   mpirun -np 2 build/bin/ch05_rank_fault --model toy --bucket-cap-mb 4 --check-collectives
+//       --debug-fault-rank 1 --debug-bucket-order swap --max-steps 3   (one command line)
 //
 // Non-finite gradient (--debug-inf-weight-step S): in step S, right after the second Linear
 // layer's forward, the rank sets that layer's first weight to +inf. Its loss stays finite (the
