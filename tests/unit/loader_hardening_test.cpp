@@ -24,8 +24,9 @@ namespace {
 
 // A safetensors image: u64 LE header length, the header text, `data_bytes` zero bytes.
 std::vector<uint8_t> st_image(const std::string& header, size_t data_bytes) {
-  std::vector<uint8_t> out(8);
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(header.size() >> (8 * i));
+  std::vector<uint8_t> out;
+  out.reserve(8 + header.size() + data_bytes);
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(header.size() >> (8 * i)));
   out.insert(out.end(), header.begin(), header.end());
   out.resize(out.size() + data_bytes, 0);
   return out;
