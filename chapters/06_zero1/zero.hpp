@@ -106,6 +106,8 @@ class Zero1 {
         p.grad = Tensor(grads_.data() + layout_.param_offset[i], p.shape());
       }
       model.params_memory.release();
+    }
+    if (!mixed_) {
       optimizers_.reserve(layout_.buckets.size());
       for (const BucketShard& s : layout_.buckets)
         optimizers_.emplace_back(config, s.segments);  // (real) each
