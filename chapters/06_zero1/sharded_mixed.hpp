@@ -121,6 +121,17 @@ class ShardedMixedPrecision {
     return true;
   }
 
+  /// fp16: a non-finite loss at step 1, before any update, is the forward overflowing fp16's
+  /// range (e.g. large --init-from weights), not a divergence: stops with a message naming the
+  /// fix. Call on every rank with the global mean loss, so every rank stops.
+  void check_first_loss(double loss, int64_t step) const {
+    RZ_CHECK(std::isfinite(loss) || step > 1 || dtype_ != Dtype::fp16,
+             "loss is " << loss << " at step 1, before any update: the forward pass "
+                        << "overflowed fp16's range (largest value 65504), e.g. with large "
+                        << "--init-from weights. Use --precision bf16 (fp32's range) or fp32, "
+                        << "or smaller initial weights");
+  }
+
   /// Bucket b's master weights and moments (this rank's real shard elements).
   MasterWeights& bucket(size_t b) { return masters_[b]; }
   const std::vector<MasterWeights>& buckets() const { return masters_; }

@@ -121,7 +121,8 @@ inline double train_step(Zero2Training& lesson, const Step& step) {
     Tracer::Span wait(step.tracer, "finalize_backward (wait for buckets)", "ddp");
     zero.finalize_backward();  // every bucket reduce-scattered: this rank's shard holds the mean
   }
-  const double loss_value = global_mean(lesson.comm, loss_sum / K);  // equal shares
+  const double loss_value = global_mean(lesson.comm, loss_sum / K);         // equal shares
+  if (zero.mixed()) zero.mixed()->check_first_loss(loss_value, step.step);  // fp16 overflow
   // Every rank stops together; the error names the rank(s) whose loss is not finite.
   check_finite_loss(lesson.comm, loss_sum / K, loss_value, step.step);
 

@@ -22,7 +22,8 @@
 #    bound of chapter 02 too;
 #  - fp32 unchanged: no flag vs --precision fp32, bitwise (ch06_vs_ch05.sh and ch07_vs_ch06.sh
 #    keep the fp32 chain);
-#  - refusals: --collectives mpi with 16 bits, checkpoints in 16 bits.
+#  - refusals: --collectives mpi with 16 bits, checkpoints in 16 bits; an fp16 forward that
+#    overflows at step 1 (weights 1e5 times the initial ones) stops every rank naming the fix.
 # One 16-bit step against a serial re-enactment, bit for bit, the fp16 overflow skip on every
 # rank, and the calculator's mixed-precision rows against the ledger: tests/mpi/zero_mixed.cpp.
 source "$(dirname "$0")/lib.bash"
@@ -114,6 +115,17 @@ check_mixed ch07_fp16 2 2
 same ch06_fp16 ch07_fp16 --bitwise
 run ch07_rfp32 2 ch07_zero2 "${zero[@]}" --precision bf16 --reduce-dtype fp32
 check_mixed ch07_rfp32 2 4
+
+# fp16's range at step 1: weights 1e5 times the initial ones overflow the forward on every rank.
+start_point w0 "${common[@]}"  # lib.bash: the initial weights of these flags
+python3 - "$WORK/w0.safetensors" "$WORK/wbig.safetensors" <<'PY'
+import struct, sys
+b = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+vals = struct.unpack(f"<{(len(b) - 8 - n) // 4}f", b[8 + n:])
+open(sys.argv[2], "wb").write(b[:8 + n] + struct.pack(f"<{len(vals)}f", *[v * 1e5 for v in vals]))
+PY
+fails fp16_range 2 ch07_zero2 "at step 1, before any update: the forward pass overflowed fp16's range" \
+  "${zero[@]}" --precision fp16 --init-from "$WORK/wbig.safetensors"
 
 fails mpi16 2 ch06_zero1 "--collectives mpi with --precision bf16.*drop --collectives mpi" \
   "${zero[@]}" --precision bf16 --collectives mpi
