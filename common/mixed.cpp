@@ -67,6 +67,51 @@ HalfStorage::HalfStorage(Model& model, Dtype dtype) : model_(model), dtype_(dtyp
   params16 = Buffer16(psi, MemTag::parameters);
   grads16 = Buffer16(psi, MemTag::gradients);
   convert_to_half(dtype, model.params_memory.span(), params16.span());
+  const auto& params = model.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto at = static_cast<size_t>(model.offsets()[i]);
+    const auto n = static_cast<size_t>(params[i]->numel());
+    param16_of_.push_back(params16.span().subspan(at, n));
+    grad16_of_.push_back(grads16.span().subspan(at, n));
+  }
+  hook_layers();
+}
+
+HalfStorage::HalfStorage(Model& model, Dtype dtype, std::span<uint16_t> external_params16,
+                         const std::vector<int64_t>& param_offsets)
+    : model_(model), dtype_(dtype) {
+  RZ_CHECK(dtype != Dtype::fp32, "HalfStorage: dtype fp32 needs no 16-bit storage");
+  const int64_t psi = model.num_parameters();
+  RZ_CHECK(model.params_memory.size() == psi && model.grads_memory.size() == psi,
+           "HalfStorage: the model's flat buffers are already released");
+  const auto& params = model.parameters();
+  RZ_CHECK(
+      param_offsets.size() == params.size(),
+      "HalfStorage: " << param_offsets.size() << " offsets for " << params.size() << " parameters");
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t at = param_offsets[i], n = params[i]->numel();
+    RZ_CHECK(at >= 0 && at + n <= static_cast<int64_t>(external_params16.size()),
+             "HalfStorage: " << params[i]->name() << " at [" << at << ", " << at + n
+                             << ") lies outside the " << external_params16.size()
+                             << "-element 16-bit buffer");
+    param16_of_.push_back(
+        external_params16.subspan(static_cast<size_t>(at), static_cast<size_t>(n)));
+    convert_to_half(dtype, params[i]->data.span(), param16_of_.back());
+  }
+  grad16_of_.resize(params.size());
+  hook_layers();
+}
+
+void HalfStorage::set_grad16(size_t param, std::span<uint16_t> grad16) {
+  const Parameter& p = *model_.parameters().at(param);
+  RZ_CHECK(grad16.empty() || static_cast<int64_t>(grad16.size()) == p.numel(),
+           "HalfStorage::set_grad16: " << grad16.size() << " elements for " << p.name() << " ("
+                                       << p.numel() << ")");
+  grad16_of_.at(param) = grad16;
+}
+
+void HalfStorage::hook_layers() {
+  Model& model = model_;
   const std::vector<Linear*> layers = model.linear_layers();
   int64_t largest = 0;
   for (Linear* l : layers) largest = std::max(largest, l->weight.numel() + l->bias.numel());
@@ -76,10 +121,9 @@ HalfStorage::HalfStorage(Model& model, Dtype dtype) : model_(model), dtype_(dtyp
   model.grads_memory.release();
 
   const auto& params = model.parameters();
-  const auto& offsets = model.offsets();
   for (size_t l = 0; l < layers.size(); ++l) {
     Linear& layer = *layers[l];
-    layer.compute_dtype = dtype;
+    layer.compute_dtype = dtype_;
     layer.add_pre_forward_hook([this, l](Module&) { load_layer(l); });
     layer.add_pre_backward_hook([this, l](Module& m) {
       load_layer(l);
@@ -90,9 +134,11 @@ HalfStorage::HalfStorage(Model& model, Dtype dtype) : model_(model), dtype_(dtyp
       const auto i =
           static_cast<size_t>(std::find(params.begin(), params.end(), p) - params.begin());
       RZ_CHECK(i < params.size(), "HalfStorage: " << p->name() << " is not a model parameter");
-      const int64_t offset = offsets[i];
-      p->add_grad_ready_hook([this, offset](Parameter& q) {
-        accumulate_rounded(dtype_, grads16.span().subspan(offset, q.numel()), q.grad.span());
+      p->add_grad_ready_hook([this, i](Parameter& q) {
+        RZ_CHECK(!grad16_of_[i].empty(), "HalfStorage: " << q.name()
+                                                         << " received a gradient but has no "
+                                                            "16-bit gradient storage (set_grad16)");
+        accumulate_rounded(dtype_, grad16_of_[i], q.grad.span());
       });
     }
   }
@@ -102,13 +148,11 @@ HalfStorage::HalfStorage(Model& model, Dtype dtype) : model_(model), dtype_(dtyp
 void HalfStorage::load_layer(size_t l) {
   Linear& layer = *model_.linear_layers()[l];
   const auto& params = model_.parameters();
-  const auto& offsets = model_.offsets();
   int64_t at = 0;
   for (Parameter* p : {&layer.weight, &layer.bias}) {
     const auto i = static_cast<size_t>(std::find(params.begin(), params.end(), p) - params.begin());
     const auto n = static_cast<size_t>(p->numel());
-    convert_to_float(dtype_, params16.span().subspan(static_cast<size_t>(offsets[i]), n),
-                     work_.span().subspan(static_cast<size_t>(at), n));
+    convert_to_float(dtype_, param16_of_[i], work_.span().subspan(static_cast<size_t>(at), n));
     p->data = Tensor(work_.data() + at, p->shape());
     p->grad = Tensor(grad_scratch_.data() + at, p->shape());
     at += p->numel();

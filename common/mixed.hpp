@@ -74,6 +74,18 @@ Var linear_half(Tape& tape, const Var& inp, Parameter& weight, Parameter& bias, 
 class HalfStorage {
  public:
   HalfStorage(Model& model, Dtype dtype);
+  /// The same scheme on a caller's layout (ZeRO's padded buckets, chapters 06-07): parameter i
+  /// (registration order) lives in params16[param_offsets[i], + numel); construction rounds the
+  /// model's fp32 parameters into it and frees the model's fp32 buffers, as above. The 16-bit
+  /// gradient each parameter's hook adds into is set with set_grad16 (before its backward);
+  /// params16/grads16 above stay empty. params16 must outlive this object.
+  /// Errors: dtype fp32; an offset or size outside params16; the model's buffers released.
+  HalfStorage(Model& model, Dtype dtype, std::span<uint16_t> params16,
+              const std::vector<int64_t>& param_offsets);
+  /// Where parameter i's gradient is accumulated from now on (numel elements; ZeRO-2 points it
+  /// at the bucket in flight, as chapter 07 re-points Parameter::grad in fp32); empty: none, and
+  /// a backward that reaches the parameter stops with an error. Errors: a size other than numel.
+  void set_grad16(size_t param, std::span<uint16_t> grad16);
   HalfStorage(const HalfStorage&) = delete;
   HalfStorage& operator=(const HalfStorage&) = delete;
 
@@ -88,9 +100,11 @@ class HalfStorage {
 
  private:
   void load_layer(size_t layer);  // params16 -> working copy, parameters pointed at it
+  void hook_layers();             // the working copy, the module and gradient-ready hooks
   Model& model_;
   Dtype dtype_;
   Buffer work_, grad_scratch_;  // largest layer's (weight + bias) elements; tag activations
+  std::vector<std::span<uint16_t>> param16_of_, grad16_of_;  // (P) each parameter's 16 bits
 };
 
 /// fp32 master weights and AdamW moments for a span of 16-bit parameters, cut into segments

@@ -1,4 +1,5 @@
-// padded_buffer: a Buffer whose trailing padding the memory ledger counts apart (MemTag::padding).
+// padded_buffer: a Buffer whose trailing padding the memory ledger counts apart (MemTag::padding),
+// and its 16-bit twin PaddedBuffer16 (mixed precision: 2 bytes per element, padding included).
 //
 // ZeRO pads every bucket or layer to a multiple of world_size (chapters/06_zero1/shard.hpp);
 // the padding is memory the rank really holds but no model state, so the ledger shows it in
@@ -8,27 +9,34 @@
 
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <utility>
 
+#include "half.hpp"
 #include "ledger.hpp"
 
 namespace ringzero {
 
-/// A Buffer of `size` elements whose last `padding` are counted under MemTag::padding, the
-/// rest under `tag`. The ledger moves are ordered so that no tag's peak ever includes bytes
-/// that belong to another tag.
-class PaddedBuffer {
+/// An Array (Buffer: float; Buffer16: 16-bit bits) of `size` elements whose last `padding` are
+/// counted under MemTag::padding, the rest under `tag`, at sizeof(element) bytes each. The
+/// ledger moves are ordered so that no tag's peak ever includes bytes that belong to another
+/// tag. Use the aliases PaddedBuffer and PaddedBuffer16.
+template <class Array>
+class BasicPaddedBuffer {
  public:
-  PaddedBuffer() = default;
-  PaddedBuffer(int64_t size, int64_t padding, MemTag tag) : padding_(padding) {
-    Ledger::get().add(tag, -4 * padding);  // the Buffer adds all `size` to `tag` ...
-    buffer_ = Buffer(size, tag);
-    Ledger::get().add(MemTag::padding, 4 * padding);  // ... of which `padding` are padding
+  using T = std::remove_pointer_t<decltype(std::declval<Array&>().data())>;
+  static constexpr int64_t kBytes = sizeof(T);  ///< bytes per element
+
+  BasicPaddedBuffer() = default;
+  BasicPaddedBuffer(int64_t size, int64_t padding, MemTag tag) : padding_(padding) {
+    Ledger::get().add(tag, -kBytes * padding);  // the Array adds all `size` to `tag` ...
+    buffer_ = Array(size, tag);
+    Ledger::get().add(MemTag::padding, kBytes * padding);  // ... of which `padding` are padding
   }
-  ~PaddedBuffer() { release(); }
-  PaddedBuffer(PaddedBuffer&& o) noexcept
+  ~BasicPaddedBuffer() { release(); }
+  BasicPaddedBuffer(BasicPaddedBuffer&& o) noexcept
       : buffer_(std::move(o.buffer_)), padding_(std::exchange(o.padding_, 0)) {}
-  PaddedBuffer& operator=(PaddedBuffer&& o) noexcept {
+  BasicPaddedBuffer& operator=(BasicPaddedBuffer&& o) noexcept {
     if (this != &o) {
       release();
       buffer_ = std::move(o.buffer_);
@@ -36,26 +44,31 @@ class PaddedBuffer {
     }
     return *this;
   }
-  PaddedBuffer(const PaddedBuffer&) = delete;
-  PaddedBuffer& operator=(const PaddedBuffer&) = delete;
+  BasicPaddedBuffer(const BasicPaddedBuffer&) = delete;
+  BasicPaddedBuffer& operator=(const BasicPaddedBuffer&) = delete;
 
-  float* data() { return buffer_.data(); }
+  T* data() { return buffer_.data(); }
   int64_t size() const { return buffer_.size(); }
-  std::span<float> span() { return buffer_.span(); }
-  std::span<const float> span() const { return buffer_.span(); }
+  std::span<T> span() { return buffer_.span(); }
+  std::span<const T> span() const { return buffer_.span(); }
   /// Frees the memory now; the ledger drops it from both tags.
   void release() {
     if (buffer_.size() == 0) return;
     const MemTag tag = buffer_.tag();
     buffer_.release();
-    Ledger::get().add(tag, 4 * padding_);
-    Ledger::get().add(MemTag::padding, -4 * padding_);
+    Ledger::get().add(tag, kBytes * padding_);
+    Ledger::get().add(MemTag::padding, -kBytes * padding_);
     padding_ = 0;
   }
 
  private:
-  Buffer buffer_;
+  Array buffer_;
   int64_t padding_ = 0;
 };
+
+/// float32 elements, 4 bytes each (chapters 06-08 in fp32).
+using PaddedBuffer = BasicPaddedBuffer<Buffer>;
+/// 16-bit elements (bf16 or fp16 bits), 2 bytes each (chapters 06-07 with --precision bf16|fp16).
+using PaddedBuffer16 = BasicPaddedBuffer<Buffer16>;
 
 }  // namespace ringzero

@@ -25,11 +25,12 @@ namespace {
 class PrecisionCheck : public Extension {
  public:
   void validate(const RunState& s) override {
-    const bool wired =
-        s.chapter.name == "01_training_loop" || s.chapter.name == "02_gradient_accumulation";
+    const bool zero_wired = s.chapter.name == "06_zero1" || s.chapter.name == "07_zero2";
+    const bool wired = s.chapter.name == "01_training_loop" ||
+                       s.chapter.name == "02_gradient_accumulation" || zero_wired;
     RZ_CHECK(s.config.precision == "fp32" || wired,
              "--precision " << s.config.precision << ": chapter " << s.chapter.name
-                            << " trains in fp32 only so far (16 bits: chapters 01-02); drop "
+                            << " trains in fp32 only so far (16 bits: chapters 01-02, 06-07); drop "
                             << "--precision or use --precision fp32");
     // One process sums no gradients across ranks: only the --precision's own dtype is a no-op.
     RZ_CHECK(s.config.reduce_dtype.empty() || s.chapter.distributed ||
@@ -37,12 +38,13 @@ class PrecisionCheck : public Extension {
              "--reduce-dtype " << s.config.reduce_dtype << ": chapter " << s.chapter.name
                                << " runs on one process and reduces no gradients across ranks; "
                                   "drop --reduce-dtype");
-    // fp32 is what chapters 03-08 reduce in: asking for it is accepted.
-    RZ_CHECK(
-        s.config.reduce_dtype.empty() || !s.chapter.distributed || s.config.reduce_dtype == "fp32",
-        "--reduce-dtype " << s.config.reduce_dtype << ": chapter " << s.chapter.name
-                          << " has no 16-bit gradient reduction yet (the 16-bit ring is "
-                          << "chapters/04_ring_allreduce/ring.hpp); drop --reduce-dtype");
+    // Chapters 06-07 in 16 bits sum in the parameters' dtype or in fp32 (ShardedMixedPrecision
+    // checks which); fp32 is what the other distributed chapters reduce in.
+    RZ_CHECK(s.config.reduce_dtype.empty() || !s.chapter.distributed ||
+                 s.config.reduce_dtype == "fp32" || (zero_wired && s.config.precision != "fp32"),
+             "--reduce-dtype " << s.config.reduce_dtype << ": chapter " << s.chapter.name
+                               << " has no 16-bit gradient reduction yet (the 16-bit ring is "
+                               << "chapters/04_ring_allreduce/ring.hpp); drop --reduce-dtype");
   }
 };
 

@@ -23,31 +23,48 @@ namespace ringzero {
 
 /// Bytes each rank sends and receives per optimizer step: one reduce-scatter of the gradients
 /// and one all-gather of the parameters, per padded bucket. With the ring every chunk is s, so
-/// every rank moves 2 (N − 1) s elements per bucket: 2(N−1)/N · 4(Ψ + padding) bytes. With
-/// MPI's collectives the counters see only the payload handed to MPI: the bucket to reduce
-/// less our block, and our block to gather, N s per bucket (the wire traffic is MPI's).
+/// every rank moves 2 (N − 1) s elements per bucket: 2(N−1)/N · 4(Ψ + padding) bytes in fp32.
+/// In 16 bits (--precision bf16|fp16) each element is `grad_bytes` on the reduce-scatter (2, or
+/// 4 with --reduce-dtype fp32) and `param_bytes` = 2 on the all-gather: 2(N−1)/N · 2(Ψ + padding)
+/// bytes, or (N−1)/N · (4 + 2)(Ψ + padding). With MPI's collectives the counters see only the
+/// payload handed to MPI: the bucket to reduce less our block, and our block to gather, N s
+/// per bucket (the wire traffic is MPI's); fp32 only.
 inline TrafficTheory zero_traffic_theory(const ShardLayout& layout, int world_size, int64_t psi,
-                                         Collectives collectives) {
+                                         Collectives collectives, int grad_bytes = 4,
+                                         int param_bytes = 4) {
   TrafficTheory theory;
   const bool ring = collectives == Collectives::ring;
   for (int r = 0; r < world_size; ++r) {
     int64_t sent = 0, received = 0;
     for (const BucketShard& b : layout.buckets) {
       const int64_t n = b.padded_size(), s = b.shard_size;
-      sent +=
-          ring ? ring_reduce_scatter_sent(n, world_size, r) + ring_all_gather_sent(n, world_size, r)
-               : (world_size - 1) * s + s;
-      received += ring ? ring_reduce_scatter_received(n, world_size, r) +
-                             ring_all_gather_received(n, world_size, r)
-                       : s + (world_size - 1) * s;
+      sent += ring ? grad_bytes * ring_reduce_scatter_sent(n, world_size, r) +
+                         param_bytes * ring_all_gather_sent(n, world_size, r)
+                   : grad_bytes * (world_size - 1) * s + param_bytes * s;
+      received += ring ? grad_bytes * ring_reduce_scatter_received(n, world_size, r) +
+                             param_bytes * ring_all_gather_received(n, world_size, r)
+                       : grad_bytes * s + param_bytes * (world_size - 1) * s;
     }
-    theory.bytes_sent.push_back(4 * sent);
-    theory.bytes_received.push_back(4 * received);
+    theory.bytes_sent.push_back(sent);
+    theory.bytes_received.push_back(received);
   }
   const double N = world_size;
   const std::string counts = "; N = " + std::to_string(world_size) +
                              ", Ψ = " + std::to_string(psi) +
                              ", padding = " + std::to_string(layout.padding_total);
+  if (grad_bytes != 4 || param_bytes != 4) {  // 16 bits: ring only (the engines refuse mpi)
+    const std::string g = std::to_string(grad_bytes), p = std::to_string(param_bytes);
+    const std::string per_element = grad_bytes == param_bytes
+                                        ? "2(N-1)/N·" + g + "(Ψ + padding)"
+                                        : "(N-1)/N·(" + g + " + " + p + ")(Ψ + padding)";
+    theory.formula =
+        "theory (ring reduce-scatter of " + g + "-byte gradients + ring all-gather of " + p +
+        "-byte parameters, per bucket): every rank sends (N-1)/N·(" + g + " + " + p +
+        ")Ψ = " + human_bytes((N - 1) / N * (grad_bytes + param_bytes) * static_cast<double>(psi)) +
+        " per step; exactly " + per_element + " = " +
+        human_bytes(static_cast<double>(theory.bytes_sent[0])) + counts;
+    return theory;
+  }
   theory.formula = ring ? "theory (ring reduce-scatter of gradients + ring all-gather of "
                           "parameters, per bucket): every rank "
                           "sends 2(N-1)/N·4Ψ = " +
@@ -90,6 +107,38 @@ inline void all_gather_bucket(Communicator& comm, std::span<float> bucket, int64
     std::copy(shard.begin(), shard.end(), scratch.data());
     comm.all_gather(scratch.first(shard_size), bucket);
   }
+}
+
+/// The 16-bit reduce-scatter of padded bucket `bucket` (bf16/fp16 bits, --precision's dtype),
+/// ring only; returns this rank's shard, which then holds the sum over ranks:
+///  - reduce == dtype: chapter 04's 16-bit ring (RingAddHalf: each hop adds in fp32 and rounds
+///    once to 16 bits), 2 bytes per element on the wire; `scratch16` ≥ s;
+///  - reduce == fp32 (--reduce-dtype fp32): the bucket is widened (exactly) into `wide`, which
+///    holds it and then the ring's incoming chunk (≥ n + padding + s elements), reduce-scattered by
+///    the fp32 ring (4 bytes per element), and the shard's sum is rounded back into the 16-bit
+///    bucket once: DeepSpeed's communication_data_type = fp32, which casts the bucket to fp32 for
+///    the reduction and copies the result back.
+/// Errors: a scratch too small (ring_reduce_scatter_with).
+inline std::span<uint16_t> reduce_scatter_bucket16(Communicator& comm, std::span<uint16_t> bucket,
+                                                   int64_t shard_size, Dtype dtype, Dtype reduce,
+                                                   std::span<uint16_t> scratch16,
+                                                   std::span<float> wide) {
+  std::span<uint16_t> shard = bucket.subspan(comm.rank() * shard_size, shard_size);
+  if (reduce != Dtype::fp32) {
+    ring_reduce_scatter(comm, bucket, dtype, scratch16);  // chapter 04's 16-bit ring
+    return shard;
+  }
+  std::span<float> w = wide.first(bucket.size());
+  convert_to_float(dtype, bucket, w);
+  ring_reduce_scatter(comm, w, wide.subspan(bucket.size()));  // fp32 ring; scratch after w
+  convert_to_half(dtype, w.subspan(comm.rank() * shard_size, shard_size), shard);
+  return shard;
+}
+
+/// The 16-bit all-gather of padded bucket `bucket` from every rank's shard (chapter 04's ring;
+/// it copies, 2 bytes per element).
+inline void all_gather_bucket16(Communicator& comm, std::span<uint16_t> bucket) {
+  ring_all_gather(comm, bucket);
 }
 
 }  // namespace ringzero

@@ -14,26 +14,48 @@ namespace ringzero {
 
 /// Between steps: 4 per element of the padded parameters (Ψ + padding) and of the rank's
 /// gradient shard (Σ s), 8 per real element of its shard (AdamW); one entry per rank. During
-/// backward, the buckets in flight come on top (in_flight_peak_bytes()).
+/// backward, the buckets in flight come on top (in_flight_peak_bytes()). In 16 bits: 2, 2
+/// and 12 (fp32 master, exp_avg, exp_avg_sq).
 std::vector<int64_t> Zero2::model_states_bytes() const {
+  const StateBytes b = mixed_ ? kMixedPrecisionAdam : states_;
   std::vector<int64_t> bytes;
   for (int r = 0; r < comm_.world_size(); ++r)
-    bytes.push_back(4 * layout_.padded_total + 4 * layout_.shard_total +
-                    static_cast<int64_t>(states_.optimizer) * shard_real_of(layout_, r));
+    bytes.push_back(static_cast<int64_t>(b.param) * layout_.padded_total +
+                    static_cast<int64_t>(b.grad) * layout_.shard_total +
+                    static_cast<int64_t>(b.optimizer) * shard_real_of(layout_, r));
   return bytes;
 }
 
 /// With one micro-step per optimizer step: the largest two consecutive buckets (padded), or
 /// the only one.
 int64_t Zero2::in_flight_peak_bytes() const {
-  int64_t most = 4 * layout_.buckets[0].padded_size();
+  const int64_t g = mixed_ ? 2 : 4;  // bytes per gradient element
+  int64_t most = g * layout_.buckets[0].padded_size();
   for (size_t b = 1; b < layout_.buckets.size(); ++b)
     most = std::max(most,
-                    4 * (layout_.buckets[b - 1].padded_size() + layout_.buckets[b].padded_size()));
+                    g * (layout_.buckets[b - 1].padded_size() + layout_.buckets[b].padded_size()));
   return most;
 }
 
 std::string Zero2::ledger_formula() const {
+  if (mixed_) {  // 16 bits: kMixedPrecisionAdam's p = g = 2, K = 12
+    const StateBytes b = kMixedPrecisionAdam;
+    const ModelStateBytes f =
+        zero_model_state_bytes(2, static_cast<double>(psi_), comm_.world_size(), b);
+    std::string exact;
+    for (int64_t x : model_states_bytes()) exact += (exact.empty() ? "" : ", ") + std::to_string(x);
+    return "formula (ZeRO-2, " + std::string(dtype_name(mixed_->dtype())) +
+           " + AdamW with fp32 master weights): " + zero_formula_text(2, b) + " = " +
+           human_bytes(f.total()) + " per rank, + at most two 16-bit buckets in flight = " +
+           human_bytes(static_cast<double>(in_flight_peak_bytes())) +
+           " (DDP: " + full_copy_formula_text(b) + " = " +
+           human_bytes(b.per_param() * static_cast<double>(psi_)) + "); exactly, with padding " +
+           std::to_string(layout_.padding_total) +
+           ": 2(Ψ + padding) + 2·(shard) + 12·(real shard) = " + exact +
+           " B on ranks 0..N-1 between steps, + " + std::to_string(in_flight_peak_bytes()) +
+           " B in flight at the peak (K = 1); plus one layer's fp32 working copy and gradient "
+           "scratch (activations)";
+  }
   const ModelStateBytes f =
       zero_model_state_bytes(2, static_cast<double>(psi_), comm_.world_size(), states_);
   std::string exact;
@@ -52,6 +74,7 @@ std::string Zero2::ledger_formula() const {
 
 /// optimizer_state.hpp's gather_optimizer_state. Errors: --optimizer is not adamw.
 std::map<std::string, NamedTensor> Zero2::optimizer_state_dict() {
+  if (mixed_) return mixed_->optimizer_state_dict(comm_, model_, layout_);  // 16 bits
   return gather_optimizer_state(comm_, model_, layout_, optimizers_);
 }
 
@@ -60,14 +83,15 @@ int64_t Zero2::nonzero_padding() const {
   int64_t count = 0;
   for (const BucketShard& s : layout_.buckets) {
     for (int64_t i = s.padded_offset + s.size; i < s.padded_offset + s.padded_size(); ++i)
-      count += params_.span()[i] != 0.0f;
+      count += mixed_ ? params16_.span()[i] != 0 : params_.span()[i] != 0.0f;
     for (int64_t i = s.shard_offset + s.real; i < s.shard_offset + s.shard_size; ++i)
-      count += grad_shard_.span()[i] != 0.0f;
+      count += mixed_ ? grad_shard16_.span()[i] != 0 : grad_shard_.span()[i] != 0.0f;
   }
   return count;
 }
 
 TrainingState Zero2::training_state() {
+  RZ_CHECK(!mixed_, "checkpoints of a 16-bit run are not saved yet; use --precision fp32");
   TrainingState state;
   state.model = &model_;
   state.sharded = true;

@@ -3,7 +3,7 @@
 //
 // Provides: Zero2Training (the Zero2 engine, which owns this rank's optimizer shard), its Flags
 // (the bucket flags, --explain-buckets; --collectives and the memory calculator from
-// common/zero_lesson.hpp) and train_step().
+// common/zero_lesson.hpp) and train_step(), in fp32 or (--precision bf16|fp16) in 16 bits.
 // Leaves out: the buckets, shards and collectives (zero.hpp, shard.hpp, bucket_collectives.hpp).
 #pragma once
 
@@ -56,6 +56,9 @@ class Zero2Training : public Lesson {
                           : "";
   }
   bool reset_ledger_peaks() const override { return true; }
+  std::map<std::string, NamedTensor> model_state_dict(const Model& model) override {
+    return zero.mixed() ? zero.master_state_dict() : state_dict(model);  // 16 bits: the masters
+  }
   void start_trace(Tracer& tracer) override { trace_layers(tracer, model_); }
   std::string ledger_formula(int64_t) const override { return zero.ledger_formula(); }
   TrafficTheory traffic_theory() const override {
@@ -72,6 +75,7 @@ class Zero2Training : public Lesson {
                             zero.layout().padding_total, zero.traffic_theory());
     fields["buckets"] = zero.buckets().size();
     fields["in_flight_peak_bytes"] = zero.in_flight_peak_bytes();
+    if (zero.mixed()) fields.update(zero.mixed()->summary());  // precision, loss scale, skips
     return fields;
   }
   std::optional<std::map<std::string, NamedTensor>> saved_optimizer_state() override {
@@ -99,6 +103,9 @@ inline double train_step(Zero2Training& lesson, const Step& step) {
   Tracer::Span span(step.tracer, "step " + std::to_string(step.step), "step");
   Zero2& zero = lesson.zero;
   const int64_t K = step.config.grad_accum_steps;
+  // 16 bits: loss_scale/(N·K), pre-divided by N, so the 16-bit reduce-scatter sums the mean.
+  const float seed = zero.mixed() ? zero.mixed()->backward_seed(lesson.comm.world_size(), K)
+                                  : 1.0f / static_cast<float>(K);
   zero.zero_grad();
   double loss_sum = 0;
   for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
@@ -108,17 +115,22 @@ inline double train_step(Zero2Training& lesson, const Step& step) {
     Tape tape;
     Var loss = forward_loss(tape, step.model, batch);  // mean over this micro-batch
     loss_sum += loss->value[0];
-    tape.backward(loss, 1.0f / K);  // grads += dloss/K; full buckets start their reduce-scatter
+    tape.backward(loss, seed);  // grads += dloss/K; full buckets start their reduce-scatter
   }
   {
     Tracer::Span wait(step.tracer, "finalize_backward (wait for buckets)", "ddp");
     zero.finalize_backward();  // every bucket reduce-scattered: this rank's shard holds the mean
   }
-  const double loss_value = global_mean(lesson.comm, loss_sum / K);  // equal shares
+  const double loss_value = global_mean(lesson.comm, loss_sum / K);         // equal shares
+  if (zero.mixed()) zero.mixed()->check_first_loss(loss_value, step.step);  // fp16 overflow
   // Every rank stops together; the error names the rank(s) whose loss is not finite.
   check_finite_loss(lesson.comm, loss_sum / K, loss_value, step.step);
 
   Tracer::Span opt(step.tracer, "optimizer step + all_gather", "optimizer");
+  if (zero.mixed()) {  // 16 bits: overflow check (fp16), clipping, masters, 16-bit all-gather
+    zero.step_16_bits(step.config.clip_grad_norm);
+    return loss_value;
+  }
   if (step.config.clip_grad_norm > 0)
     zero.clip_grad_norm(step.config.clip_grad_norm);  // global norm over the shards
   zero.step();  // each rank updates its shard, then every rank gathers every shard
