@@ -27,10 +27,11 @@ class PrecisionCheck : public Extension {
   void validate(const RunState& s) override {
     const std::string& name = s.chapter.name;
     const bool wired = name == "01_training_loop" || name == "02_gradient_accumulation" ||
-                       name == "03_data_parallel" || name == "04_ring_allreduce";
+                       name == "03_data_parallel" || name == "04_ring_allreduce" ||
+                       name == "05_ddp_buckets";
     RZ_CHECK(s.config.precision == "fp32" || wired,
              "--precision " << s.config.precision << ": chapter " << name
-                            << " trains in fp32 only so far (16 bits: chapters 01-04); drop "
+                            << " trains in fp32 only so far (16 bits: chapters 01-05); drop "
                             << "--precision or use --precision fp32");
     // One process sums no gradients across ranks: only the --precision's own dtype is a no-op.
     RZ_CHECK(s.config.reduce_dtype.empty() || s.chapter.distributed ||
@@ -51,7 +52,7 @@ class PrecisionCheck : public Extension {
     RZ_CHECK(s.config.reduce_dtype.empty() || wired || s.config.reduce_dtype == "fp32",
              "--reduce-dtype " << s.config.reduce_dtype << ": chapter " << name
                                << " has no 16-bit gradient reduction yet (16 bits: chapters "
-                                  "01-04); drop --reduce-dtype");
+                                  "01-05); drop --reduce-dtype");
   }
 };
 
