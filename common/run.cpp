@@ -46,8 +46,10 @@ class PrecisionCheck : public Extension {
              "--reduce-dtype " << s.config.reduce_dtype << " with --precision "
                                << s.config.precision
                                << ": gradients are summed in the parameters' dtype or in fp32; "
-                                  "use --reduce-dtype "
-                               << s.config.precision << " or fp32");
+                               << (s.config.precision == "fp32"
+                                       ? "drop --reduce-dtype, or add --precision " +
+                                             s.config.reduce_dtype
+                                       : "use --reduce-dtype " + s.config.precision + " or fp32"));
     // fp32 is what the chapters not yet wired reduce in: asking for it is accepted.
     RZ_CHECK(s.config.reduce_dtype.empty() || wired || s.config.reduce_dtype == "fp32",
              "--reduce-dtype " << s.config.reduce_dtype << ": chapter " << name

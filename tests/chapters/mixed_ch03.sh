@@ -19,7 +19,7 @@
 #    bits: rank 0 receives (N-1)·Ψ·4 and sends (N-1)·Ψ·2, the others send Ψ·4, receive Ψ·2;
 #  - --reduce-dtype fp32 (an fp32 sum of the same 16-bit gradients: other roundings) is held to
 #    AdamW's bound against the 16-bit sum (compare_runs --adam-bound, as the fp32 chain's links
-#    that change the summation order).
+#    that change the summation order); any other --reduce-dtype is refused, naming the fix.
 source "$(dirname "$0")/lib.bash"
 common=(--model mlp --global-batch-size 48 --max-steps 20 --epochs 2 --eval-every-epoch 0 --seed 3)
 run fp32_np3 3 ch03_data_parallel "${common[@]}"
@@ -79,4 +79,11 @@ for name in ("f16_ch02_k3", "f16_ch03_np3"):
     assert s["precision"] == "fp16" and s["skipped_steps"] == 2 and s["loss_scale"] == 16384.0, s
 print("ok fp16: 2 skipped steps, scale 2^16 -> 2^14, in 02 (K = 3) and 03 (N = 3) alike")
 PY
+# --reduce-dtype is fp32 or the --precision's: the others stop every rank, naming the fix.
+fails reduce_fp32_params 2 ch03_data_parallel \
+  "--reduce-dtype bf16 with --precision fp32: .* drop --reduce-dtype, or add --precision bf16" \
+  "${common[@]}" --reduce-dtype bf16
+fails reduce_other_16 2 ch03_data_parallel \
+  "--reduce-dtype fp16 with --precision bf16: .* use --reduce-dtype bf16 or fp32" \
+  "${common[@]}" --precision bf16 --reduce-dtype fp16
 echo "mixed precision, chapter 03: all checks passed"
