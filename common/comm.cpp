@@ -104,23 +104,44 @@ Communicator::Counters Communicator::training_traffic() const {
 }
 
 void Communicator::send(std::span<const float> buf, int dest) {
-  Counters& c = counter("send");
-  if (scope_.empty()) c.calls += 1;
-  for (auto [off, n] : split_count(static_cast<int64_t>(buf.size()))) {
-    MPI_CALL(MPI_Send(buf.data() + off, static_cast<int>(n), MPI_FLOAT, dest, 0, MPI_COMM_WORLD));
-    c.messages_sent += 1;
-    c.bytes_sent += n * 4;
-  }
+  send_raw(buf.data(), static_cast<int64_t>(buf.size()), dest, /*elem_bytes=*/4);
+}
+
+void Communicator::send(std::span<const uint16_t> buf, int dest) {
+  send_raw(buf.data(), static_cast<int64_t>(buf.size()), dest, /*elem_bytes=*/2);
 }
 
 void Communicator::recv(std::span<float> buf, int src) {
+  recv_raw(buf.data(), static_cast<int64_t>(buf.size()), src, /*elem_bytes=*/4);
+}
+
+void Communicator::recv(std::span<uint16_t> buf, int src) {
+  recv_raw(buf.data(), static_cast<int64_t>(buf.size()), src, /*elem_bytes=*/2);
+}
+
+void Communicator::send_raw(const void* data, int64_t size, int dest, int elem_bytes) {
+  const MPI_Datatype type = elem_bytes == 4 ? MPI_FLOAT : MPI_UINT16_T;
+  const auto* bytes = static_cast<const char*>(data);
+  Counters& c = counter("send");
+  if (scope_.empty()) c.calls += 1;
+  for (auto [off, n] : split_count(size)) {
+    MPI_CALL(
+        MPI_Send(bytes + off * elem_bytes, static_cast<int>(n), type, dest, 0, MPI_COMM_WORLD));
+    c.messages_sent += 1;
+    c.bytes_sent += n * elem_bytes;
+  }
+}
+
+void Communicator::recv_raw(void* data, int64_t size, int src, int elem_bytes) {
+  const MPI_Datatype type = elem_bytes == 4 ? MPI_FLOAT : MPI_UINT16_T;
+  auto* bytes = static_cast<char*>(data);
   Counters& c = counter("recv");
   if (scope_.empty()) c.calls += 1;
-  for (auto [off, n] : split_count(static_cast<int64_t>(buf.size()))) {
-    MPI_CALL(MPI_Recv(buf.data() + off, static_cast<int>(n), MPI_FLOAT, src, 0, MPI_COMM_WORLD,
+  for (auto [off, n] : split_count(size)) {
+    MPI_CALL(MPI_Recv(bytes + off * elem_bytes, static_cast<int>(n), type, src, 0, MPI_COMM_WORLD,
                       MPI_STATUS_IGNORE));
     c.messages_received += 1;
-    c.bytes_received += n * 4;
+    c.bytes_received += n * elem_bytes;
   }
 }
 

@@ -14,7 +14,7 @@
 // Metrics traffic (loss and accuracy sums, reports) is counted under "metrics" so that
 // per-step gradient traffic can be compared with theory exactly.
 // Leaves out: communicators other than MPI_COMM_WORLD, dtypes other than float32/float64
-// (and 16-bit values in sendrecv).
+// (and 16-bit values in send, recv and sendrecv).
 #pragma once
 
 #include <climits>
@@ -52,6 +52,9 @@ class Communicator {
 
   void send(std::span<const float> buf, int dest);
   void recv(std::span<float> buf, int src);
+  /// The same for 16-bit values (bf16 or fp16 bits; MPI_UINT16_T, counted at 2 bytes each).
+  void send(std::span<const uint16_t> buf, int dest);
+  void recv(std::span<uint16_t> buf, int src);
   /// Sends to dest and receives from src at once (no deadlock in a ring).
   void sendrecv(std::span<const float> send_buf, int dest, std::span<float> recv_buf, int src);
   /// The same for 16-bit values (bf16 or fp16 bits; MPI_UINT16_T, counted at 2 bytes each).
@@ -115,6 +118,8 @@ class Communicator {
 
  private:
   Counters& counter(const char* op);
+  void send_raw(const void* data, int64_t n, int dest, int elem_bytes);
+  void recv_raw(void* data, int64_t n, int src, int elem_bytes);
   void sendrecv_raw(const void* send_data, int64_t send_n, int dest, void* recv_data,
                     int64_t recv_n, int src, int elem_bytes);
   int rank_ = 0, world_size_ = 1, local_rank_ = 0;

@@ -183,12 +183,12 @@ MasterWeights::MasterWeights(Dtype dtype, std::span<const float> initial,
   std::copy(initial.begin(), initial.end(), master_.data());
 }
 
-void MasterWeights::step(std::span<uint16_t> params16, std::span<const uint16_t> grads16,
-                         float grad_factor) {
-  RZ_CHECK(
-      params16.size() == grads16.size() && static_cast<int64_t>(params16.size()) == master_.size(),
-      "MasterWeights::step: " << params16.size() << " params, " << grads16.size()
-                              << " grads, state for " << master_.size());
+template <class Load>
+void MasterWeights::step_with(std::span<uint16_t> params16, int64_t n_grads, float grad_factor,
+                              Load load) {
+  RZ_CHECK(static_cast<int64_t>(params16.size()) == n_grads && n_grads == master_.size(),
+           "MasterWeights::step: " << params16.size() << " params, " << n_grads
+                                   << " grads, state for " << master_.size());
   const AdamWOptions& o = options_;
   float* p = master_.data();
   float* m = exp_avg_.data();
@@ -207,7 +207,7 @@ void MasterWeights::step(std::span<uint16_t> params16, std::span<const uint16_t>
     const float decay = 1.0f - o.lr * o.weight_decay;
     for (int64_t b = begin, end = begin + sizes_[s]; b < end; b += kBlock) {
       const auto n = static_cast<size_t>(std::min<int64_t>(kBlock, end - b));
-      convert_to_float(dtype_, grads16.subspan(static_cast<size_t>(b), n), {g, n});
+      load(static_cast<size_t>(b), n, g);
       if (grad_factor != 1.0f)
         for (size_t j = 0; j < n; ++j) g[j] *= grad_factor;
       for (size_t j = 0; j < n; ++j) {
@@ -224,12 +224,41 @@ void MasterWeights::step(std::span<uint16_t> params16, std::span<const uint16_t>
   }
 }
 
+void MasterWeights::step(std::span<uint16_t> params16, std::span<const uint16_t> grads16,
+                         float grad_factor) {
+  step_with(params16, static_cast<int64_t>(grads16.size()), grad_factor,
+            [&](size_t b, size_t n, float* g) {
+              convert_to_float(dtype_, grads16.subspan(b, n), {g, n});
+            });
+}
+
+void MasterWeights::step(std::span<uint16_t> params16, std::span<const float> grads32,
+                         float grad_factor) {
+  step_with(params16, static_cast<int64_t>(grads32.size()), grad_factor,
+            [&](size_t b, size_t n, float* g) { std::copy_n(grads32.data() + b, n, g); });
+}
+
 bool has_non_finite(Dtype dtype, std::span<const uint16_t> values) {
   RZ_CHECK(dtype != Dtype::fp32, "has_non_finite: dtype fp32 has no 16-bit form");
   const uint16_t exp_mask = dtype == Dtype::bf16 ? 0x7f80u : 0x7c00u;
   bool any = false;
   for (uint16_t h : values) any |= (h & exp_mask) == exp_mask;
   return any;
+}
+
+bool has_non_finite(std::span<const float> values) {
+  bool any = false;
+  for (float x : values) any |= !std::isfinite(x);
+  return any;
+}
+
+double sum_of_squares(std::span<const float> grads, float factor) {
+  double s = 0.0;
+  for (float g : grads) {
+    const double x = static_cast<double>(g * factor);
+    s += x * x;
+  }
+  return s;
 }
 
 double sum_of_squares_half(Dtype dtype, std::span<const uint16_t> grads, float factor) {
@@ -293,36 +322,84 @@ AdamWOptions adamw_options(const TrainConfig& config) {
   return o;
 }
 
+Dtype reduce_dtype_of(const TrainConfig& config) {
+  const Dtype precision = parse_dtype(config.precision, "--precision");
+  if (config.reduce_dtype.empty()) return precision;
+  const Dtype d = parse_dtype(config.reduce_dtype, "--reduce-dtype");
+  RZ_CHECK(d == precision || d == Dtype::fp32,
+           "--reduce-dtype " << config.reduce_dtype << " with --precision " << config.precision
+                             << ": gradients are summed in the parameters' dtype or in fp32; use "
+                             << "--reduce-dtype " << config.precision << " or fp32");
+  return d;
+}
+
 }  // namespace
 
-MixedPrecision::MixedPrecision(Model& model, const TrainConfig& config)
-    : master_(precision_dtype(config), model.params_memory.span(), parameter_sizes(model),
-              adamw_options(config)),
-      storage_(model, precision_dtype(config)) {
+MixedPrecision::MixedPrecision(Model& model, const TrainConfig& config, bool master_weights)
+    : master_(master_weights
+                  ? std::optional<MasterWeights>(std::in_place, precision_dtype(config),
+                                                 model.params_memory.span(), parameter_sizes(model),
+                                                 adamw_options(config))
+                  : std::nullopt),
+      storage_(model, precision_dtype(config)),
+      reduce_dtype_(reduce_dtype_of(config)) {
   if (dtype() == Dtype::fp16) scaler_.emplace();
 }
 
-bool MixedPrecision::step(float clip_grad_norm, Communicator* comm) {
-  const Dtype d = dtype();
+const MasterWeights& MixedPrecision::master() const {
+  RZ_CHECK(master_, "MixedPrecision: this rank holds no master weights (chapter 03: rank 0 only)");
+  return *master_;
+}
+
+bool MixedPrecision::found_inf(std::span<const float> grads32) const {
+  if (!scaler_) return false;
+  return grads32.empty() ? has_non_finite(dtype(), storage_.grads16.span())
+                         : has_non_finite(grads32);
+}
+
+bool MixedPrecision::update_scale(bool found_inf, Communicator* comm) {
+  if (!scaler_) return true;
+  if (comm != nullptr) found_inf = found_inf_on_any_rank(*comm, found_inf);
+  return scaler_->update(found_inf);  // false: skipped, Adam's step count stays
+}
+
+void MixedPrecision::step_master(float clip_grad_norm, std::span<const float> grads32) {
+  RZ_CHECK(master_, "MixedPrecision::step_master: this rank holds no master weights");
   float factor = scaler_ ? scaler_->inv_scale() : 1.0f;
-  if (scaler_) {
-    bool found_inf = has_non_finite(d, storage_.grads16.span());
-    if (comm != nullptr) found_inf = found_inf_on_any_rank(*comm, found_inf);
-    if (!scaler_->update(found_inf)) return false;  // skipped: Adam's step count stays
-  }
   if (clip_grad_norm > 0) {
-    const double norm = std::sqrt(sum_of_squares_half(d, storage_.grads16.span(), factor));
-    factor *= clip_coefficient(norm, clip_grad_norm);
+    const double sum = grads32.empty()
+                           ? sum_of_squares_half(dtype(), storage_.grads16.span(), factor)
+                           : sum_of_squares(grads32, factor);
+    factor *= clip_coefficient(std::sqrt(sum), clip_grad_norm);
   }
-  master_.step(storage_.params16.span(), storage_.grads16.span(), factor);
+  if (grads32.empty())
+    master_->step(storage_.params16.span(), storage_.grads16.span(), factor);
+  else
+    master_->step(storage_.params16.span(), grads32, factor);
+}
+
+bool MixedPrecision::step(float clip_grad_norm, Communicator* comm,
+                          std::span<const float> grads32) {
+  if (!update_scale(found_inf(grads32), comm)) return false;
+  step_master(clip_grad_norm, grads32);
   return true;
+}
+
+void MixedPrecision::check_first_loss(double loss, int64_t step) const {
+  // At step 1 no update has happened yet: a non-finite loss is the forward overflowing the
+  // 16-bit range (fp16's largest value is 65504), not a divergence that --lr could cure.
+  RZ_CHECK(std::isfinite(loss) || step > 1 || dtype() != Dtype::fp16,
+           "loss is " << loss << " at step 1, before any update: the forward pass "
+                      << "overflowed fp16's range (largest value 65504), e.g. with large "
+                      << "--init-from weights. Use --precision bf16 (fp32's range) or fp32, "
+                      << "or smaller initial weights");
 }
 
 std::map<std::string, NamedTensor> MixedPrecision::master_state_dict(const Model& model) const {
   std::map<std::string, NamedTensor> out;
   const auto& params = model.parameters();
   for (size_t i = 0; i < params.size(); ++i) {
-    const auto begin = master_.master().begin() + model.offsets()[i];
+    const auto begin = master().master().begin() + model.offsets()[i];
     out[params[i]->name()] = {params[i]->shape(), {begin, begin + params[i]->numel()}};
   }
   return out;
@@ -344,9 +421,10 @@ std::string MixedPrecision::ledger_formula(Dtype dtype, int64_t psi) {
          "; plus one layer's fp32 working copy and gradient scratch (activations)";
 }
 
-std::unique_ptr<MixedPrecision> make_mixed_precision(Model& model, const TrainConfig& config) {
+std::unique_ptr<MixedPrecision> make_mixed_precision(Model& model, const TrainConfig& config,
+                                                     bool master_weights) {
   if (config.precision == "fp32") return nullptr;
-  return std::make_unique<MixedPrecision>(model, config);
+  return std::make_unique<MixedPrecision>(model, config, master_weights);
 }
 
 }  // namespace ringzero

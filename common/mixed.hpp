@@ -121,6 +121,9 @@ class MasterWeights {
   /// AdamW::step's update of master[i] and the moments, then params16[i] = to_16(master[i]).
   /// Each segment's step count advances by one. Errors: sizes differ from the state's.
   void step(std::span<uint16_t> params16, std::span<const uint16_t> grads16, float grad_factor);
+  /// The same update from fp32 gradients (grads32[i] * grad_factor): gradients summed across
+  /// ranks in fp32 (--reduce-dtype fp32, FSDP's reduce_dtype=float32). Errors: as above.
+  void step(std::span<uint16_t> params16, std::span<const float> grads32, float grad_factor);
 
   std::span<const float> master() const { return master_.span(); }
   std::span<const float> exp_avg() const { return exp_avg_.span(); }
@@ -129,6 +132,9 @@ class MasterWeights {
   Dtype dtype() const { return dtype_; }
 
  private:
+  // The update, with load(begin, n, g) filling g[0, n) with the fp32 gradients of [begin, +n).
+  template <class Load>
+  void step_with(std::span<uint16_t> params16, int64_t n_grads, float grad_factor, Load load);
   Dtype dtype_;
   std::vector<int64_t> sizes_, steps_;
   AdamWOptions options_;
@@ -137,8 +143,12 @@ class MasterWeights {
 
 /// Whether any element is ±inf or NaN (a 16-bit exponent of all ones).
 bool has_non_finite(Dtype dtype, std::span<const uint16_t> values);
+/// Whether any float32 element is ±inf or NaN.
+bool has_non_finite(std::span<const float> values);
 /// Σ (to_fp32(g) * factor)², accumulated in float64 (global-norm clipping of 16-bit grads).
 double sum_of_squares_half(Dtype dtype, std::span<const uint16_t> grads, float factor);
+/// Σ (g * factor)² over float32 gradients, accumulated in float64.
+double sum_of_squares(std::span<const float> grads, float factor);
 
 /// local on any rank -> true on every rank (one MPI_Allreduce of one double, counted as
 /// "metrics": it is a control message, not gradient traffic).
@@ -175,25 +185,50 @@ class GradScaler {
   int64_t growth_tracker_ = 0, skipped_ = 0;
 };
 
-/// --precision bf16|fp16 for a model every rank holds whole (chapters 01-02): HalfStorage,
+/// --precision bf16|fp16 for a model every rank holds whole (chapters 01-05): HalfStorage,
 /// MasterWeights over every parameter, and (fp16) a GradScaler. A train_step in 16 bits is
 ///   zero_grad(); forward; tape.backward(loss, seed * loss_scale()); step(clip, comm);
-/// Memory: 2Ψ + 2Ψ + 12Ψ = 16Ψ model states, plus HalfStorage's one-layer working copy.
+/// Data parallel (chapters 03-05) pre-divides: seed = 1/(N·K), so the sum over ranks of the
+/// 16-bit gradients is their mean and cannot overflow by a factor N (PyTorch's DDP Reducer
+/// multiplies each gradient by 1/world_size as it copies it into the bucket, before the
+/// all-reduce: reducer.cpp, copy_grad_to_bucket / mark_variable_ready_dense).
+/// Memory: 2Ψ + 2Ψ + 12Ψ = 16Ψ model states, plus HalfStorage's one-layer working copy; a rank
+/// built without master weights (chapter 03's ranks 1..N-1) holds 2Ψ + 2Ψ.
 class MixedPrecision {
  public:
-  /// Reads the model's fp32 parameters into the master weights, then moves the model to 16
-  /// bits (its fp32 buffers are freed). Errors: --precision fp32, --optimizer other than adamw.
-  MixedPrecision(Model& model, const TrainConfig& config);
+  /// Reads the model's fp32 parameters into the master weights (when master_weights), then
+  /// moves the model to 16 bits (its fp32 buffers are freed). Errors: --precision fp32,
+  /// --optimizer other than adamw, a --reduce-dtype that is neither fp32 nor the precision's.
+  MixedPrecision(Model& model, const TrainConfig& config, bool master_weights = true);
 
   Dtype dtype() const { return storage_.dtype(); }
+  /// The dtype gradients are summed in across ranks: --reduce-dtype, default the precision's.
+  Dtype reduce_dtype() const { return reduce_dtype_; }
+  bool has_master_weights() const { return master_.has_value(); }
   void zero_grad() { storage_.zero_grad(); }
   /// What backward's seed is multiplied by: the GradScaler's scale in fp16, 1 in bf16.
   float loss_scale() const { return scaler_ ? scaler_->scale() : 1.0f; }
   /// After backward: in fp16, decides overflow over every rank (comm may be null on one
   /// process) and skips the step on overflow; clips the unscaled gradients' global norm to
   /// clip_grad_norm (0: off) as clip_grad_norm_ does; updates the master weights and the
-  /// 16-bit parameters. Returns whether the optimizer stepped.
-  bool step(float clip_grad_norm, Communicator* comm);
+  /// 16-bit parameters. The gradients are grads16, or grads32 when given (summed in fp32,
+  /// --reduce-dtype fp32; Ψ elements). Returns whether the optimizer stepped. Equals
+  ///   update_scale(found_inf(grads32), comm) && (step_master(clip, grads32), true).
+  bool step(float clip_grad_norm, Communicator* comm, std::span<const float> grads32 = {});
+  /// fp16: whether the gradients the optimizer reads (grads16, or grads32 when given) hold an
+  /// inf or NaN. bf16: false (no loss scale; a non-finite loss stops the run instead).
+  bool found_inf(std::span<const float> grads32 = {}) const;
+  /// fp16: the GradScaler's update with found_inf OR-ed over every rank (comm non-null: one
+  /// all-reduce of a flag, counted as metrics; every rank must call it), so every rank keeps
+  /// the same scale and skips the same steps. Returns whether to step. bf16: true, no message.
+  bool update_scale(bool found_inf, Communicator* comm);
+  /// The master weights' update (clipping as in step) without the overflow decision, for a
+  /// rank that decided with update_scale (chapter 03's rank 0). Errors: no master weights.
+  void step_master(float clip_grad_norm, std::span<const float> grads32 = {});
+  /// fp16: a non-finite loss at step 1 is the forward overflowing fp16's range (no update has
+  /// happened yet), not a divergence: stops with a message naming the fix. Call on every rank
+  /// with the same loss (the global mean) so every rank stops.
+  void check_first_loss(double loss, int64_t step) const;
   /// The fp32 master weights under the model's state_dict() names (for --save-final).
   std::map<std::string, NamedTensor> master_state_dict(const Model& model) const;
   /// "precision", and in fp16 "loss_scale" and "skipped_steps", for the summary record.
@@ -202,15 +237,18 @@ class MixedPrecision {
   static std::string ledger_formula(Dtype dtype, int64_t psi);
 
   HalfStorage& storage() { return storage_; }
-  const MasterWeights& master() const { return master_; }
+  /// Errors: this rank holds no master weights.
+  const MasterWeights& master() const;
 
  private:
-  MasterWeights master_;  // constructed first: it reads the fp32 parameters HalfStorage frees
+  std::optional<MasterWeights> master_;  // first: it reads the fp32 parameters HalfStorage frees
   HalfStorage storage_;
+  Dtype reduce_dtype_;
   std::optional<GradScaler> scaler_;
 };
 
 /// A MixedPrecision when config.precision is bf16 or fp16, else null (fp32: nothing changes).
-std::unique_ptr<MixedPrecision> make_mixed_precision(Model& model, const TrainConfig& config);
+std::unique_ptr<MixedPrecision> make_mixed_precision(Model& model, const TrainConfig& config,
+                                                     bool master_weights = true);
 
 }  // namespace ringzero

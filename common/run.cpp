@@ -25,26 +25,36 @@ namespace {
 class PrecisionCheck : public Extension {
  public:
   void validate(const RunState& s) override {
-    const bool zero_wired = s.chapter.name == "06_zero1" || s.chapter.name == "07_zero2";
-    const bool wired = s.chapter.name == "01_training_loop" ||
-                       s.chapter.name == "02_gradient_accumulation" || zero_wired;
+    const std::string& name = s.chapter.name;
+    const bool wired = name == "01_training_loop" || name == "02_gradient_accumulation" ||
+                       name == "03_data_parallel" || name == "04_ring_allreduce" ||
+                       name == "05_ddp_buckets" || name == "06_zero1" || name == "07_zero2";
     RZ_CHECK(s.config.precision == "fp32" || wired,
-             "--precision " << s.config.precision << ": chapter " << s.chapter.name
-                            << " trains in fp32 only so far (16 bits: chapters 01-02, 06-07); drop "
+             "--precision " << s.config.precision << ": chapter " << name
+                            << " trains in fp32 only so far (16 bits: chapters 01-07); drop "
                             << "--precision or use --precision fp32");
     // One process sums no gradients across ranks: only the --precision's own dtype is a no-op.
     RZ_CHECK(s.config.reduce_dtype.empty() || s.chapter.distributed ||
                  s.config.reduce_dtype == s.config.precision,
-             "--reduce-dtype " << s.config.reduce_dtype << ": chapter " << s.chapter.name
+             "--reduce-dtype " << s.config.reduce_dtype << ": chapter " << name
                                << " runs on one process and reduces no gradients across ranks; "
                                   "drop --reduce-dtype");
-    // Chapters 06-07 in 16 bits sum in the parameters' dtype or in fp32 (ShardedMixedPrecision
-    // checks which); fp32 is what the other distributed chapters reduce in.
-    RZ_CHECK(s.config.reduce_dtype.empty() || !s.chapter.distributed ||
-                 s.config.reduce_dtype == "fp32" || (zero_wired && s.config.precision != "fp32"),
-             "--reduce-dtype " << s.config.reduce_dtype << ": chapter " << s.chapter.name
-                               << " has no 16-bit gradient reduction yet (the 16-bit ring is "
-                               << "chapters/04_ring_allreduce/ring.hpp); drop --reduce-dtype");
+    // Wired chapters sum in the parameters' dtype or in fp32 (16-bit sums of fp32 parameters,
+    // or fp16 sums of bf16 ones, are not offered).
+    RZ_CHECK(s.config.reduce_dtype.empty() || !wired || s.config.reduce_dtype == "fp32" ||
+                 s.config.reduce_dtype == s.config.precision,
+             "--reduce-dtype " << s.config.reduce_dtype << " with --precision "
+                               << s.config.precision
+                               << ": gradients are summed in the parameters' dtype or in fp32; "
+                               << (s.config.precision == "fp32"
+                                       ? "drop --reduce-dtype, or add --precision " +
+                                             s.config.reduce_dtype
+                                       : "use --reduce-dtype " + s.config.precision + " or fp32"));
+    // fp32 is what the chapters not yet wired reduce in: asking for it is accepted.
+    RZ_CHECK(s.config.reduce_dtype.empty() || wired || s.config.reduce_dtype == "fp32",
+             "--reduce-dtype " << s.config.reduce_dtype << ": chapter " << name
+                               << " has no 16-bit gradient reduction yet (16 bits: chapters "
+                                  "01-07); drop --reduce-dtype");
   }
 };
 

@@ -65,13 +65,7 @@ inline double train_step_mixed(MixedPrecision& mixed, const Step& step, float se
     tape.backward(loss, seed * mixed.loss_scale());
   }
   const double loss_value = loss_sum / static_cast<double>(K);
-  // At step 1 no update has happened yet: a non-finite loss is the forward overflowing the
-  // 16-bit range (fp16's largest value is 65504), not a divergence that --lr could cure.
-  RZ_CHECK(std::isfinite(loss_value) || step.step > 1 || mixed.dtype() != Dtype::fp16,
-           "loss is " << loss_value << " at step 1, before any update: the forward pass "
-                      << "overflowed fp16's range (largest value 65504), e.g. with large "
-                      << "--init-from weights. Use --precision bf16 (fp32's range) or fp32, "
-                      << "or smaller initial weights");
+  mixed.check_first_loss(loss_value, step.step);  // fp16: the forward overflowed at step 1?
   check_finite_loss(loss_value, step.step);
   mixed.step(step.config.clip_grad_norm, nullptr);
   return loss_value;

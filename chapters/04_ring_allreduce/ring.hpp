@@ -199,8 +199,10 @@ inline void ring_all_reduce(Communicator& comm, std::span<uint16_t> buf, Dtype d
 
 /// Bytes each rank moves per optimizer step when every parameter (sizes, in elements) is
 /// all-reduced on its own, for the end-of-run table: per parameter and phase, every chunk but
-/// one; 2(N − 1)/N·Ψ·4 in all when the sizes divide by N, whatever N.
-inline TrafficTheory ring_all_reduce_traffic(const std::vector<int64_t>& sizes, int world_size) {
+/// one; 2(N − 1)/N·Ψ·b in all when the sizes divide by N, whatever N, with b = element_bytes:
+/// 4 for an fp32 ring, 2 for a 16-bit one (--reduce-dtype bf16|fp16).
+inline TrafficTheory ring_all_reduce_traffic(const std::vector<int64_t>& sizes, int world_size,
+                                             int element_bytes = 4) {
   TrafficTheory theory;
   int64_t psi = 0;
   for (int64_t n : sizes) psi += n;
@@ -211,12 +213,13 @@ inline TrafficTheory ring_all_reduce_traffic(const std::vector<int64_t>& sizes, 
       received += ring_reduce_scatter_received(n, world_size, r) +
                   ring_all_gather_received(n, world_size, r);
     }
-    theory.bytes_sent.push_back(4 * sent);
-    theory.bytes_received.push_back(4 * received);
+    theory.bytes_sent.push_back(element_bytes * sent);
+    theory.bytes_received.push_back(element_bytes * received);
   }
+  const std::string b = std::to_string(element_bytes);
   theory.formula =
-      "theory (ring all-reduce): every rank sends and receives 2(N-1)/N·Ψ·4 = " +
-      human_bytes(2.0 * (world_size - 1) / world_size * psi * 4) +
+      "theory (ring all-reduce): every rank sends and receives 2(N-1)/N·Ψ·" + b + " = " +
+      human_bytes(2.0 * (world_size - 1) / world_size * psi * element_bytes) +
       " per step, independent of N (exactly: per parameter, every chunk but one, twice); N = " +
       std::to_string(world_size) + ", Ψ = " + std::to_string(psi);
   return theory;

@@ -3,6 +3,9 @@
 //
 // Provides: DDPTraining (the replicated optimizer and the DDP wrapper), its Flags and
 // train_step().
+// In 16 bits (--precision bf16|fp16): `mixed` holds the 16-bit model and every rank's fp32
+// master weights, built before the DDP so that its gradient hooks run first; the buckets are
+// ranges of the 16-bit gradients (ddp.hpp), pre-divided by N in the backward seed.
 // Leaves out: the bucket plan (buckets.hpp) and the hooks and communication thread (ddp.hpp).
 #pragma once
 
@@ -14,6 +17,7 @@
 #include "common/dist_eval.hpp"
 #include "common/lesson.hpp"
 #include "common/metrics.hpp"
+#include "common/mixed.hpp"
 #include "common/run.hpp"
 #include "common/train.hpp"
 
@@ -40,8 +44,9 @@ class DDPTraining : public Lesson {
   /// Builds the optimizer, plans the buckets and checks every rank has the same plan.
   DDPTraining(SetUp& s, const Flags& flags)
       : comm(*s.comm),
-        optimizer(s.config, parameter_sizes(s.model)),  // every rank: replicated optimizer state
-        ddp(*s.comm, s.model, with_tracer(flags.ddp, s.tracer)),
+        mixed(make_mixed_precision(s.model, s.config)),  // 16 bits: before the DDP's hooks
+        optimizer(s.config, mixed ? std::vector<int64_t>{} : parameter_sizes(s.model)),
+        ddp(*s.comm, s.model, with_tracer(flags.ddp, s.tracer), mixed.get()),
         model_(s.model),
         explain_(flags.explain),
         states_(fp32_state_bytes(s.config.optimizer, s.config.momentum)) {}
@@ -53,6 +58,7 @@ class DDPTraining : public Lesson {
   std::string explanation() const override { return explain_ ? ddp.explain() : ""; }
   void start_trace(Tracer& tracer) override { trace_layers(tracer, model_); }
   std::string ledger_formula(int64_t psi) const override {
+    if (mixed) return ledger_formula_mixed(psi);
     return "formula (" + std::string(states_.name) +
            ", every rank): " + full_copy_formula_text(states_) + " = " +
            human_bytes(states_.per_param() * static_cast<double>(psi)) +
@@ -65,7 +71,9 @@ class DDPTraining : public Lesson {
       return {std::vector<int64_t>(N, 4 * psi), std::vector<int64_t>(N, 4 * psi),
               "MPI_Allreduce: the counters show the Ψ·4 = " + human_bytes(4.0 * psi) +
                   " handed to MPI per step"};
-    TrafficTheory theory = ring_all_reduce_traffic(bucket_sizes(ddp.buckets()), N);  // ch. 04's
+    const int element_bytes = mixed && mixed->reduce_dtype() != Dtype::fp32 ? 2 : 4;
+    TrafficTheory theory =
+        ring_all_reduce_traffic(bucket_sizes(ddp.buckets()), N, element_bytes);  // ch. 04's
     theory.formula += "; counted per bucket here: " + std::to_string(ddp.buckets().size()) +
                       " all-reduces instead of " + std::to_string(model_.parameters().size()) +
                       ", the same bytes";
@@ -74,18 +82,36 @@ class DDPTraining : public Lesson {
   /// Every bucket's all-reduce runs on the communication thread while backward goes on.
   CommSchedule comm_schedule() const override { return {Overlap::backward, {}}; }
   nlohmann::json summary_fields() const override {
-    return {{"collectives", collectives_name(ddp.options().collectives)},
-            {"buckets", ddp.buckets().size()}};
+    nlohmann::json j{{"collectives", collectives_name(ddp.options().collectives)},
+                     {"buckets", ddp.buckets().size()}};
+    if (mixed) j.update(mixed->summary());
+    return j;
+  }
+  // In 16 bits the fp32 model existed during set-up only; the peaks start after it.
+  bool reset_ledger_peaks() const override { return mixed != nullptr; }
+  std::map<std::string, NamedTensor> model_state_dict(const Model& model) override {
+    return mixed ? mixed->master_state_dict(model) : state_dict(model);
   }
 
   Communicator& comm;
   TrainingState training_state(Model& model) override {
     return replicated_state(model, &optimizer, "");
   }
-  Optimizer optimizer;
+  std::unique_ptr<MixedPrecision> mixed;  ///< null in fp32; first, before the DDP's hooks
+  Optimizer optimizer;                    ///< fp32 (no state in 16 bits: `mixed` steps)
   DDP ddp;
 
  private:
+  std::string ledger_formula_mixed(int64_t psi) const {
+    const bool half = mixed->reduce_dtype() != Dtype::fp32;
+    return "formula (" + std::string(dtype_name(mixed->dtype())) +
+           " + AdamW with fp32 master weights, every rank): 2Ψ + 2Ψ + 12Ψ = 16Ψ = " +
+           human_bytes(16.0 * psi) + "; comm_buffers: " +
+           (half ? "one 16-bit chunk of the largest bucket"
+                 : "the gradient widened to fp32, 4Ψ, and one fp32 chunk of the largest "
+                   "bucket") +
+           "; activations: one layer's fp32 working copy and gradient scratch";
+  }
   static DDP::Options with_tracer(DDP::Options o, Tracer& tracer) {
     o.tracer = &tracer;
     return o;
@@ -95,11 +121,47 @@ class DDPTraining : public Lesson {
   StateBytes states_;  // bytes per parameter in fp32: p, g and --optimizer's state
 };
 
+/// train_step in 16 bits: the same buckets on the 16-bit gradients and the same step on every
+/// rank's master weights. Backward's seed is loss_scale/(N·K): each rank's gradient is already
+/// divided by N (pre-divided, as PyTorch's DDP divides before its all-reduce), so the 16-bit
+/// sum is the mean, nothing is divided after it, and the sum cannot overflow by a factor N.
+inline double train_step_mixed(DDPTraining& lesson, const Step& step) {
+  Tracer::Span span(step.tracer, "step " + std::to_string(step.step), "step");
+  MixedPrecision& mixed = *lesson.mixed;
+  const int64_t K = step.config.grad_accum_steps;
+  const int N = lesson.comm.world_size();
+  mixed.zero_grad();
+  double loss_sum = 0;
+  for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
+    Batch batch = step.micro_batch(micro_step);  // (B/(N K), in)
+    std::optional<DDP::NoSync> no_sync;          // only the last micro-step's backward sends
+    if (micro_step < K - 1) no_sync.emplace(lesson.ddp);
+    Tape tape;
+    Var loss = forward_loss(tape, step.model, batch);  // mean over this micro-batch
+    loss_sum += loss->value[0];
+    tape.backward(loss, 1.0f / static_cast<float>(N * K) * mixed.loss_scale());  // pre-divided
+  }
+  {
+    Tracer::Span wait(step.tracer, "finalize_backward (wait for buckets)", "ddp");
+    lesson.ddp.finalize_backward();  // every bucket summed (no division); MPI is ours again
+  }
+  const double loss_value = global_mean(lesson.comm, loss_sum / K);  // equal shares
+  mixed.check_first_loss(loss_value, step.step);  // fp16: the forward overflowed?
+  check_finite_loss(lesson.comm, loss_sum / K, loss_value, step.step);
+
+  Tracer::Span opt(step.tracer, "optimizer step", "optimizer");
+  // The same sum on every rank, so the same step (fp16: the overflow verdict of every rank);
+  // grads32 is empty unless --reduce-dtype fp32, and the optimizer then reads grads16.
+  mixed.step(step.config.clip_grad_norm, &lesson.comm, lesson.ddp.grads32());
+  return loss_value;
+}
+
 /// One optimizer step on the global batch: K micro-steps on this rank's share, the last one's
 /// backward all-reducing bucket after bucket, and the same optimizer step on every rank.
 /// Returns the global batch's mean loss (on every rank). Errors: a non-finite loss stops every
 /// rank; a parameter without gradient (DDP::finalize_backward).
 inline double train_step(DDPTraining& lesson, const Step& step) {
+  if (lesson.mixed) return train_step_mixed(lesson, step);
   Tracer::Span span(step.tracer, "step " + std::to_string(step.step), "step");
   Model& model = step.model;
   const int64_t K = step.config.grad_accum_steps;

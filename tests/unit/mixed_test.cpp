@@ -11,6 +11,8 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "common/mixed.hpp"
@@ -230,4 +232,64 @@ TEST_CASE(
   }
   (void)g0;
   (void)p0;
+}
+
+TEST_CASE(
+    "MixedPrecision for data parallel: fp32 gradients step as their 16-bit source, "
+    "update_scale/step_master equal step, a rank without master weights holds 4Ψ",
+    "[mixed]") {
+  TrainConfig config;
+  config.model = "toy";
+  config.hidden_sizes = {16};  // 1024 -> 16 -> 256
+  config.clip_grad_norm = 0.5f;
+  for (const char* p : {"bf16", "fp16"}) {
+    INFO(p);
+    config.precision = p;
+    Model ma(config.layer_sizes(), 1), mb(config.layer_sizes(), 1);
+    MixedPrecision a(ma, config), b(mb, config);
+    REQUIRE(a.reduce_dtype() == parse_dtype(p, "--precision"));
+    Tensor x = randn({4, 1024}, 2), y = randn({4, 256}, 3);
+    for (MixedPrecision* mp : {&a, &b}) {
+      Model& m = mp == &a ? ma : mb;
+      mp->zero_grad();
+      Tape tape;
+      Var loss = forward_loss(tape, m, Batch{x, y, {}});
+      tape.backward(loss, mp->loss_scale());
+    }
+    // a: 16-bit gradients; b: the same values widened to fp32 (what --reduce-dtype fp32 sums
+    // and then hands over): the same master update, bit for bit, clipping included.
+    std::vector<float> g32 = b.storage().params_as_float();  // sized Ψ
+    convert_to_float(b.dtype(), b.storage().grads16.span(), g32);
+    REQUIRE(a.step(config.clip_grad_norm, nullptr));
+    REQUIRE(b.update_scale(b.found_inf(g32), nullptr));
+    b.step_master(config.clip_grad_norm, g32);
+    REQUIRE(std::memcmp(a.master().master().data(), b.master().master().data(),
+                        4 * a.master().master().size()) == 0);
+    REQUIRE(a.master().segment_steps() == b.master().segment_steps());
+    if (std::string(p) == "fp16") {  // an inf in the fp32 gradients: the step is skipped
+      g32[7] = std::numeric_limits<float>::infinity();
+      REQUIRE(b.found_inf(g32));
+      REQUIRE_FALSE(b.update_scale(true, nullptr));
+      REQUIRE(b.summary()["skipped_steps"] == 1);
+    } else {
+      REQUIRE_FALSE(b.found_inf(g32));  // bf16: no loss scale, nothing to skip
+    }
+  }
+  // Chapter 03's ranks 1..N-1: the 16-bit model only (2Ψ + 2Ψ), no optimizer state.
+  config.precision = "bf16";
+  const Ledger& L = Ledger::get();
+  const int64_t o0 = L.current(MemTag::optimizer_state);
+  Model m(config.layer_sizes(), 1);
+  MixedPrecision replica(m, config, /*master_weights=*/false);
+  REQUIRE(L.current(MemTag::optimizer_state) == o0);
+  REQUIRE_FALSE(replica.has_master_weights());
+  REQUIRE_THROWS_WITH(replica.step_master(0.0f), Contains("no master weights"));
+  // --reduce-dtype: fp32 or the precision's; anything else names both flags.
+  config.reduce_dtype = "fp32";
+  Model m32(config.layer_sizes(), 1);
+  REQUIRE(MixedPrecision(m32, config).reduce_dtype() == Dtype::fp32);
+  config.reduce_dtype = "fp16";
+  Model m16(config.layer_sizes(), 1);
+  REQUIRE_THROWS_WITH(MixedPrecision(m16, config),
+                      Contains("--reduce-dtype fp16 with --precision bf16"));
 }

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Chapter 05 in 16 bits, the rest (the chain link at N = 1..4: mixed_ch05.sh):
+#  - fp32 unchanged: no flag vs --precision fp32, bitwise (N = 2);
+#  - accumulation: K = 4 with one-parameter buckets is bitwise with chapter 04 (no_sync, then
+#    the same 16-bit sums) and sends what K = 1 sends;
+#  - fp16 at N = 3 from the initial weights x 6 (2 skipped steps): bitwise with 04 (one-
+#    parameter buckets), so every rank skips the same steps without advancing Adam;
+#  - --reduce-dtype fp32: the ledger's comm_buffers 4Ψ (the widened gradient) + 4·ceil(401408/N),
+#    and exactly twice the 16-bit bytes on the wire, on every rank;
+#  - --collectives mpi: refused with a 16-bit --reduce-dtype, naming both flags and the fix;
+#    with --reduce-dtype fp32 bitwise with our fp32 ring at N = 2 (one fp32 addition).
+source "$(dirname "$0")/lib.bash"
+sent() {  # bytes sent per optimizer step by each rank, space-separated, from the summary
+  python3 -c '
+import json, sys
+s = [json.loads(l) for l in open(sys.argv[1]) if "\"summary\"" in l][-1]
+print(" ".join(str(c["training"]["bytes_sent"] // s["steps"]) for c in s["comm"]))' "$WORK/$1.jsonl"
+}
+total() { local t=0; for b in $(sent "$1"); do t=$((t + b)); done; echo $t; }
+expect_eq() { if [ "$1" != "$2" ]; then echo "FAILED: $3: $1 != $2"; exit 1; fi; echo "ok: $3 ($1)"; }
+
+small=(--bucket-cap-mb 0.0001)
+common=(--model mlp --global-batch-size 48 --max-steps 20 --eval-every-epoch 0 --seed 3)
+run fp32_np2 2 ch05_ddp_buckets "${common[@]}"
+run fp32_flag_np2 2 ch05_ddp_buckets "${common[@]}" --precision fp32
+same fp32_np2 fp32_flag_np2 --bitwise
+run ch04_k4_n2 2 ch04_ring_allreduce "${common[@]}" --precision bf16 --grad-accum-steps 4
+run ch05_k4_n2 2 ch05_ddp_buckets "${common[@]}" "${small[@]}" --precision bf16 --grad-accum-steps 4
+run ch05_small_n2 2 ch05_ddp_buckets "${common[@]}" "${small[@]}" --precision bf16
+same ch04_k4_n2 ch05_k4_n2 --bitwise
+expect_eq "$(sent ch05_k4_n2)" "$(sent ch05_small_n2)" "np 2: K = 4 sends what K = 1 sends per optimizer step"
+
+run ch05_small_n3 3 ch05_ddp_buckets "${common[@]}" "${small[@]}" --precision bf16
+run ch05_r32_n3 3 ch05_ddp_buckets "${common[@]}" "${small[@]}" --precision bf16 --reduce-dtype fp32
+run ch05_r32_n2 2 ch05_ddp_buckets "${common[@]}" --precision bf16 --reduce-dtype fp32
+run ch05_r32_mpi_n2 2 ch05_ddp_buckets "${common[@]}" --precision bf16 --reduce-dtype fp32 --collectives mpi
+same ch05_r32_n2 ch05_r32_mpi_n2 --bitwise
+stops mpi_bf16 2 ch05_ddp_buckets \
+  "--collectives mpi with --reduce-dtype bf16 .*: MPI has no bf16 sum; use --reduce-dtype fp32" \
+  "${common[@]}" --precision bf16 --collectives mpi
+
+start_point w0 --model mlp --seed 3
+python3 - "$WORK/w0.safetensors" "$WORK/w6.safetensors" <<'PY'
+import struct, sys
+b = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+vals = struct.unpack(f"<{(len(b) - 8 - n) // 4}f", b[8 + n:])
+open(sys.argv[2], "wb").write(b[:8 + n] + struct.pack(f"<{len(vals)}f", *[v * 6 for v in vals]))
+PY
+f16=(--model mlp --global-batch-size 48 --max-steps 10 --epochs 1 --eval-every-epoch 0 --seed 3
+  --precision fp16 --init-from "$WORK/w6.safetensors")
+run f16_ch04_n3 3 ch04_ring_allreduce "${f16[@]}"
+run f16_ch05_n3 3 ch05_ddp_buckets "${f16[@]}" "${small[@]}"
+same f16_ch04_n3 f16_ch05_n3 --bitwise
+
+python3 - "$WORK" <<'PY'
+import json, sys
+W = sys.argv[1]
+def summary(name):
+    return [json.loads(l) for l in open(f"{W}/{name}.jsonl") if '"summary"' in l][-1]
+largest = 784 * 512  # one-parameter buckets: the largest bucket is fc1.weight
+s16, s32 = summary("ch05_small_n3"), summary("ch05_r32_n3")
+psi = s32["num_parameters"]
+for r in range(3):
+    led = s32["ledger"][r]
+    want = 4 * psi + 4 * -(-largest // 3)
+    assert led["comm_buffers"]["peak"] == want, (r, led["comm_buffers"], want)
+    assert led["model_states_peak"] == 16 * psi, (r, led)
+    a, b = s16["comm"][r]["training"], s32["comm"][r]["training"]
+    assert 2 * a["bytes_sent"] == b["bytes_sent"] and 2 * a["bytes_received"] == b["bytes_received"], (a, b)
+print(f"ok --reduce-dtype fp32: comm_buffers 4Ψ + 4·ceil(401408/3) = {want} B, model states 16Ψ, "
+      "twice the 16-bit bytes sent and received on every rank")
+for name in ("f16_ch04_n3", "f16_ch05_n3"):
+    s = summary(name)
+    assert s["precision"] == "fp16" and s["skipped_steps"] == 2 and s["loss_scale"] == 16384.0, s
+print("ok fp16: 2 skipped steps, scale 2^16 -> 2^14, in 04 and 05 (N = 3) alike")
+PY
+echo "mixed precision, chapter 05 (flags, fp16, --reduce-dtype): all checks passed"
