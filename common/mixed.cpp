@@ -242,14 +242,14 @@ Dtype precision_dtype(const TrainConfig& config) {
   return d;
 }
 
+}  // namespace
+
 AdamWOptions adamw_options(const TrainConfig& config) {
   AdamWOptions o;
   o.lr = config.lr;
   o.weight_decay = config.weight_decay;
   return o;
 }
-
-}  // namespace
 
 MixedPrecision::MixedPrecision(Model& model, const TrainConfig& config)
     : master_(precision_dtype(config), model.params_memory.span(), parameter_sizes(model),

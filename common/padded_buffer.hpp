@@ -8,27 +8,33 @@
 
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <utility>
 
+#include "half.hpp"
 #include "ledger.hpp"
 
 namespace ringzero {
 
-/// A Buffer of `size` elements whose last `padding` are counted under MemTag::padding, the
-/// rest under `tag`. The ledger moves are ordered so that no tag's peak ever includes bytes
-/// that belong to another tag.
-class PaddedBuffer {
+/// A Buffer (or Buffer16) of `size` elements whose last `padding` are counted under
+/// MemTag::padding, the rest under `tag`. The ledger moves are ordered so that no tag's peak
+/// ever includes bytes that belong to another tag. PaddedBuffer holds float32, PaddedBuffer16
+/// 16-bit values (--precision bf16|fp16).
+template <class Array>
+class BasicPaddedBuffer {
  public:
-  PaddedBuffer() = default;
-  PaddedBuffer(int64_t size, int64_t padding, MemTag tag) : padding_(padding) {
-    Ledger::get().add(tag, -4 * padding);  // the Buffer adds all `size` to `tag` ...
-    buffer_ = Buffer(size, tag);
-    Ledger::get().add(MemTag::padding, 4 * padding);  // ... of which `padding` are padding
+  using T = std::remove_pointer_t<decltype(std::declval<Array&>().data())>;
+  static constexpr int64_t kBytes = sizeof(T);
+  BasicPaddedBuffer() = default;
+  BasicPaddedBuffer(int64_t size, int64_t padding, MemTag tag) : padding_(padding) {
+    Ledger::get().add(tag, -kBytes * padding);  // the Buffer adds all `size` to `tag` ...
+    buffer_ = Array(size, tag);
+    Ledger::get().add(MemTag::padding, kBytes * padding);  // ... of which `padding` are padding
   }
-  ~PaddedBuffer() { release(); }
-  PaddedBuffer(PaddedBuffer&& o) noexcept
+  ~BasicPaddedBuffer() { release(); }
+  BasicPaddedBuffer(BasicPaddedBuffer&& o) noexcept
       : buffer_(std::move(o.buffer_)), padding_(std::exchange(o.padding_, 0)) {}
-  PaddedBuffer& operator=(PaddedBuffer&& o) noexcept {
+  BasicPaddedBuffer& operator=(BasicPaddedBuffer&& o) noexcept {
     if (this != &o) {
       release();
       buffer_ = std::move(o.buffer_);
@@ -36,26 +42,29 @@ class PaddedBuffer {
     }
     return *this;
   }
-  PaddedBuffer(const PaddedBuffer&) = delete;
-  PaddedBuffer& operator=(const PaddedBuffer&) = delete;
+  BasicPaddedBuffer(const BasicPaddedBuffer&) = delete;
+  BasicPaddedBuffer& operator=(const BasicPaddedBuffer&) = delete;
 
-  float* data() { return buffer_.data(); }
+  T* data() { return buffer_.data(); }
   int64_t size() const { return buffer_.size(); }
-  std::span<float> span() { return buffer_.span(); }
-  std::span<const float> span() const { return buffer_.span(); }
+  std::span<T> span() { return buffer_.span(); }
+  std::span<const T> span() const { return buffer_.span(); }
   /// Frees the memory now; the ledger drops it from both tags.
   void release() {
     if (buffer_.size() == 0) return;
     const MemTag tag = buffer_.tag();
     buffer_.release();
-    Ledger::get().add(tag, 4 * padding_);
-    Ledger::get().add(MemTag::padding, -4 * padding_);
+    Ledger::get().add(tag, kBytes * padding_);
+    Ledger::get().add(MemTag::padding, -kBytes * padding_);
     padding_ = 0;
   }
 
  private:
-  Buffer buffer_;
+  Array buffer_;
   int64_t padding_ = 0;
 };
+
+using PaddedBuffer = BasicPaddedBuffer<Buffer>;
+using PaddedBuffer16 = BasicPaddedBuffer<Buffer16>;
 
 }  // namespace ringzero

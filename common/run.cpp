@@ -25,11 +25,11 @@ namespace {
 class PrecisionCheck : public Extension {
  public:
   void validate(const RunState& s) override {
-    const bool wired =
-        s.chapter.name == "01_training_loop" || s.chapter.name == "02_gradient_accumulation";
+    const bool wired = s.chapter.name == "01_training_loop" ||
+                       s.chapter.name == "02_gradient_accumulation" || s.chapter.name == "08_zero3";
     RZ_CHECK(s.config.precision == "fp32" || wired,
              "--precision " << s.config.precision << ": chapter " << s.chapter.name
-                            << " trains in fp32 only so far (16 bits: chapters 01-02); drop "
+                            << " trains in fp32 only so far (16 bits: chapters 01-02 and 08); drop "
                             << "--precision or use --precision fp32");
     // One process sums no gradients across ranks: only the --precision's own dtype is a no-op.
     RZ_CHECK(s.config.reduce_dtype.empty() || s.chapter.distributed ||
@@ -38,11 +38,12 @@ class PrecisionCheck : public Extension {
                                << " runs on one process and reduces no gradients across ranks; "
                                   "drop --reduce-dtype");
     // fp32 is what chapters 03-08 reduce in: asking for it is accepted.
-    RZ_CHECK(
-        s.config.reduce_dtype.empty() || !s.chapter.distributed || s.config.reduce_dtype == "fp32",
-        "--reduce-dtype " << s.config.reduce_dtype << ": chapter " << s.chapter.name
-                          << " has no 16-bit gradient reduction yet (the 16-bit ring is "
-                          << "chapters/04_ring_allreduce/ring.hpp); drop --reduce-dtype");
+    RZ_CHECK(s.config.reduce_dtype.empty() || !s.chapter.distributed ||
+                 s.config.reduce_dtype == "fp32" ||
+                 (wired && s.config.reduce_dtype == s.config.precision),
+             "--reduce-dtype " << s.config.reduce_dtype << ": chapter " << s.chapter.name
+                               << " has no 16-bit gradient reduction yet (the 16-bit ring is "
+                               << "chapters/04_ring_allreduce/ring.hpp); drop --reduce-dtype");
   }
 };
 

@@ -25,12 +25,16 @@ std::string Zero3::ledger_formula() const {
          " = " + human_bytes(f.total()) + " per rank (DDP: " + full_copy_formula_text(states_) +
          " = " + human_bytes(states_.per_param() * static_cast<double>(psi_)) +
          "); exactly, with padding " +
-         std::to_string(comm_.world_size() * layout_.shard_total - psi_) + ": 4Σs_l + 4Σs_l + " +
+         std::to_string(comm_.world_size() * layout_.shard_total - psi_) + ": " +
+         std::to_string(static_cast<int>(states_.param)) + "Σs_l + " +
+         std::to_string(static_cast<int>(states_.grad)) + "Σs_l + " +
          std::to_string(static_cast<int>(states_.optimizer)) + "·(real shard) = " + exact +
          " B on ranks 0..N-1; comm_buffers at the peak: full layers in flight " +
-         (options_.prefetch ? "4·max(P_l-1 + 2P_l + P_l+1) = " : "8·max P_l = ") +
+         (!options_.prefetch      ? "8·max P_l = "
+          : dtype_ == Dtype::fp32 ? "4·max(P_l-1 + 2P_l + P_l+1) = "
+                                  : "max(2P_l-1 + 8P_l + 2P_l+1) = ") +
          std::to_string(in_flight_peak_bytes()) + " B + one ring chunk " +
-         std::to_string(scratch_.bytes()) + " B";
+         std::to_string(scratch_.bytes() + scratch16_.bytes()) + " B";
 }
 
 /// Every forward now makes collectives, so every rank must run as many forwards as the
@@ -83,13 +87,21 @@ std::map<std::string, NamedTensor> Zero3::gather_full(
 
 /// "<param>.exp_avg", ".exp_avg_sq" (the parameter's shape) and ".step" (shape (1)).
 /// Errors: not --optimizer adamw.
+/// In 16 bits the moments are the master weights' (MasterWeights), named the same.
 std::map<std::string, NamedTensor> Zero3::optimizer_state_dict() {
   for (const Optimizer& o : optimizers_)
     RZ_CHECK(o.adamw(), "optimizer state is saved for --optimizer adamw only");
-  auto out =
-      gather_full([this](size_t l) { return optimizers_[l].adamw()->exp_avg(); }, ".exp_avg");
-  out.merge(gather_full([this](size_t l) { return optimizers_[l].adamw()->exp_avg_sq(); },
-                        ".exp_avg_sq"));
+  const bool half = dtype_ != Dtype::fp32;
+  auto out = gather_full(
+      [this, half](size_t l) {
+        return half ? masters_[l].exp_avg() : optimizers_[l].adamw()->exp_avg();
+      },
+      ".exp_avg");
+  out.merge(gather_full(
+      [this, half](size_t l) {
+        return half ? masters_[l].exp_avg_sq() : optimizers_[l].adamw()->exp_avg_sq();
+      },
+      ".exp_avg_sq"));
   for (size_t l = 0; l < layout_.layers.size(); ++l) {
     const LayerShard& s = layout_.layers[l];
     for (Parameter* p : {&s.layer->weight, &s.layer->bias}) {
@@ -97,7 +109,9 @@ std::map<std::string, NamedTensor> Zero3::optimizer_state_dict() {
                                             0};  // every piece of a parameter took the same steps
       for (size_t k = 0; k < s.segment_params.size(); ++k)
         if (s.segment_params[k] == p)
-          step_and_owner = {static_cast<double>(optimizers_[l].adamw()->segment_steps()[k]), 1};
+          step_and_owner = {static_cast<double>(half ? masters_[l].segment_steps()[k]
+                                                     : optimizers_[l].adamw()->segment_steps()[k]),
+                            1};
       comm_.all_reduce_metrics(step_and_owner);
       out[p->name() + ".step"] = {{1}, {static_cast<float>(step_and_owner[0] / step_and_owner[1])}};
     }
@@ -109,7 +123,8 @@ int64_t Zero3::nonzero_padding() const {
   int64_t count = 0;
   for (const LayerShard& s : layout_.layers)
     for (int64_t i = s.shard_offset + s.real; i < s.shard_offset + s.shard_size; ++i)
-      count += (params_.span()[i] != 0.0f) + (grads_.span()[i] != 0.0f);
+      count += dtype_ == Dtype::fp32 ? (params_.span()[i] != 0.0f) + (grads_.span()[i] != 0.0f)
+                                     : (params16_.span()[i] != 0) + (grads16_.span()[i] != 0);
   return count;
 }
 
@@ -128,6 +143,7 @@ std::string Zero3::describe(const CollectiveHeader& h) const {
 }
 
 TrainingState Zero3::training_state() {
+  RZ_CHECK(dtype_ == Dtype::fp32, "ZeRO-3 checkpoints hold fp32 training state only");
   TrainingState state;
   state.model = &model_;
   state.sharded = true;
