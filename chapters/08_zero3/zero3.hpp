@@ -18,11 +18,11 @@
 //   full parameters on every rank      → a layer's, only while it computes
 // In 16 bits (--precision bf16|fp16; docs/mixed-precision.md) the shards are 16-bit, each rank
 // keeps fp32 master weights and AdamW's moments for its shard (MasterWeights), every collective
-// moves 16-bit values, and a gathered layer is widened to fp32 for its compute:
+// moves 16-bit values (the gradient's reduce-scatter fp32 values with --reduce-dtype fp32), and a
+// gathered layer is widened to fp32 for its compute:
 // model states (2 + 2 + 12)Ψ/N (the ZeRO paper's §3.1 with K = 12).
 // Leaves out: parameters outside Linear layers, CPU offload, prefetching more than one layer,
-// keeping the last layer gathered from forward to backward (FSDP's root unit), --reduce-dtype
-// fp32 in 16 bits.
+// keeping the last layer gathered from forward to backward (FSDP's root unit).
 #pragma once
 
 #include <algorithm>
@@ -80,6 +80,7 @@ class Zero3 {
         options_(options),
         psi_(model.num_parameters()),
         dtype_(zero3_dtype(config, options)),
+        reduce_fp32_(dtype_ != Dtype::fp32 && config.reduce_dtype == "fp32"),
         layout_(plan_layer_shards(model, comm.rank(), comm.world_size())) {
     const int64_t total = layout_.shard_total, padding = total - layout_.shard_real;
     int64_t largest_chunk = 0;
@@ -107,7 +108,7 @@ class Zero3 {
       }
       largest_chunk = std::max(largest_chunk, s.shard_size);
     }
-    if (dtype_ == Dtype::fp32)
+    if (dtype_ == Dtype::fp32 || reduce_fp32_)
       scratch_ = Buffer(largest_chunk, MemTag::comm_buffers);  // (max s_l) the ring's chunk
     else
       scratch16_ = Buffer16(largest_chunk, MemTag::comm_buffers);  // the same, 16-bit
@@ -157,10 +158,14 @@ class Zero3 {
   /// The most bytes of full layers (parameters and gradients) alive at once: comm_buffers,
   /// not model states, since they are the collectives' buffers (layer_shard.hpp).
   int64_t in_flight_peak_bytes() const {
-    return ringzero::in_flight_peak_bytes(layout_, options_.prefetch, wire_bytes());
+    return ringzero::in_flight_peak_bytes(layout_, options_.prefetch, gather_bytes(),
+                                          reduce_bytes());
   }
-  /// Bytes per element on the wire: 4 (fp32), or 2 in 16 bits.
-  int64_t wire_bytes() const { return dtype_ == Dtype::fp32 ? 4 : 2; }
+  /// Bytes per element of the parameters' all-gathers: 4 (fp32), or 2 in 16 bits.
+  int64_t gather_bytes() const { return dtype_ == Dtype::fp32 ? 4 : 2; }
+  /// Bytes per element of the gradient's reduce-scatter: 2 in 16 bits, else (fp32 or
+  /// --reduce-dtype fp32) 4.
+  int64_t reduce_bytes() const { return dtype_ == Dtype::fp32 || reduce_fp32_ ? 4 : 2; }
   Dtype dtype() const { return dtype_; }
   /// What backward's seed is multiplied by: 1/K in fp32 (the reduce-scatter divides by N);
   /// in 16 bits loss_scale/(N K), the mean taken BEFORE the 16-bit sum, as PyTorch's DDP
@@ -177,7 +182,7 @@ class Zero3 {
   /// What every rank should send and receive per optimizer step (layer_shard.hpp).
   TrafficTheory traffic_theory(int64_t grad_accum_steps) const {
     return zero3_traffic_theory(layout_, comm_.world_size(), psi_, grad_accum_steps,
-                                options_.collectives, wire_bytes());
+                                options_.collectives, gather_bytes(), reduce_bytes());
   }
 
   void zero_grad() {
@@ -293,11 +298,12 @@ class Zero3 {
              "--precision " << config.precision << " with --collectives mpi: MPI has no "
                             << config.precision << " sum. Use --collectives ring (ours, 16-bit) "
                             << "or --precision fp32");
-    RZ_CHECK(
-        d == Dtype::fp32 || config.reduce_dtype.empty() || config.reduce_dtype == config.precision,
-        "--reduce-dtype " << config.reduce_dtype << " with --precision " << config.precision
-                          << ": chapter 08 reduces in the parameters' dtype only so far; "
-                             "drop --reduce-dtype");
+    RZ_CHECK(config.reduce_dtype.empty() || config.reduce_dtype == "fp32" ||
+                 config.reduce_dtype == config.precision,
+             "--reduce-dtype " << config.reduce_dtype << " with --precision " << config.precision
+                               << ": gradients are reduced in the parameters' dtype or in fp32; "
+                                  "use --reduce-dtype "
+                               << config.precision << " or fp32");
     return d;
   }
   std::string name(int l) const { return layout_.layers[l].layer->name(); }
@@ -330,7 +336,9 @@ class Zero3 {
     layout_.layers[l].layer->weight.grad = layout_.layers[l].layer->bias.grad = Tensor();
     finish_reduce_scatter();  // the later layer's, posted one layer ago: usually done by now
     rs_layer_ = l;
-    if (dtype_ != Dtype::fp32) {  // the 16-bit gradient backward writes: rounded once, here
+    if (reduce_fp32_) {  // the 16-bit gradient, kept in fp32 to be summed in fp32
+      round_in_place(dtype_, full_grads_[l].span());
+    } else if (dtype_ != Dtype::fp32) {  // the 16-bit gradient backward writes: rounded once
       full_grads16_[l] = Buffer16::uninitialized(full_grads_[l].size(), MemTag::comm_buffers);
       convert_to_half(dtype_, full_grads_[l].span(), full_grads16_[l].span());
       full_grads_[l].release();
@@ -432,10 +440,14 @@ class Zero3 {
             else
               comm_.reduce_scatter(layer, chunk);  // MPI wants the output apart
             std::span<const float> sum = ring ? mine : chunk;
-            const auto world_size = static_cast<float>(comm_.world_size());
-            float* g = grads_.data() + s.shard_offset;
-            for (int64_t i = 0; i < s.shard_size; ++i)
-              g[i] += sum[i] / world_size;  // the mean, accumulated over micro-steps
+            if (reduce_fp32_) {  // 16-bit shard, fp32 sum (pre-divided): one rounding
+              accumulate_half(dtype_, grads16_.span().subspan(s.shard_offset, s.shard_size), sum);
+            } else {
+              const auto world_size = static_cast<float>(comm_.world_size());
+              float* g = grads_.data() + s.shard_offset;
+              for (int64_t i = 0; i < s.shard_size; ++i)
+                g[i] += sum[i] / world_size;  // the mean, accumulated over micro-steps
+            }
           } else if (ring) {
             ring_all_gather(comm_, layer);  // chapter 04's second half
           } else {                          // MPI wants the input apart
@@ -471,6 +483,7 @@ class Zero3 {
   int64_t psi_;
   StateBytes states_ = kFp32Adam;  // bytes per parameter: p, g, K (--optimizer)
   Dtype dtype_;                    // --precision: fp32, or 16-bit shards with fp32 master weights
+  bool reduce_fp32_;  // 16 bits with --reduce-dtype fp32: the reduce-scatter moves fp32
   LayerLayout layout_;
   PaddedBuffer params_;  // (Σ s_l) this rank's shard of every layer's parameters (fp32)
   PaddedBuffer grads_;   // (Σ s_l) and of their gradients, accumulated over micro-steps

@@ -32,7 +32,8 @@ std::string Zero3::ledger_formula() const {
          " B on ranks 0..N-1; comm_buffers at the peak: full layers in flight " +
          (!options_.prefetch      ? "8·max P_l = "
           : dtype_ == Dtype::fp32 ? "4·max(P_l-1 + 2P_l + P_l+1) = "
-                                  : "max(2P_l-1 + 8P_l + 2P_l+1) = ") +
+                                  : "max(" + std::to_string(gather_bytes()) + "P_l-1 + 8P_l + " +
+                                        std::to_string(reduce_bytes()) + "P_l+1) = ") +
          std::to_string(in_flight_peak_bytes()) + " B + one ring chunk " +
          std::to_string(scratch_.bytes() + scratch16_.bytes()) + " B";
 }

@@ -16,14 +16,24 @@
 #    steps (measured); 08 at N = 2 skips that step exactly as 02 with K = 2 does (bitwise: same
 #    weights, same losses), the scale ends at 2^15 with skipped_steps 1, and the saved Adam
 #    step count is 29 (a skipped step does not advance it);
+#  - --reduce-dtype fp32: the reduce-scatter sends fp32 (the 16-bit gradient widened) and sums
+#    in fp32, then one rounding adds the sum into the 16-bit shard. At N = 2, K = 1 that equals
+#    the 16-bit ring BIT FOR BIT: two 16-bit values (8 or 11 significant bits) whose exponents
+#    differ by at most 16 sum exactly in fp32's 24 bits, and when they differ by more the fp32
+#    sum's rounding cannot reach the 16-bit rounding position (the bits between are zeros), so
+#    rounding fp32(a + b) to 16 bits gives round16(a + b) either way. At N = 3 the roundings
+#    differ (16-bit hops vs one rounding at the end): AdamW's bound against chapter 02. Counters:
+#    (N−1)Σs_l·(2·2 + 4) bytes per step; layers in flight max(2P_l-1 + 8P_l + 4P_l+1);
 #  - fp32 stays the default and bit-identical (no flag vs --precision fp32);
-#  - refused with a message naming the fix: --collectives mpi and --reduce-dtype fp32 in 16 bits.
+#  - refused with a message naming the fix: --collectives mpi in 16 bits (MPI has no bf16 sum)
+#    and a --reduce-dtype that is neither the parameters' dtype nor fp32.
 source "$(dirname "$0")/lib.bash"
 common=(--model mlp --global-batch-size 48 --max-steps 12 --epochs 1 --eval-every-epoch 0 --seed 3)
-check_summary() {  # NAME PREFETCH(on|off)
-  python3 - "$WORK/$1.jsonl" "$2" <<'PY'
+check_summary() {  # NAME PREFETCH(on|off) [REDUCE_BYTES: 2, or 4 with --reduce-dtype fp32]
+  python3 - "$WORK/$1.jsonl" "$2" "${3:-2}" <<'PY'
 import json, sys
 s = [json.loads(l) for l in open(sys.argv[1]) if '"summary"' in l][-1]
+rb = int(sys.argv[3])  # bytes per element of the reduce-scatter
 N, psi, K = s["world_size"], s["num_parameters"], 1
 sizes = [784 * 512 + 512, 512 * 512 + 512, 512 * 10 + 10]  # the MLP's layers, weight + bias
 shard = [-(-n // N) for n in sizes]
@@ -34,7 +44,7 @@ assert s["precision"] == "bf16"
 assert s["model_states_exact_bytes"] == exact, (s["model_states_exact_bytes"], exact)
 if sys.argv[2] == "on":
     Pz = [0] + P + [0]
-    flight = max(2 * Pz[l - 1] + 8 * Pz[l] + 2 * Pz[l + 1] for l in range(1, len(P) + 1))
+    flight = max(2 * Pz[l - 1] + 8 * Pz[l] + rb * Pz[l + 1] for l in range(1, len(P) + 1))
 else:
     flight = 8 * max(P)
 assert s["in_flight_peak_bytes"] == flight, (s["in_flight_peak_bytes"], flight)
@@ -43,14 +53,14 @@ for r, led in enumerate(s["ledger"]):
     assert led["parameters"]["peak"] == 2 * sum(real[r]) and led["gradients"]["peak"] == 2 * sum(real[r])
     assert led["optimizer_state"]["peak"] == 12 * sum(real[r]), (r, led["optimizer_state"])
     assert led["padding"]["peak"] == 4 * (sum(shard) - sum(real[r])), (r, led["padding"])
-    cb = led["comm_buffers"]  # at the end only the ring's 16-bit chunk is left
-    assert cb["current"] == 2 * max(shard) and cb["peak"] == cb["current"] + flight, (r, cb, flight)
-sent = K * (3 * (N - 1) * 2 * sum(shard) + (48 * len(sizes) if N > 1 else 0))
+    cb = led["comm_buffers"]  # at the end only the ring's chunk is left (of the reduce dtype)
+    assert cb["current"] == rb * max(shard) and cb["peak"] == cb["current"] + flight, (r, cb, flight)
+sent = K * ((N - 1) * (2 * 2 + rb) * sum(shard) + (48 * len(sizes) if N > 1 else 0))
 for c in s["comm"]:
     t = c["training"]
     assert t["bytes_sent"] == s["steps"] * sent and t["bytes_received"] == s["steps"] * sent, (c["rank"], t, sent)
 ratio = abs(max(exact) - 16 * psi / N)
-print(f"ok: N = {N}, prefetch {sys.argv[2]}: model states {exact} B = (2 + 2 + 12)Ψ/N + padding "
+print(f"ok: N = {N}, prefetch {sys.argv[2]}, reduce-scatter {rb} B/element: model states {exact} B = (2 + 2 + 12)Ψ/N + padding "
       f"(Ψ = {psi}); layers in flight {flight} B; sent {sent} B per step per rank")
 PY
 }
@@ -65,6 +75,12 @@ for N in 1 2 3 4; do
   fi
   check_summary ch08_n$N on
 done
+run ch08_n2_r32 2 ch08_zero3 "${common[@]}" --precision bf16 --reduce-dtype fp32
+same ch08_n2 ch08_n2_r32 --bitwise
+run ch08_n3_r32 3 ch08_zero3 "${common[@]}" --precision bf16 --reduce-dtype fp32
+echo "== ch02_k3 vs ch08_n3_r32 (AdamW bound, 12 steps)"
+"$COMPARE" "$WORK/ch02_k3.safetensors" "$WORK/ch08_n3_r32.safetensors" --adam-bound 1e-3 --steps 12
+check_summary ch08_n3_r32 on 4
 run ch08_n3_off 3 ch08_zero3 "${common[@]}" --precision bf16 --no-prefetch
 same ch08_n3 ch08_n3_off --bitwise
 check_summary ch08_n3_off off
@@ -97,6 +113,8 @@ run fp32_flag 2 ch08_zero3 "${common[@]}" --precision fp32
 same fp32_default fp32_flag --bitwise
 fails mpi 2 ch08_zero3 "--precision bf16 with --collectives mpi: MPI has no bf16 sum" \
   "${common[@]}" --precision bf16 --collectives mpi
-fails reduce 2 ch08_zero3 "--reduce-dtype fp32 with --precision bf16: chapter 08 reduces in" \
-  "${common[@]}" --precision bf16 --reduce-dtype fp32
+fails reduce 2 ch08_zero3 "--reduce-dtype fp16 with --precision bf16: gradients are reduced in" \
+  "${common[@]}" --precision bf16 --reduce-dtype fp16
+fails reduce_fp32 2 ch08_zero3 "--reduce-dtype bf16 with --precision fp32: gradients are reduced in" \
+  "${common[@]}" --reduce-dtype bf16
 echo "mixed precision in chapter 08: all checks passed"
