@@ -1,6 +1,7 @@
 // checkpoint_format: the pieces of the on-disk checkpoint format that writing
 // (checkpoint.cpp: Checkpointer) and reading (checkpoint_read.cpp: resolve, read and validate,
-// consolidate) share: file and directory names, CRC-32, field names, the one atomic writer.
+// consolidate) share: file and directory names, CRC-32, field names, the one atomic writer; and
+// the resume checks Checkpointer::resume calls (checkpoint_guard.cpp).
 // Internal to common/ (docs/checkpoints.md describes the format; checkpoint.hpp is the API).
 #pragma once
 
@@ -22,6 +23,7 @@
 #include "atomic_file.hpp"
 #include "check.hpp"
 #include "config.hpp"
+#include "nn.hpp"
 #include "optim.hpp"
 #include "train.hpp"
 
@@ -110,5 +112,18 @@ inline bool kill_hook(int64_t step, int rank) {
 inline std::string json_str(const nlohmann::json& j) {
   return j.is_string() ? j.get<std::string>() : j.dump();
 }
+
+// Checkpointer::resume's refusals (checkpoint_guard.cpp), after read_checkpoint has checked the
+// manifest's fields and types. check_resume_fits: the manifest `m` (at `mpath`) must have
+// config's checkpoint_flags_that_must_match, in that order (the model first), then model's
+// num_parameters and every tensor's name, shape and offset; errors name the field, both values
+// and the fix. check_same_data: the training set's fingerprint (Dataset::crc32 and size, as
+// verify_same_data compares across ranks), recorded in the manifest's field "data", must equal
+// `now`: another data set of the same shape (other files in --data-dir, relabelled samples) is
+// refused, naming both. A manifest without the field (written before it existed), or a null
+// `now`, is not checked.
+void check_resume_fits(const nlohmann::json& m, const TrainConfig& config, const Model& model,
+                       const std::string& mpath);
+void check_same_data(const nlohmann::json& m, const nlohmann::json& now, const std::string& mpath);
 
 }  // namespace ringzero::checkpoint_format

@@ -20,22 +20,45 @@
 // (a rank that skips a layer's compute but not its hooks computes garbage, in step).
 #pragma once
 
+#include <cstdio>
 #include <functional>
 #include <string>
 
+#include "chapters/08_zero3/layer_shard.hpp"
 #include "common/collective_check.hpp"
 #include "common/comm.hpp"
 
 namespace ringzero {
 
-/// Collective, on every rank, right before the collective `mine` describes (its id is the
-/// layer): swaps headers with the ring neighbours and fails if rank r − 1's differs from ours,
-/// with both `describe`d (common/collective_check.hpp, which chapters 05-07 share). Counted as
-/// the operation "desync_check". World size 1: nothing to check.
-inline void check_in_step(Communicator& comm, const CollectiveHeader& mine,
-                          const std::function<std::string(const CollectiveHeader&)>& describe) {
+/// A desync header in words, e.g. "ZeRO-3 collective #9 is the all-gather of layer 2 for its
+/// forward (1234 elements)". h.kind is Zero3::Kind (forward gather, backward gather,
+/// reduce-scatter, state gather, in that order); h.id a layer of `layout`, named as state_dict()
+/// names it (another rank's header may hold any id: out of range, it is shown as "#id").
+inline std::string describe_layer_collective(const CollectiveHeader& h, const LayerLayout& layout) {
+  static const char* what[] = {
+      "the all-gather of layer %s for its forward", "the all-gather of layer %s for its backward",
+      "the reduce-scatter of layer %s's gradient", "the all-gather of layer %s for a checkpoint"};
+  const std::string layer =
+      h.id < layout.layers.size() ? layout.layers[h.id].layer->name() : "#" + std::to_string(h.id);
+  char out[192];
+  const int n = std::snprintf(out, sizeof out, "ZeRO-3 collective #%u is ", h.seq);
+  std::snprintf(out + n, sizeof out - n,
+                h.kind < 4 ? what[h.kind] : "an unknown collective on layer %s", layer.c_str());
+  return std::string(out) + " (" + std::to_string(h.size) + " elements)";
+}
+
+/// Collective, on every rank, right before this rank's collective number `seq`, of kind `kind`
+/// (Zero3::Kind) on layer `layer` of `layout`: swaps the header (seq, layer, kind, P_l) with the
+/// ring neighbours and fails if rank r − 1's differs from ours, with both described
+/// (describe_layer_collective; common/collective_check.hpp, which chapters 05-07 share).
+/// Counted as the operation "desync_check". World size 1: nothing to check.
+inline void check_in_step(Communicator& comm, const LayerLayout& layout, uint32_t seq, int layer,
+                          uint32_t kind) {
+  const CollectiveHeader mine = {seq, static_cast<uint32_t>(layer), kind,
+                                 static_cast<uint32_t>(layout.layers[layer].padded_size)};
   check_collective(
-      comm, mine, describe,
+      comm, mine,
+      [&layout](const CollectiveHeader& h) { return describe_layer_collective(h, layout); },
       "Every rank must run the same layers in the same order: a layer run on some ranks only (a "
       "branch on one rank's data, a layer called twice) pairs different collectives across "
       "ranks, a hang or silently wrong weights",

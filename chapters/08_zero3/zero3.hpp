@@ -38,6 +38,7 @@
 #include "chapters/06_zero1/sharded_clip.hpp"
 #include "chapters/08_zero3/desync.hpp"
 #include "chapters/08_zero3/layer_shard.hpp"
+#include "chapters/08_zero3/unused_layers.hpp"
 #include "common/checkpoint.hpp"
 #include "common/collectives.hpp"
 #include "common/comm_thread.hpp"
@@ -121,7 +122,7 @@ class Zero3 {
     gathered16_.resize(L);
     full_grads16_.resize(L);
     tickets_.assign(L, 0);
-    ran_backward_.assign(L, 0);
+    unused_layers_ = UnusedLayers(L);
     for (int l = 0; l < L; ++l) {  // through alive_, so the hooks go quiet once the Zero3 is gone
       Linear& m = *layout_.layers[l].layer;
       m.add_pre_forward_hook([alive = alive_, l](Module&) {
@@ -146,21 +147,17 @@ class Zero3 {
 
   /// Model-state bytes each rank holds, at every moment: 4 per element of its parameter and
   /// gradient shards (Σ s_l each, padding included), 8 per real element (AdamW); in 16 bits
-  /// 2 + 2 per shard element and 12 per real element (master weights, exp_avg, exp_avg_sq).
-  std::vector<int64_t> model_states_bytes() const {
-    std::vector<int64_t> bytes;
-    for (int r = 0; r < comm_.world_size(); ++r)
-      bytes.push_back(static_cast<int64_t>(states_.param + states_.grad) * layout_.shard_total +
-                      static_cast<int64_t>(states_.optimizer) *
-                          plan_layer_shards(model_, r, comm_.world_size()).shard_real);
-    return bytes;
-  }
+  /// 2 + 2 per shard element and 12 per real element (master weights, exp_avg, exp_avg_sq)
+  /// (zero_io.cpp).
+  std::vector<int64_t> model_states_bytes() const;
   /// The most bytes of full layers (parameters and gradients) alive at once: comm_buffers,
-  /// not model states, since they are the collectives' buffers (layer_shard.hpp).
-  int64_t in_flight_peak_bytes() const {
-    return ringzero::in_flight_peak_bytes(layout_, options_.prefetch, gather_bytes(),
-                                          reduce_bytes());
-  }
+  /// not model states, since they are the collectives' buffers (layer_shard.hpp, zero_io.cpp).
+  int64_t in_flight_peak_bytes() const;
+  /// The ledger's formula line: ZeRO-3's formula, the exact bytes of every rank, the layers in
+  /// flight (zero_io.cpp).
+  std::string ledger_formula() const;
+  /// What every rank should send and receive per optimizer step (layer_shard.hpp, zero_io.cpp).
+  TrafficTheory traffic_theory(int64_t grad_accum_steps) const;
   /// Bytes per element of the parameters' all-gathers: 4 (fp32), or 2 in 16 bits.
   int64_t gather_bytes() const { return dtype_ == Dtype::fp32 ? 4 : 2; }
   /// Bytes per element of the gradient's reduce-scatter: 2 in 16 bits, else (fp32 or
@@ -176,15 +173,6 @@ class Zero3 {
            static_cast<float>(grad_accum_steps * comm_.world_size());
   }
 
-  /// The ledger's formula line: ZeRO-3's formula, the exact bytes of every rank, the layers in
-  /// flight (zero_io.cpp).
-  std::string ledger_formula() const;
-  /// What every rank should send and receive per optimizer step (layer_shard.hpp).
-  TrafficTheory traffic_theory(int64_t grad_accum_steps) const {
-    return zero3_traffic_theory(layout_, comm_.world_size(), psi_, grad_accum_steps,
-                                options_.collectives, gather_bytes(), reduce_bytes());
-  }
-
   void zero_grad() {
     std::fill(grads_.data(), grads_.data() + grads_.size(), 0.0f);
     std::fill(grads16_.data(), grads16_.data() + grads16_.size(), uint16_t{0});
@@ -192,29 +180,17 @@ class Zero3 {
   }
 
   /// After the last micro-step's backward: every reduce-scatter has finished (the first
-  /// layer's is waited for in its hook) and no layer is left gathered. Unused layers, as
-  /// chapters 05-07's unused parameters: a layer whose backward ran in no micro-step of this
-  /// step (its forward may have run, or not) has a zero gradient with find_unused_parameters;
-  /// without it, every rank fails naming its parameters. A layer gathered ahead (prefetch) that
-  /// then did not run is released: every rank posted that all-gather (the desync check makes
-  /// sure), so it is one more collective, not an error.
+  /// layer's is waited for in its hook) and no layer is left gathered. A layer whose backward
+  /// ran in no micro-step of this step is an unused one (unused_layers.hpp): a zero gradient
+  /// with find_unused_parameters, else every rank fails naming its parameters. A layer gathered
+  /// ahead (prefetch) that then did not run is released: every rank posted that all-gather (the
+  /// desync check makes sure), so it is one more collective, not an error.
   void finalize_backward() {
     finish_reduce_scatter();
     comm_thread_.wait_all();
     for (size_t l = 0; l < tickets_.size(); ++l)
       if (tickets_[l] != 0) release_parameters(static_cast<int>(l));  // prefetched, not run
-    std::string unused;
-    for (size_t l = 0; l < ran_backward_.size(); ++l)
-      if (!ran_backward_[l])
-        for (Parameter* p : layout_.layers[l].layer->parameters())
-          unused += (unused.empty() ? "" : ", ") + p->name();
-    std::fill(ran_backward_.begin(), ran_backward_.end(), 0);
-    RZ_CHECK(unused.empty() || options_.find_unused_parameters,
-             "parameters that received no gradient in this backward: "
-                 << unused
-                 << ". Every rank would step them with a zero gradient without saying so. Make "
-                    "every parameter take part in the loss, or pass --find-unused-parameters "
-                    "(PyTorch: find_unused_parameters=True) to count a missing gradient as zero");
+    unused_layers_.check(layout_, options_.find_unused_parameters);
   }
 
   /// Collective, after finalize_backward(): as chapters 06-07, each rank's Σ g² over its shard,
@@ -330,7 +306,7 @@ class Zero3 {
     compute_start_ = now();
   }
   void post_backward(int l) {
-    ran_backward_[l] = 1;
+    unused_layers_.ran_backward(l);
     trace_compute("backward " + name(l), "backward");
     release_parameters(l);
     layout_.layers[l].layer->weight.grad = layout_.layers[l].layer->bias.grad = Tensor();
@@ -410,10 +386,7 @@ class Zero3 {
     return comm_thread_.submit(
         [this, l, kind, seq, full, full16, tracer, what = std::string(label)] {
           const double start = tracer ? tracer->now_us() : 0;
-          const CollectiveHeader header = {seq, static_cast<uint32_t>(l), kind,
-                                           static_cast<uint32_t>(layout_.layers[l].padded_size)};
-          check_in_step(comm_, header,
-                        [this](const CollectiveHeader& h) { return describe(h); });  // desync.hpp
+          check_in_step(comm_, layout_, seq, l, kind);  // desync.hpp
           const LayerShard& s = layout_.layers[l];
           if (full16 != nullptr) {  // 16 bits: chapter 04's 16-bit ring, no division (pre-divided)
             std::span<uint16_t> layer16(full16, static_cast<size_t>(s.padded_size));
@@ -460,10 +433,6 @@ class Zero3 {
         });
   }
 
-  // A desync header in words: "ZeRO-3 collective #9 is the all-gather of layer 2 for ..."
-  // (zero_io.cpp).
-  std::string describe(const CollectiveHeader& h) const;
-
   void wait(uint64_t ticket, const std::string& label) {
     const double start = now();
     comm_thread_.wait(ticket);
@@ -496,9 +465,9 @@ class Zero3 {
   std::vector<Buffer>
       full_grads_;  // (layers) a layer's full gradient (P_l), backward to reduce-scatter
   std::vector<Buffer16> gathered16_, full_grads16_;  // (layers) 16 bits: a layer on the wire
-  std::vector<uint64_t> tickets_;   // (layers) the all-gather filling gathered_[l]; 0: not gathered
-  std::vector<char> ran_backward_;  // (layers) 1 once its backward ran in this step
-  uint64_t rs_ticket_ = 0;  // the reduce-scatter in flight (at most one), of layer rs_layer_
+  std::vector<uint64_t> tickets_;  // (layers) the all-gather filling gathered_[l]; 0: not gathered
+  UnusedLayers unused_layers_;     // which layers ran their backward in this step
+  uint64_t rs_ticket_ = 0;         // the reduce-scatter in flight (at most one), of layer rs_layer_
   int rs_layer_ = -1;
   uint32_t seq_ = 0;  // collectives posted so far: the desync header's number
   double compute_start_ = 0;

@@ -1,7 +1,7 @@
-// ZeRO-3's members that are not the lesson: what it reports (the ledger's formula line), how
-// it evaluates in lockstep, what it saves (--save-final, --save-optimizer-state: the shards
-// all-gathered one layer at a time), what a desync message says and what the tests check (the
-// padding stays zero). zero3.hpp declares them.
+// ZeRO-3's members that are not the lesson: what it reports (model-state and in-flight bytes,
+// the traffic theory, the ledger's formula line), how it evaluates in lockstep, what it saves
+// (--save-final, --save-optimizer-state: the shards all-gathered one layer at a time) and what
+// the tests check (the padding stays zero). zero3.hpp declares them.
 // Leaves out: everything the training step does (zero3.hpp).
 #include <algorithm>
 #include <cstdio>
@@ -15,6 +15,24 @@
 #include "chapters/08_zero3/zero3.hpp"
 
 namespace ringzero {
+
+std::vector<int64_t> Zero3::model_states_bytes() const {
+  std::vector<int64_t> bytes;
+  for (int r = 0; r < comm_.world_size(); ++r)
+    bytes.push_back(static_cast<int64_t>(states_.param + states_.grad) * layout_.shard_total +
+                    static_cast<int64_t>(states_.optimizer) *
+                        plan_layer_shards(model_, r, comm_.world_size()).shard_real);
+  return bytes;
+}
+
+int64_t Zero3::in_flight_peak_bytes() const {
+  return ringzero::in_flight_peak_bytes(layout_, options_.prefetch, gather_bytes(), reduce_bytes());
+}
+
+TrafficTheory Zero3::traffic_theory(int64_t grad_accum_steps) const {
+  return zero3_traffic_theory(layout_, comm_.world_size(), psi_, grad_accum_steps,
+                              options_.collectives, gather_bytes(), reduce_bytes());
+}
 
 std::string Zero3::ledger_formula() const {
   const ModelStateBytes f =
@@ -127,20 +145,6 @@ int64_t Zero3::nonzero_padding() const {
       count += dtype_ == Dtype::fp32 ? (params_.span()[i] != 0.0f) + (grads_.span()[i] != 0.0f)
                                      : (params16_.span()[i] != 0) + (grads16_.span()[i] != 0);
   return count;
-}
-
-/// E.g. "ZeRO-3 collective #9 is the all-gather of layer 2 for its forward (1234 elements)".
-std::string Zero3::describe(const CollectiveHeader& h) const {
-  static const char* what[] = {
-      "the all-gather of layer %s for its forward", "the all-gather of layer %s for its backward",
-      "the reduce-scatter of layer %s's gradient", "the all-gather of layer %s for a checkpoint"};
-  const std::string layer =
-      h.id < layout_.layers.size() ? name(static_cast<int>(h.id)) : "#" + std::to_string(h.id);
-  char out[192];
-  const int n = std::snprintf(out, sizeof out, "ZeRO-3 collective #%u is ", h.seq);
-  std::snprintf(out + n, sizeof out - n,
-                h.kind < 4 ? what[h.kind] : "an unknown collective on layer %s", layer.c_str());
-  return std::string(out) + " (" + std::to_string(h.size) + " elements)";
 }
 
 TrainingState Zero3::training_state() {

@@ -8,23 +8,8 @@ source "$(dirname "$0")/lib.bash"
 CH01=("$BIN/ch01_training_loop")
 CH02=("$BIN/ch02_gradient_accumulation")
 
-# fails NAME TEXT... -- COMMAND...: COMMAND must exit non-zero and print every TEXT.
-fails() {
-  local name=$1 texts=() rc=0
-  shift
-  while [ "$1" != "--" ]; do texts+=("$1"); shift; done
-  shift
-  "$@" >"$WORK/$name.log" 2>&1 || rc=$?
-  if [ "$rc" -eq 0 ]; then
-    echo "FAILED $name: exit 0 from: $*"; cat "$WORK/$name.log"; exit 1
-  fi
-  for text in "${texts[@]}"; do
-    if ! grep -qF -- "$text" "$WORK/$name.log"; then
-      echo "FAILED $name: message lacks \"$text\" (exit $rc): $*"; cat "$WORK/$name.log"; exit 1
-    fi
-  done
-  echo "ok $name (exit $rc): $(grep -m1 -F -- "${texts[0]}" "$WORK/$name.log")"
-}
+# fails NAME TEXT... -- COMMAND... (lib.bash): COMMAND must exit 1..123 within RUN_TIMEOUT (not a
+# timeout or signal) and print every TEXT.
 
 # bytes B...: raw bytes given as numbers 0..255 (octal escapes: portable printf).
 bytes() { for b in "$@"; do printf "\\$(printf %03o "$b")"; done; }

@@ -52,21 +52,47 @@ close() {
   "$COMPARE" "$WORK/$a.safetensors" "$WORK/$b.safetensors" --adam-bound "$lr" --steps "$steps"
 }
 
-# fails NAME NP BINARY PATTERN ARGS... : the run must exit non-zero (within RUN_TIMEOUT, so a
-# hang fails too) and its output must contain PATTERN (grep -E).
+# fails NAME NP BINARY PATTERN ARGS... : a chapter run (under mpirun when NP > 0) must exit
+# non-zero within RUN_TIMEOUT (124, a hang, fails too) and its output must contain PATTERN
+# (grep -E).
+# fails NAME TEXT... -- COMMAND... : any command line (e.g. mpirun with two app contexts, one
+# per --data-dir) must exit with a code 1..123 within RUN_TIMEOUT (0: it ran on; 124: a hang;
+# above: a signal or a command that could not run) and its output must contain every TEXT
+# (grep -F: the words of the message, verbatim).
 fails() {
-  local name=$1 np=$2 binary=$3 pattern=$4; shift 4
-  local cmd=("$BIN/$binary" --log-every 1000 "$@")
-  if [ "$np" -gt 0 ]; then cmd=("$MPIRUN" -np "$np" --oversubscribe "${cmd[@]}"); fi
-  local rc=0
+  local name=$1 rc=0 mode=-E signals_fail=0 cmd=() texts=()
+  shift
+  if [[ $# -ge 3 && $1 =~ ^[0-9]+$ && -x $BIN/$2 ]]; then
+    local np=$1 binary=$2
+    texts=("$3")
+    shift 3
+    cmd=("$BIN/$binary" --log-every 1000 "$@")
+    if [ "$np" -gt 0 ]; then cmd=("$MPIRUN" -np "$np" --oversubscribe "${cmd[@]}"); fi
+  else
+    mode=-F signals_fail=1
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do texts+=("$1"); shift; done
+    if [ $# -lt 2 ] || [ ${#texts[@]} -eq 0 ]; then
+      echo "FAILED $name: fails NAME TEXT... -- COMMAND... needs a TEXT and a COMMAND"; exit 1
+    fi
+    shift
+    cmd=("$@")
+  fi
   timeout "${RUN_TIMEOUT:-120}" "${cmd[@]}" >"$WORK/$name.log" 2>&1 || rc=$?
-  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then
-    echo "FAILED: expected an error (exit $rc): ${cmd[*]}"; cat "$WORK/$name.log"; exit 1
+  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || { [ "$rc" -gt 124 ] && [ "$signals_fail" = 1 ]; }; then
+    echo "FAILED $name: expected an error, got exit $rc (0: ran on; 124: hang; >124: signal):" \
+      "${cmd[*]}"
+    cat "$WORK/$name.log"; exit 1
   fi
-  if ! grep -qE -- "$pattern" "$WORK/$name.log"; then
-    echo "FAILED: no '$pattern' in the output of ${cmd[*]}"; cat "$WORK/$name.log"; exit 1
-  fi
-  echo "ok: $name refused: $(grep -E -m1 -- "$pattern" "$WORK/$name.log" | cut -c1-220)"
+  local text
+  for text in "${texts[@]}"; do
+    if ! grep -q "$mode" -- "$text" "$WORK/$name.log"; then
+      echo "FAILED $name: no '$text' in the output (exit $rc) of ${cmd[*]}"; cat "$WORK/$name.log"
+      exit 1
+    fi
+  done
+  local first
+  first=$(grep "$mode" -m1 -- "${texts[0]}" "$WORK/$name.log" | cut -c1-220)
+  echo "ok: $name refused (exit $rc): $first"
 }
 
 # same_tail FULL RESUMED : the resumed run's step records (step, epoch, loss) equal, exactly,

@@ -1,0 +1,123 @@
+// checkpoint_guard: what a checkpointed run refuses before it trains. At resume: a checkpoint
+// written with other flags, for another model layout (check_resume_fits) or from another
+// training set (check_same_data); before step 1: a --checkpoint-dir that cannot be written or
+// that holds another run's checkpoints (Checkpointer::check_checkpoint_dir). Split from
+// checkpoint.cpp, which saves and loads (Checkpointer); the manifest's own field checks are in
+// checkpoint_read.cpp (read_checkpoint).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "check.hpp"
+#include "checkpoint.hpp"
+#include "checkpoint_format.hpp"
+
+namespace fs = std::filesystem;
+
+namespace ringzero {
+
+namespace checkpoint_format {
+
+void check_resume_fits(const nlohmann::json& m, const TrainConfig& config, const Model& model,
+                       const std::string& mpath) {
+  // The flags that give the state its meaning: refused when they differ.
+  const nlohmann::json now = checkpoint_flags_that_must_match(config);
+  static const std::vector<std::pair<std::string, std::string>> flag_of = {
+      {"model", "--model"},        {"layer_sizes", "--model/--hidden-sizes"},
+      {"data", "--data"},          {"optimizer", "--optimizer"},
+      {"momentum", "--momentum"},  {"seed", "--seed"},
+      {"shuffle", "--no-shuffle"}, {"global_batch_size", "--global-batch-size"},
+      {"precision", "precision"}};
+  for (const auto& [key, flag] : flag_of) {  // in this order: the model first
+    const nlohmann::json& value = now.at(key);
+    const nlohmann::json saved = m.at("flags").value(key, nlohmann::json());
+    std::string why;
+    if (key == "global_batch_size")
+      why =
+          " (the position in the epoch counts global batches, and each step's samples are cut "
+          "from its global batch: another size would train on other samples than the run that "
+          "wrote it)";
+    RZ_CHECK(saved == value, mpath << ": field flags." << key << " is " << saved.dump()
+                                   << ", this run has " << flag << " " << value.dump() << why
+                                   << ". Resume with the same " << flag << ", or start a new run");
+  }
+  const auto& params = model.parameters();
+  RZ_CHECK(m.at("num_parameters").get<int64_t>() == model.num_parameters(),
+           mpath << ": field num_parameters is " << m.at("num_parameters") << ", this model has "
+                 << model.num_parameters());
+  const auto& tensors = m.at("tensors");
+  RZ_CHECK(tensors.size() == params.size(), mpath << ": field tensors has " << tensors.size()
+                                                  << " entries, this model " << params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& t = tensors[i];
+    RZ_CHECK(
+        t.at("name") == params[i]->name() && t.at("shape").get<Shape>() == params[i]->shape() &&
+            t.at("offset").get<int64_t>() == model.offsets()[i],
+        mpath << ": field tensors[" << i << "] is " << t.at("name") << " " << t.at("shape").dump()
+              << " at " << t.at("offset") << ", this model has " << params[i]->name() << " "
+              << shape_str(params[i]->shape()) << " at " << model.offsets()[i]);
+  }
+}
+
+void check_same_data(const nlohmann::json& m, const nlohmann::json& now, const std::string& mpath) {
+  if (!m.contains("data") || now.is_null()) return;
+  const nlohmann::json& saved = m["data"];
+  const bool same = saved.is_object() && saved.value("size", int64_t{-1}) == now.at("size") &&
+                    saved.value("crc32", int64_t{-1}) == now.at("crc32");
+  RZ_CHECK(same, mpath << ": field data is " << saved.dump() << ", this run's training set is "
+                       << now.dump()
+                       << ": other samples than the run that wrote it. Resume with the same "
+                          "--data/--data-dir, or start a new run (--init-from for its weights)");
+}
+
+}  // namespace checkpoint_format
+
+using namespace checkpoint_format;
+
+void Checkpointer::check_checkpoint_dir() {
+  if (config_.checkpoint_dir.empty() || rank_ != 0) return;
+  const fs::path d = config_.checkpoint_dir;
+  // Writable, now: not after the last step (F2's lost run). Created if missing.
+  std::error_code ec;
+  fs::create_directories(d, ec);
+  RZ_CHECK(!ec && fs::is_directory(d),
+           "--checkpoint-dir " << config_.checkpoint_dir << ": cannot create the directory ("
+                               << (ec ? ec.message() : "a file of that name exists")
+                               << "); give a directory in a writable place");
+  const std::string probe = (d / (".write-test." + std::to_string(::getpid()))).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  RZ_CHECK(fd >= 0, "--checkpoint-dir " << config_.checkpoint_dir << " is not writable ("
+                                        << std::strerror(errno) << "); give a writable directory");
+  ::close(fd);
+  ::unlink(probe.c_str());
+  // Another run's checkpoints: a run that did not resume from this directory must not save
+  // into it, since its saves would prune them (docs/checkpoints.md, "One directory, one run").
+  std::error_code same_ec;
+  fs::path from = fs::path(resumed_dir_).lexically_normal();
+  if (from.filename().empty()) from = from.parent_path();  // "D/step_X/"
+  const bool resumed_here = !resumed_dir_.empty() && fs::equivalent(from.parent_path(), d, same_ec);
+  if (resumed_here) return;
+  int64_t newest = -1;
+  for (const auto& e : fs::directory_iterator(d)) {
+    const int64_t s = step_of_dir_name(e.path().filename().string());
+    if (s >= 0 && e.is_directory() && fs::exists(e.path() / kManifest))
+      newest = std::max(newest, s);
+  }
+  RZ_CHECK(newest < 0, "--checkpoint-dir "
+                           << config_.checkpoint_dir
+                           << " already holds committed checkpoints of another run (newest: "
+                           << (d / step_dir_name(newest)).string() << ", step " << newest
+                           << ") and this run "
+                           << (resumed_dir_.empty() ? "does not resume from it"
+                                                    : "resumes from " + resumed_dir_)
+                           << "; its saves would mix with them and prune them. To continue "
+                              "that run add --resume "
+                           << config_.checkpoint_dir
+                           << "; for a new run give another (or an empty) --checkpoint-dir");
+}
+
+}  // namespace ringzero
