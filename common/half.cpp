@@ -174,6 +174,18 @@ void accumulate_half(Dtype dtype, std::span<uint16_t> dst, std::span<const uint1
   }
 }
 
+void accumulate_half(Dtype dtype, std::span<uint16_t> dst, std::span<const float> src) {
+  check_half(dtype, dst.size(), src.size(), "accumulate_half");
+  constexpr size_t kBlock = 512;
+  float a[kBlock];
+  for (size_t i = 0; i < dst.size(); i += kBlock) {
+    const size_t n = std::min(kBlock, dst.size() - i);
+    convert_to_float(dtype, dst.subspan(i, n), {a, n});
+    for (size_t j = 0; j < n; ++j) a[j] += src[i + j];
+    convert_to_half(dtype, {a, n}, dst.subspan(i, n));
+  }
+}
+
 uint16_t* Aligned16Allocator::allocate(int64_t size, MemTag tag, bool zero) {
   const size_t bytes = (static_cast<size_t>(size) * 2 + 63) / 64 * 64;
   auto* data = static_cast<uint16_t*>(std::aligned_alloc(64, bytes));

@@ -76,6 +76,10 @@ void round_in_place(Dtype dtype, std::span<float> x);
 /// float32 and rounded once (how a 16-bit gradient accumulates, and one hop of a 16-bit ring
 /// sum). Errors: sizes differ, dtype fp32.
 void accumulate_half(Dtype dtype, std::span<uint16_t> dst, std::span<const uint16_t> src);
+/// dst[i] = to_16(to_32(dst[i]) + src[i]): an fp32 value (an fp32 sum over ranks,
+/// --reduce-dtype fp32) added into a 16-bit value with one rounding. Errors: sizes differ,
+/// dtype fp32.
+void accumulate_half(Dtype dtype, std::span<uint16_t> dst, std::span<const float> src);
 
 /// Memory for Buffer16: 64-byte aligned (aligned_alloc). Errors: out of memory (names bytes
 /// and tag).

@@ -304,6 +304,13 @@ bool GradScaler::update(bool found_inf) {
   return true;
 }
 
+AdamWOptions adamw_options(const TrainConfig& config) {
+  AdamWOptions o;
+  o.lr = config.lr;
+  o.weight_decay = config.weight_decay;
+  return o;
+}
+
 namespace {
 
 Dtype precision_dtype(const TrainConfig& config) {
@@ -313,13 +320,6 @@ Dtype precision_dtype(const TrainConfig& config) {
            "--precision " << config.precision << " needs --optimizer adamw (fp32 master weights "
                           << "are kept for AdamW only)");
   return d;
-}
-
-AdamWOptions adamw_options(const TrainConfig& config) {
-  AdamWOptions o;
-  o.lr = config.lr;
-  o.weight_decay = config.weight_decay;
-  return o;
 }
 
 Dtype reduce_dtype_of(const TrainConfig& config) {

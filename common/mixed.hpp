@@ -247,6 +247,10 @@ class MixedPrecision {
   std::optional<GradScaler> scaler_;
 };
 
+/// AdamW's options of the run (--lr, --weight-decay; betas and eps PyTorch's defaults), for
+/// MasterWeights.
+AdamWOptions adamw_options(const TrainConfig& config);
+
 /// A MixedPrecision when config.precision is bf16 or fp16, else null (fp32: nothing changes).
 std::unique_ptr<MixedPrecision> make_mixed_precision(Model& model, const TrainConfig& config,
                                                      bool master_weights = true);

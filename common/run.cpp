@@ -28,10 +28,11 @@ class PrecisionCheck : public Extension {
     const std::string& name = s.chapter.name;
     const bool wired = name == "01_training_loop" || name == "02_gradient_accumulation" ||
                        name == "03_data_parallel" || name == "04_ring_allreduce" ||
-                       name == "05_ddp_buckets" || name == "06_zero1" || name == "07_zero2";
+                       name == "05_ddp_buckets" || name == "06_zero1" || name == "07_zero2" ||
+                       name == "08_zero3";
     RZ_CHECK(s.config.precision == "fp32" || wired,
              "--precision " << s.config.precision << ": chapter " << name
-                            << " trains in fp32 only so far (16 bits: chapters 01-07); drop "
+                            << " trains in fp32 only so far (16 bits: every chapter); drop "
                             << "--precision or use --precision fp32");
     // One process sums no gradients across ranks: only the --precision's own dtype is a no-op.
     RZ_CHECK(s.config.reduce_dtype.empty() || s.chapter.distributed ||

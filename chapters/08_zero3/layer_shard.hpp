@@ -115,15 +115,20 @@ inline std::string explain_layer_shards(const LayerLayout& layout, int world_siz
 /// besides the ring's one-chunk scratch). Without prefetch: one layer's parameters and its
 /// gradient, 8·max P_l. With prefetch, during layer l's backward: its parameters and gradient,
 /// the parameters of l−1 already gathering and the gradient of l+1 still reduce-scattering,
-/// 4·max(P_{l−1} + 2 P_l + P_{l+1}) (the forward holds only P_l + P_{l+1}).
-inline int64_t in_flight_peak_bytes(const LayerLayout& layout, bool prefetch) {
+/// 4·max(P_{l−1} + 2 P_l + P_{l+1}) (the forward holds only P_l + P_{l+1}). In 16 bits the
+/// computing layer's parameters and gradient are fp32 still, the layers on the wire 16-bit
+/// (gather_bytes = 2; reduce_bytes = 2, or 4 with --reduce-dtype fp32): with prefetch
+/// max(gather_bytes·P_{l−1} + 8 P_l + reduce_bytes·P_{l+1}), 8·max P_l without.
+inline int64_t in_flight_peak_bytes(const LayerLayout& layout, bool prefetch,
+                                    int64_t gather_bytes = 4, int64_t reduce_bytes = 4) {
   const auto& L = layout.layers;
   auto P = [&](size_t l) {
     return l < L.size() ? L[l].padded_size : int64_t{0};
   };  // l = −1 wraps: 0
   int64_t peak = 0;
   for (size_t l = 0; l < L.size(); ++l)
-    peak = std::max(peak, prefetch ? 4 * (P(l - 1) + 2 * P(l) + P(l + 1)) : 8 * P(l));
+    peak = std::max(
+        peak, prefetch ? gather_bytes * P(l - 1) + 8 * P(l) + reduce_bytes * P(l + 1) : 8 * P(l));
   return peak;
 }
 
@@ -132,33 +137,41 @@ inline int64_t in_flight_peak_bytes(const LayerLayout& layout, bool prefetch) {
 /// gradient, (N − 1) s_l elements each, plus a 16-byte desync header per collective (zero3.hpp):
 /// 3(N−1)/N·4(Ψ + padding) + 48 L bytes per micro-step, 1.5× DDP's 2(N−1)/N·4Ψ. With MPI's
 /// collectives the counters see the payload handed to MPI: s_l sent and (N − 1) s_l received
-/// per all-gather, the reverse per reduce-scatter.
+/// per all-gather, the reverse per reduce-scatter. Bytes per element: gather_bytes for the
+/// all-gathers, reduce_bytes for the reduce-scatter: 4 and 4 in fp32; in 16 bits 2 and 2
+/// (3(N−1)/N·2(Ψ + padding)), or 2 and 4 with --reduce-dtype fp32.
 inline TrafficTheory zero3_traffic_theory(const LayerLayout& layout, int world_size, int64_t psi,
-                                          int64_t grad_accum_steps, Collectives collectives) {
+                                          int64_t grad_accum_steps, Collectives collectives,
+                                          int64_t gather_bytes = 4, int64_t reduce_bytes = 4) {
   const bool ring = collectives == Collectives::ring;
   const int64_t N = world_size, L = static_cast<int64_t>(layout.layers.size());
+  const int64_t g = gather_bytes, r = reduce_bytes;
   int64_t sent = 0,
-          received = 0;  // elements per micro-step, the same on every rank (every chunk is s_l)
+          received = 0;  // bytes per micro-step, the same on every rank (every chunk is s_l)
   for (const LayerShard& s : layout.layers) {
-    sent += ring ? 3 * (N - 1) * s.shard_size : (N + 1) * s.shard_size;
-    received += ring ? 3 * (N - 1) * s.shard_size : (2 * N - 1) * s.shard_size;
+    sent += ring ? (N - 1) * s.shard_size * (2 * g + r) : (2 * g + (N - 1) * r) * s.shard_size;
+    received += ring ? (N - 1) * s.shard_size * (2 * g + r) : (2 * (N - 1) * g + r) * s.shard_size;
   }
-  const int64_t headers = N > 1 ? 3 * L * 16 : 0, bytes = grad_accum_steps * (4 * sent + headers);
+  const int64_t headers = N > 1 ? 3 * L * 16 : 0, bytes = grad_accum_steps * (sent + headers);
   TrafficTheory theory;
   theory.bytes_sent.assign(static_cast<size_t>(N), bytes);
-  theory.bytes_received.assign(static_cast<size_t>(N), grad_accum_steps * (4 * received + headers));
+  theory.bytes_received.assign(static_cast<size_t>(N), grad_accum_steps * (received + headers));
   const double n = static_cast<double>(N), p = static_cast<double>(psi);
+  const std::string per_param =
+      g == r ? "3(N-1)/N·" + std::to_string(g) + "Ψ"
+             : "(N-1)/N·(2·" + std::to_string(g) + " + " + std::to_string(r) + ")Ψ";
   theory.formula =
-      (ring ? "theory (ZeRO-3: per micro-step and layer, all-gather forward + all-gather backward "
-              "+ reduce-scatter): "
-              "every rank sends 3(N-1)/N·4Ψ = " +
-                  human_bytes(3 * (n - 1) / n * 4 * p) +
-                  " per micro-step, 1.5x DDP's "
-                  "2(N-1)/N·4Ψ = " +
-                  human_bytes(2 * (n - 1) / n * 4 * p)
-            : std::string("MPI_Allgather x 2 + MPI_Reduce_scatter_block per layer: counters show "
-                          "the payload handed "
-                          "to MPI, not its wire traffic")) +
+      (ring
+           ? "theory (ZeRO-3: per micro-step and layer, all-gather forward + all-gather backward "
+             "+ reduce-scatter): every rank sends " +
+                 per_param + " = " + human_bytes((n - 1) / n * static_cast<double>(2 * g + r) * p) +
+                 " per micro-step" +
+                 (g == r ? ", 1.5x DDP's 2(N-1)/N·" + std::to_string(g) +
+                               "Ψ = " + human_bytes(2 * (n - 1) / n * static_cast<double>(g) * p)
+                         : std::string())
+           : std::string("MPI_Allgather x 2 + MPI_Reduce_scatter_block per layer: counters show "
+                         "the payload handed "
+                         "to MPI, not its wire traffic")) +
       "; exactly (padding, 16-byte desync headers, K = " + std::to_string(grad_accum_steps) +
       " micro-steps): " + human_bytes(static_cast<double>(bytes)) + "; N = " + std::to_string(N) +
       ", Ψ = " + std::to_string(psi) +

@@ -19,19 +19,19 @@ namespace ringzero {
 std::vector<int64_t> Zero3::model_states_bytes() const {
   std::vector<int64_t> bytes;
   for (int r = 0; r < comm_.world_size(); ++r)
-    bytes.push_back(8 * layout_.shard_total +
+    bytes.push_back(static_cast<int64_t>(states_.param + states_.grad) * layout_.shard_total +
                     static_cast<int64_t>(states_.optimizer) *
                         plan_layer_shards(model_, r, comm_.world_size()).shard_real);
   return bytes;
 }
 
 int64_t Zero3::in_flight_peak_bytes() const {
-  return ringzero::in_flight_peak_bytes(layout_, options_.prefetch);
+  return ringzero::in_flight_peak_bytes(layout_, options_.prefetch, gather_bytes(), reduce_bytes());
 }
 
 TrafficTheory Zero3::traffic_theory(int64_t grad_accum_steps) const {
   return zero3_traffic_theory(layout_, comm_.world_size(), psi_, grad_accum_steps,
-                              options_.collectives);
+                              options_.collectives, gather_bytes(), reduce_bytes());
 }
 
 std::string Zero3::ledger_formula() const {
@@ -43,12 +43,17 @@ std::string Zero3::ledger_formula() const {
          " = " + human_bytes(f.total()) + " per rank (DDP: " + full_copy_formula_text(states_) +
          " = " + human_bytes(states_.per_param() * static_cast<double>(psi_)) +
          "); exactly, with padding " +
-         std::to_string(comm_.world_size() * layout_.shard_total - psi_) + ": 4Σs_l + 4Σs_l + " +
+         std::to_string(comm_.world_size() * layout_.shard_total - psi_) + ": " +
+         std::to_string(static_cast<int>(states_.param)) + "Σs_l + " +
+         std::to_string(static_cast<int>(states_.grad)) + "Σs_l + " +
          std::to_string(static_cast<int>(states_.optimizer)) + "·(real shard) = " + exact +
          " B on ranks 0..N-1; comm_buffers at the peak: full layers in flight " +
-         (options_.prefetch ? "4·max(P_l-1 + 2P_l + P_l+1) = " : "8·max P_l = ") +
+         (!options_.prefetch      ? "8·max P_l = "
+          : dtype_ == Dtype::fp32 ? "4·max(P_l-1 + 2P_l + P_l+1) = "
+                                  : "max(" + std::to_string(gather_bytes()) + "P_l-1 + 8P_l + " +
+                                        std::to_string(reduce_bytes()) + "P_l+1) = ") +
          std::to_string(in_flight_peak_bytes()) + " B + one ring chunk " +
-         std::to_string(scratch_.bytes()) + " B";
+         std::to_string(scratch_.bytes() + scratch16_.bytes()) + " B";
 }
 
 /// Every forward now makes collectives, so every rank must run as many forwards as the
@@ -101,13 +106,21 @@ std::map<std::string, NamedTensor> Zero3::gather_full(
 
 /// "<param>.exp_avg", ".exp_avg_sq" (the parameter's shape) and ".step" (shape (1)).
 /// Errors: not --optimizer adamw.
+/// In 16 bits the moments are the master weights' (MasterWeights), named the same.
 std::map<std::string, NamedTensor> Zero3::optimizer_state_dict() {
   for (const Optimizer& o : optimizers_)
     RZ_CHECK(o.adamw(), "optimizer state is saved for --optimizer adamw only");
-  auto out =
-      gather_full([this](size_t l) { return optimizers_[l].adamw()->exp_avg(); }, ".exp_avg");
-  out.merge(gather_full([this](size_t l) { return optimizers_[l].adamw()->exp_avg_sq(); },
-                        ".exp_avg_sq"));
+  const bool half = dtype_ != Dtype::fp32;
+  auto out = gather_full(
+      [this, half](size_t l) {
+        return half ? masters_[l].exp_avg() : optimizers_[l].adamw()->exp_avg();
+      },
+      ".exp_avg");
+  out.merge(gather_full(
+      [this, half](size_t l) {
+        return half ? masters_[l].exp_avg_sq() : optimizers_[l].adamw()->exp_avg_sq();
+      },
+      ".exp_avg_sq"));
   for (size_t l = 0; l < layout_.layers.size(); ++l) {
     const LayerShard& s = layout_.layers[l];
     for (Parameter* p : {&s.layer->weight, &s.layer->bias}) {
@@ -115,7 +128,9 @@ std::map<std::string, NamedTensor> Zero3::optimizer_state_dict() {
                                             0};  // every piece of a parameter took the same steps
       for (size_t k = 0; k < s.segment_params.size(); ++k)
         if (s.segment_params[k] == p)
-          step_and_owner = {static_cast<double>(optimizers_[l].adamw()->segment_steps()[k]), 1};
+          step_and_owner = {static_cast<double>(half ? masters_[l].segment_steps()[k]
+                                                     : optimizers_[l].adamw()->segment_steps()[k]),
+                            1};
       comm_.all_reduce_metrics(step_and_owner);
       out[p->name() + ".step"] = {{1}, {static_cast<float>(step_and_owner[0] / step_and_owner[1])}};
     }
@@ -127,11 +142,13 @@ int64_t Zero3::nonzero_padding() const {
   int64_t count = 0;
   for (const LayerShard& s : layout_.layers)
     for (int64_t i = s.shard_offset + s.real; i < s.shard_offset + s.shard_size; ++i)
-      count += (params_.span()[i] != 0.0f) + (grads_.span()[i] != 0.0f);
+      count += dtype_ == Dtype::fp32 ? (params_.span()[i] != 0.0f) + (grads_.span()[i] != 0.0f)
+                                     : (params16_.span()[i] != 0) + (grads16_.span()[i] != 0);
   return count;
 }
 
 TrainingState Zero3::training_state() {
+  RZ_CHECK(dtype_ == Dtype::fp32, "ZeRO-3 checkpoints hold fp32 training state only");
   TrainingState state;
   state.model = &model_;
   state.sharded = true;

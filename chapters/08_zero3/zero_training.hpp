@@ -79,6 +79,7 @@ class Zero3Training : public Lesson {
     fields["layers"] = zero.layout().layers.size();
     fields["prefetch"] = !flags_.no_prefetch;
     fields["in_flight_peak_bytes"] = zero.in_flight_peak_bytes();
+    fields.update(zero.precision_summary());  // 16 bits: precision, loss scale, skipped steps
     return fields;
   }
   std::map<std::string, NamedTensor> model_state_dict(const Model&) override {
@@ -118,7 +119,7 @@ inline double train_step(Zero3Training& lesson, const Step& step) {
     Tape tape;
     Var loss = forward_loss(tape, step.model, batch);  // mean over this micro-batch; gathers
     loss_sum += loss->value[0];
-    tape.backward(loss, 1.0f / K);  // gathers again; each layer's gradient shard += its mean
+    tape.backward(loss, zero.backward_seed(K));  // gathers again; each gradient shard += mean
   }
   zero.finalize_backward();  // nothing in flight, no layer gathered: only the shards
   const double loss_value = global_mean(lesson.comm, loss_sum / K);  // equal shares
