@@ -18,7 +18,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "check.hpp"  // exercise_stub, for exercise 01.3's starter stub
+#include "check.hpp"  // exercise_stub, for the starter stubs of exercises 01.1-01.3
 
 #if defined(__CUDACC__)
 #define RZ_HD __host__ __device__
@@ -41,9 +41,11 @@ RZ_HD inline float relu_grad(float dout, float out) {
 /// Σ_b dout[b, j] over the B rows of a row-major (B, OC) array, in row order (the bias
 /// gradient of column j). The same order on both devices, so the same float bits.
 RZ_HD inline float column_sum(const float* dout, int64_t B, int64_t OC, int64_t j) {
+  // BEGIN EXERCISE 01.1 (linear backward: the bias gradient's column sum, the GPU's too)
   float s = 0.0f;
   for (int64_t b = 0; b < B; ++b) s += dout[b * OC + j];
   return s;
+  // END EXERCISE 01.1
 }
 
 /// One row of softmax cross-entropy (nn.CrossEntropyLoss, before the batch mean): writes
@@ -51,6 +53,7 @@ RZ_HD inline float column_sum(const float* dout, int64_t B, int64_t OC, int64_t 
 /// first, so exp never overflows; sums run in float64 as in the CPU reference. label must lie in
 /// [0, C) (the callers check it).
 RZ_HD inline double softmax_cross_entropy_row(const float* z, float* p, int64_t C, int32_t label) {
+  // BEGIN EXERCISE 01.2 (cross-entropy from logits: one row, the GPU's)
   float zmax = z[0];
   for (int64_t c = 1; c < C; ++c) zmax = z[c] > zmax ? z[c] : zmax;
   double sum = 0.0;
@@ -58,11 +61,14 @@ RZ_HD inline double softmax_cross_entropy_row(const float* z, float* p, int64_t 
   const double log_sum = std::log(sum);
   for (int64_t c = 0; c < C; ++c) p[c] = static_cast<float>(std::exp(z[c] - zmax - log_sum));
   return log_sum - (z[label] - zmax);
+  // END EXERCISE 01.2
 }
 
 /// d logits of cross-entropy: scale * (p - onehot), scale = dloss / B.
 RZ_HD inline float cross_entropy_grad(float p, bool is_label, float scale) {
+  // BEGIN EXERCISE 01.2 (cross-entropy from logits: one element of the backward)
   return scale * (p - (is_label ? 1.0f : 0.0f));
+  // END EXERCISE 01.2
 }
 
 /// (pred - target)² in float64, one term of MSE's sum.

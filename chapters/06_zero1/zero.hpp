@@ -174,7 +174,9 @@ class Zero1 {
   /// this rank's shard divided by world_size. Does nothing inside no_sync(). Errors: unused
   /// parameters without find_unused_parameters (names them), a failed reduce-scatter.
   void finalize_backward() {
+    // BEGIN EXERCISE 05.3 (no_sync: finalize; chapter 05's, copied forward)
     if (!require_sync_) return;
+    // END EXERCISE 05.3
     std::string unused;
     for (size_t i = 0; i < ready_.size(); ++i)
       if (!ready_[i]) unused += (unused.empty() ? "" : ", ") + model_.parameters()[i]->name();
@@ -335,15 +337,19 @@ class Zero1 {
 
   // The gradient-ready hook of parameter i (main thread, during backward).
   void mark_ready(int i) {
+    // BEGIN EXERCISE 05.3 (no_sync: the hook; chapter 05's, copied forward)
     if (!require_sync_) return;
+    // END EXERCISE 05.3
     RZ_CHECK(!ready_[i],
              "parameter "
                  << model_.parameters()[i]->name() << " became ready twice in one backward; "
                  << "call finalize_backward() after every backward that is not inside no_sync()");
+    // BEGIN EXERCISE 05.2 (the gradient-ready hook; chapter 05's, copied forward)
     ready_[i] = 1;
     --pending_[bucket_of_[i]];
     while (next_bucket_ < static_cast<int>(buckets_.size()) && pending_[next_bucket_] == 0)
       launch(next_bucket_++);
+    // END EXERCISE 05.2
   }
 
   // Queues bucket b's reduce-scatter on the communication thread; returns at once.

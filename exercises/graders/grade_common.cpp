@@ -1,7 +1,9 @@
 // Graders for the exercises in common/ (chapter 01): one process, no MPI collectives.
 //
-//   grade_common linear_backward   01.1  common/ops.cpp linear_backward
-//   grade_common cross_entropy     01.2  common/ops.cpp cross_entropy_forward / _backward
+//   grade_common linear_backward   01.1  common/ops.cpp linear_backward, kernels::column_sum
+//   grade_common cross_entropy     01.2  common/ops.cpp cross_entropy_forward / _backward,
+//                                        kernels::softmax_cross_entropy_row, cross_entropy_grad
+//                                        (common/kernels.hpp: the GPU runs these)
 //   grade_common adamw             01.3  common/optim.cpp AdamW::step
 //
 // Each compares the library function with a reference written here in float64 from the
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/kernels.hpp"
 #include "common/ops.hpp"
 #include "common/optim.hpp"
 #include "exercises/graders/grade.hpp"
@@ -79,6 +82,14 @@ int linear_backward_grader() {
     report.close("dbias[" + std::to_string(o) + "] with dinp undefined", s, dbias2[o], kAtol, kRtol,
                  "an undefined dinp (first layer) changes nothing else");
   }
+  // kernels::column_sum, the GPU's bias gradient (common/gpu/kernels.cu): the same sums.
+  for (int64_t o = 0; o < OC; ++o) {
+    double s = 0;
+    for (int64_t b = 0; b < B; ++b) s += dout[b * OC + o];
+    report.close("kernels::column_sum(dout, B, OC, " + std::to_string(o) + ")", s,
+                 kernels::column_sum(dout.data(), B, OC, o), kAtol, kRtol,
+                 "column j's sum over the B rows of the row-major (B, OC) dout");
+  }
   return report.finish();
 }
 
@@ -129,6 +140,26 @@ int cross_entropy_grader() {
       report.close(at2("dlogits", b, c), dlogits0[b * C + c] + g, dlogits[b * C + c], kAtol, kRtol,
                    "dlogits += dloss / B · (probs - onehot(label)), accumulated");
     }
+  // The GPU's per-row and per-element functions (common/kernels.hpp), on the same rows.
+  std::vector<float> row_probs(C);
+  for (int64_t b = 0; b < B; ++b) {
+    double expected = 0, zmax = -1e300, sum = 0;
+    for (int64_t c = 0; c < C; ++c) zmax = std::max(zmax, double(logits[b * C + c]));
+    for (int64_t c = 0; c < C; ++c) sum += std::exp(double(logits[b * C + c]) - zmax);
+    expected = std::log(sum) + zmax - logits[b * C + labels[b]];
+    const double got =
+        kernels::softmax_cross_entropy_row(logits.data() + b * C, row_probs.data(), C, labels[b]);
+    report.close("kernels::softmax_cross_entropy_row, row " + std::to_string(b), expected, got,
+                 kAtol, kRtol, "returns logsumexp(z) - z[label] of one row, finite at ±1000");
+    for (int64_t c = 0; c < C; ++c)
+      report.close("kernels::softmax_cross_entropy_row probs " + at2("p", b, c), p[b * C + c],
+                   row_probs[c], kAtol, kRtol, "writes softmax(z) of the row into p");
+    for (int64_t c = 0; c < C; ++c)
+      report.close("kernels::cross_entropy_grad " + at2("dlogits", b, c),
+                   dloss / B * (p[b * C + c] - (c == labels[b] ? 1.0 : 0.0)),
+                   kernels::cross_entropy_grad(pf[b * C + c], c == labels[b], dloss / B), kAtol,
+                   kRtol, "scale · (p - onehot), scale = dloss / B");
+  }
   return report.finish();
 }
 

@@ -15,7 +15,7 @@ root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".")
 catalogue = json.loads((root / "exercises/catalogue.json").read_text())
 broken = []
 for ex in catalogue["exercises"]:
-    for f in ex["files"]:
+    for f in ex["files"] + ex.get("copies", []):
         path = root / f
         if not path.is_file():
             broken.append(f"exercise {ex['id']}: file {f} does not exist")

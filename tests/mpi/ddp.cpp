@@ -19,6 +19,7 @@
 #include "chapters/05_ddp_buckets/ddp.hpp"
 #include "common/ops.hpp"
 #include "common/rng.hpp"
+#include "mpi/difference_report.hpp"
 #include "mpi/test_comm.hpp"
 
 #include <catch2/catch.hpp>
@@ -42,10 +43,6 @@ Batch rank_batch(int64_t B, int64_t in, int64_t out, int rank) {
 void backward(Model& model, const Batch& batch) {
   Tape tape;
   tape.backward(forward_loss(tape, model, batch));
-}
-
-bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
 }
 
 // The reference: this rank's local gradients of `batch`, then each bucket ring-all-reduced and
@@ -82,7 +79,9 @@ TEST_CASE("DDP gradients equal the ring all-reduce of every bucket, bit for bit"
     model.zero_grad();
     backward(model, batch);
     ddp.finalize_backward();
-    REQUIRE(same_bits(model.grads_memory.span(), ref));
+    REQUIRE_SAME_BITS("the gradients (expected: each bucket ring-all-reduced, divided by N)", ref,
+                      model.grads_memory.span(),
+                      test::bucket_element(model, ddp.buckets(), comm.world_size()));
   }
 }
 
@@ -91,6 +90,7 @@ TEST_CASE("gradients become ready in reverse registration order, layer by layer"
   DDP ddp(test_comm(), model, {});
   backward(model, rank_batch(4, 16, 4, test_comm().rank()));
   ddp.finalize_backward();
+  INFO("rank " << test_comm().rank() << ": the order in which mark_ready saw the parameters");
   // Layers in reverse; within a layer, one backward op produces weight and bias together and
   // the tape fires their hooks in the op's order (weight, bias).
   REQUIRE(ddp.last_ready_order() == std::vector<int>{6, 7, 4, 5, 2, 3, 0, 1});
@@ -160,13 +160,17 @@ TEST_CASE("one synchronised backward moves the ring's bytes per bucket; no_sync 
   const Batch batch = rank_batch(12, 64, 8, r);
   model.zero_grad();
   comm.reset_counters();
+  INFO("rank " << r << " of " << N << ", " << ddp.buckets().size() << " buckets");
   for (int micro_step = 0; micro_step < 3; ++micro_step) {
     auto no_sync = ddp.no_sync();
     backward(model, batch);
     ddp.finalize_backward();
   }
-  REQUIRE(comm.training_traffic().bytes_sent == 0);
-  REQUIRE(comm.training_traffic().messages_sent == 0);
+  {
+    INFO("3 backwards inside no_sync: bytes and messages this rank sent (expected none)");
+    REQUIRE(comm.training_traffic().bytes_sent == 0);
+    REQUIRE(comm.training_traffic().messages_sent == 0);
+  }
   backward(model, batch);  // the fourth micro-step communicates the accumulated sum
   ddp.finalize_backward();
   int64_t sent = 0, received = 0;
@@ -174,6 +178,9 @@ TEST_CASE("one synchronised backward moves the ring's bytes per bucket; no_sync 
     sent += ring_reduce_scatter_sent(b.size, N, r) + ring_all_gather_sent(b.size, N, r);
     received += ring_reduce_scatter_received(b.size, N, r) + ring_all_gather_received(b.size, N, r);
   }
+  INFO(
+      "then 1 synchronised backward: bytes this rank sent and received (expected: the ring's, "
+      "bucket by bucket, 4 bytes per element)");
   REQUIRE(comm.training_traffic().bytes_sent == 4 * sent);
   REQUIRE(comm.training_traffic().bytes_received == 4 * received);
   REQUIRE(comm.counters().at("ring_reduce_scatter").calls ==
@@ -206,7 +213,11 @@ TEST_CASE("no_sync accumulation then one synchronised backward equals the refere
     backward(model, batches[k]);
     ddp.finalize_backward();
   }
-  REQUIRE(same_bits(model.grads_memory.span(), ref));
+  REQUIRE_SAME_BITS(
+      "the gradients after 2 no_sync micro-steps and 1 synchronised one (expected: "
+      "the sum of the 3 local gradients, all-reduced once, divided by N)",
+      ref, model.grads_memory.span(),
+      test::bucket_element(model, ddp.buckets(), comm.world_size()));
 }
 
 namespace {
@@ -256,7 +267,9 @@ TEST_CASE("with find_unused_parameters an unused parameter counts as a zero grad
   model.zero_grad();
   backward_skipping_layer2(model, batch);
   REQUIRE_NOTHROW(ddp.finalize_backward());
-  REQUIRE(same_bits(model.grads_memory.span(), ref));
+  REQUIRE_SAME_BITS("the gradients (expected: unused parameters count as zero)", ref,
+                    model.grads_memory.span(),
+                    test::bucket_element(model, ddp.buckets(), comm.world_size()));
   const Parameter& w2 = *model.parameters()[2];
   for (float g : w2.grad.span()) REQUIRE(g == 0.0f);
   // The unused ones were marked last, after every parameter that did get a gradient.

@@ -3,6 +3,7 @@
 // makes that rank exit non-zero; ranks waiting for it in a collective are stopped by mpirun
 // or, at worst, by the ctest TIMEOUT: a hang fails, it never passes.
 #define CATCH_CONFIG_RUNNER
+#define CATCH_CONFIG_CONSOLE_WIDTH 200  // long failure reports stay on one line
 #include <catch2/catch.hpp>
 
 #include "mpi/test_comm.hpp"

@@ -12,11 +12,13 @@
 //  - traffic: the counters equal zero3_traffic_theory() exactly, and evaluation adds none;
 //  - prefetch: the all-gather of layer l+1 (l−1 in backward) is posted before layer l's
 //    compute ends, from the recorded events; without prefetch, only after.
+#include <array>
 #include <cstring>
 #include <numeric>
 
 #include "chapters/08_zero3/zero3.hpp"
 #include "common/rng.hpp"
+#include "mpi/difference_report.hpp"
 #include "mpi/test_comm.hpp"
 
 #include <catch2/catch.hpp>
@@ -73,13 +75,6 @@ float micro_step(const Case& c, Model& model, int rank, int64_t step, int64_t k)
   Var loss = forward_loss(tape, model, batch);
   tape.backward(loss, 1.0f / static_cast<float>(c.grad_accum_steps));
   return loss->value[0];
-}
-
-int64_t bit_differences(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) return -1;
-  int64_t n = 0;
-  for (size_t i = 0; i < a.size(); ++i) n += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
-  return n;
 }
 
 // Unsharded, what ZeRO-3 computes: after every micro-step each layer's gradient (weight and
@@ -150,15 +145,39 @@ Result run_zero3(const Case& c, Tracer* tracer = nullptr) {
   return out;
 }
 
-void require_same(const Result& a, const Result& b) {
-  REQUIRE(bit_differences(a.params, b.params) == 0);
-  REQUIRE(bit_differences(a.losses, b.losses) == 0);
-  REQUIRE(a.optimizer.size() == b.optimizer.size());
-  for (const auto& [name, t] : a.optimizer) {
+// Element i of the flat parameters: its name, its layer and the rank whose shard holds it
+// (layer l's shard c = elements [c·s_l, (c+1)·s_l) of its weight-then-bias).
+test::ElementName layer_element(const std::vector<int64_t>& sizes) {
+  const Model model(sizes, 1);
+  const LayerLayout layout = plan_layer_shards(model, 0, test_comm().world_size());
+  std::vector<std::array<int64_t, 3>> layers;  // offset, numel, shard size
+  for (const LayerShard& s : layout.layers) layers.push_back({s.offset, s.numel, s.shard_size});
+  return test::parameter_element(model, [layers](size_t, size_t i) -> std::string {
+    for (size_t l = 0; l < layers.size(); ++l) {
+      const int64_t j = static_cast<int64_t>(i) - layers[l][0];
+      if (j >= 0 && j < layers[l][1])
+        return ", layer " + std::to_string(l) + " element " + std::to_string(j) + " of " +
+               std::to_string(layers[l][1]) + ", in rank " + std::to_string(j / layers[l][2]) +
+               "'s shard";
+    }
+    return "";
+  });
+}
+
+// `got` equals `expected` bit for bit: parameters, every micro-step's loss, AdamW's state.
+void require_same(const Case& c, std::string_view expected_from, const Result& expected,
+                  const Result& got) {
+  const std::string of = " (expected: " + std::string(expected_from) + ")";
+  REQUIRE_SAME_BITS("the parameters after " + std::to_string(c.steps) + " steps" + of,
+                    expected.params, got.params, layer_element(c.sizes));
+  REQUIRE_SAME_BITS("the losses, one per micro-step" + of, expected.losses, got.losses, {});
+  REQUIRE(got.optimizer.size() == expected.optimizer.size());
+  for (const auto& [name, t] : expected.optimizer) {
     INFO(name);
-    REQUIRE(b.optimizer.count(name) == 1);
-    REQUIRE(b.optimizer.at(name).shape == t.shape);
-    REQUIRE(bit_differences(b.optimizer.at(name).values, t.values) == 0);
+    REQUIRE(got.optimizer.count(name) == 1);
+    REQUIRE(got.optimizer.at(name).shape == t.shape);
+    REQUIRE_SAME_BITS("the AdamW state " + name + of, t.values, got.optimizer.at(name).values,
+                      [&name](size_t j) { return name + "[" + std::to_string(j) + "]"; });
   }
 }
 
@@ -207,9 +226,15 @@ TEST_CASE("ZeRO-3 equals the per-layer ring all-reduce bit for bit; prefetch cha
         const Result reference = run_reference(c), zero3 = run_zero3(c);
         c.prefetch = false;
         const Result no_prefetch = run_zero3(c);
-        require_same(reference, zero3);
-        require_same(zero3, no_prefetch);
-        REQUIRE(zero3.nonzero_padding == 0);
+        require_same(c, "the unsharded per-layer ring all-reduce", reference, zero3);
+        require_same(c, "the same ZeRO-3 with prefetch", zero3, no_prefetch);
+        {
+          INFO(
+              "padding elements that are not exactly 0 after a step, summed over the steps on "
+              "this rank (the padding after each bucket's real elements must stay 0; the "
+              "optimizer must never see it)");
+          REQUIRE(zero3.nonzero_padding == 0);
+        }
         REQUIRE(zero3.optimizer.at("0.weight.step").values[0] == static_cast<float>(c.steps));
       }
     }
