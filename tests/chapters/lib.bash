@@ -43,6 +43,20 @@ start_point() {
     --eval-every-epoch 0 "${sgd[@]}" --max-steps 1 --lr 1e-30
 }
 
+# scaled_start NAME FACTOR ARGS...: start_point's initial parameters (of ARGS) times FACTOR, in
+# $WORK/NAME.safetensors (for --init-from: e.g. weights large enough to overflow fp16).
+scaled_start() {
+  local name=$1 factor=$2; shift 2
+  start_point "${name}_unscaled" "$@"
+  python3 - "$WORK/${name}_unscaled.safetensors" "$WORK/$name.safetensors" "$factor" <<'PY'
+import struct, sys
+b = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+vals = struct.unpack(f"<{(len(b) - 8 - n) // 4}f", b[8 + n:])
+f = float(sys.argv[3])
+open(sys.argv[2], "wb").write(b[:8 + n] + struct.pack(f"<{len(vals)}f", *[v * f for v in vals]))
+PY
+}
+
 # close A B START STEPS [LR]: runs A_sgd, B_sgd under SGD and A, B under AdamW (STEPS steps of
 # lr LR, default 1e-3), all from the parameters in run START, are as close as rounding allows.
 close() {

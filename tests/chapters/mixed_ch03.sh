@@ -35,13 +35,7 @@ echo "== ch03_np3 vs ch03_np3_r32 (AdamW bound)"
 "$COMPARE" "$WORK/ch03_np3.safetensors" "$WORK/ch03_np3_r32.safetensors" --adam-bound 1e-3 --steps 20
 
 # fp16 with overflowing gradients: the initial weights x 6 (loss ~13 at step 1).
-start_point w0 --model mlp --seed 3
-python3 - "$WORK/w0.safetensors" "$WORK/w6.safetensors" <<'PY'
-import struct, sys
-b = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", b[:8])[0]
-vals = struct.unpack(f"<{(len(b) - 8 - n) // 4}f", b[8 + n:])
-open(sys.argv[2], "wb").write(b[:8 + n] + struct.pack(f"<{len(vals)}f", *[v * 6 for v in vals]))
-PY
+scaled_start w6 6 --model mlp --seed 3  # lib.bash: the initial weights x 6
 f16=(--model mlp --global-batch-size 48 --max-steps 10 --epochs 1 --eval-every-epoch 0 --seed 3
   --precision fp16 --init-from "$WORK/w6.safetensors")
 run f16_ch02_k3 0 ch02_gradient_accumulation "${f16[@]}" --grad-accum-steps 3

@@ -39,13 +39,7 @@ stops mpi_bf16 2 ch05_ddp_buckets \
   "--collectives mpi with --reduce-dtype bf16 .*: MPI has no bf16 sum; use --reduce-dtype fp32" \
   "${common[@]}" --precision bf16 --collectives mpi
 
-start_point w0 --model mlp --seed 3
-python3 - "$WORK/w0.safetensors" "$WORK/w6.safetensors" <<'PY'
-import struct, sys
-b = open(sys.argv[1], "rb").read(); n = struct.unpack("<Q", b[:8])[0]
-vals = struct.unpack(f"<{(len(b) - 8 - n) // 4}f", b[8 + n:])
-open(sys.argv[2], "wb").write(b[:8 + n] + struct.pack(f"<{len(vals)}f", *[v * 6 for v in vals]))
-PY
+scaled_start w6 6 --model mlp --seed 3  # lib.bash: the initial weights x 6
 f16=(--model mlp --global-batch-size 48 --max-steps 10 --epochs 1 --eval-every-epoch 0 --seed 3
   --precision fp16 --init-from "$WORK/w6.safetensors")
 run f16_ch04_n3 3 ch04_ring_allreduce "${f16[@]}"
