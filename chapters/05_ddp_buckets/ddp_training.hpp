@@ -135,7 +135,7 @@ inline double train_step_mixed(DDPTraining& lesson, const Step& step) {
   for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
     Batch batch = step.micro_batch(micro_step);  // (B/(N K), in)
     std::optional<DDP::NoSync> no_sync;          // only the last micro-step's backward sends
-    if (micro_step < K - 1) no_sync.emplace(lesson.ddp);
+    if (micro_step + 1 < K) no_sync.emplace(lesson.ddp);  // the last sends
     Tape tape;
     Var loss = forward_loss(tape, step.model, batch);  // mean over this micro-batch
     loss_sum += loss->value[0];
