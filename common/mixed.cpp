@@ -1,15 +1,11 @@
 #include "mixed.hpp"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
-#include <cstring>
 #include <numeric>
 
 #include "check.hpp"
-#include "metrics.hpp"
 #include "ops.hpp"
-#include "train.hpp"
 
 namespace ringzero {
 
@@ -275,156 +271,11 @@ double sum_of_squares_half(Dtype dtype, std::span<const uint16_t> grads, float f
   return s;
 }
 
-bool found_inf_on_any_rank(Communicator& comm, bool local) {
-  std::array<double, 1> flag{local ? 1.0 : 0.0};
-  comm.all_reduce_metrics(flag);
-  return flag[0] > 0.0;
-}
-
-GradScaler::GradScaler(GradScalerOptions options) : options_(options), scale_(options.init_scale) {
-  RZ_CHECK(options.init_scale > 0 && std::isfinite(options.init_scale),
-           "GradScaler init_scale = " << options.init_scale << " must be positive and finite");
-  RZ_CHECK(options.growth_factor > 1, "GradScaler growth_factor must be > 1");
-  RZ_CHECK(options.backoff_factor > 0 && options.backoff_factor < 1,
-           "GradScaler backoff_factor must lie in (0, 1)");
-  RZ_CHECK(options.growth_interval > 0, "GradScaler growth_interval must be positive");
-}
-
-bool GradScaler::update(bool found_inf) {
-  if (found_inf) {
-    scale_ *= options_.backoff_factor;
-    growth_tracker_ = 0;
-    skipped_ += 1;
-    return false;
-  }
-  if (++growth_tracker_ == options_.growth_interval) {
-    scale_ *= options_.growth_factor;
-    growth_tracker_ = 0;
-  }
-  return true;
-}
-
 AdamWOptions adamw_options(const TrainConfig& config) {
   AdamWOptions o;
   o.lr = config.lr;
   o.weight_decay = config.weight_decay;
   return o;
-}
-
-namespace {
-
-Dtype precision_dtype(const TrainConfig& config) {
-  const Dtype d = parse_dtype(config.precision, "--precision");
-  RZ_CHECK(d != Dtype::fp32, "MixedPrecision: --precision fp32 trains in fp32; nothing to do");
-  RZ_CHECK(config.optimizer == "adamw",
-           "--precision " << config.precision << " needs --optimizer adamw (fp32 master weights "
-                          << "are kept for AdamW only)");
-  return d;
-}
-
-Dtype reduce_dtype_of(const TrainConfig& config) {
-  const Dtype precision = parse_dtype(config.precision, "--precision");
-  if (config.reduce_dtype.empty()) return precision;
-  const Dtype d = parse_dtype(config.reduce_dtype, "--reduce-dtype");
-  RZ_CHECK(d == precision || d == Dtype::fp32,
-           "--reduce-dtype " << config.reduce_dtype << " with --precision " << config.precision
-                             << ": gradients are summed in the parameters' dtype or in fp32; use "
-                             << "--reduce-dtype " << config.precision << " or fp32");
-  return d;
-}
-
-}  // namespace
-
-MixedPrecision::MixedPrecision(Model& model, const TrainConfig& config, bool master_weights)
-    : master_(master_weights
-                  ? std::optional<MasterWeights>(std::in_place, precision_dtype(config),
-                                                 model.params_memory.span(), parameter_sizes(model),
-                                                 adamw_options(config))
-                  : std::nullopt),
-      storage_(model, precision_dtype(config)),
-      reduce_dtype_(reduce_dtype_of(config)) {
-  if (dtype() == Dtype::fp16) scaler_.emplace();
-}
-
-const MasterWeights& MixedPrecision::master() const {
-  RZ_CHECK(master_, "MixedPrecision: this rank holds no master weights (chapter 03: rank 0 only)");
-  return *master_;
-}
-
-bool MixedPrecision::found_inf(std::span<const float> grads32) const {
-  if (!scaler_) return false;
-  return grads32.empty() ? has_non_finite(dtype(), storage_.grads16.span())
-                         : has_non_finite(grads32);
-}
-
-bool MixedPrecision::update_scale(bool found_inf, Communicator* comm) {
-  if (!scaler_) return true;
-  if (comm != nullptr) found_inf = found_inf_on_any_rank(*comm, found_inf);
-  return scaler_->update(found_inf);  // false: skipped, Adam's step count stays
-}
-
-void MixedPrecision::step_master(float clip_grad_norm, std::span<const float> grads32) {
-  RZ_CHECK(master_, "MixedPrecision::step_master: this rank holds no master weights");
-  float factor = scaler_ ? scaler_->inv_scale() : 1.0f;
-  if (clip_grad_norm > 0) {
-    const double sum = grads32.empty()
-                           ? sum_of_squares_half(dtype(), storage_.grads16.span(), factor)
-                           : sum_of_squares(grads32, factor);
-    factor *= clip_coefficient(std::sqrt(sum), clip_grad_norm);
-  }
-  if (grads32.empty())
-    master_->step(storage_.params16.span(), storage_.grads16.span(), factor);
-  else
-    master_->step(storage_.params16.span(), grads32, factor);
-}
-
-bool MixedPrecision::step(float clip_grad_norm, Communicator* comm,
-                          std::span<const float> grads32) {
-  if (!update_scale(found_inf(grads32), comm)) return false;
-  step_master(clip_grad_norm, grads32);
-  return true;
-}
-
-void MixedPrecision::check_first_loss(double loss, int64_t step) const {
-  // At step 1 no update has happened yet: a non-finite loss is the forward overflowing the
-  // 16-bit range (fp16's largest value is 65504), not a divergence that --lr could cure.
-  RZ_CHECK(std::isfinite(loss) || step > 1 || dtype() != Dtype::fp16,
-           "loss is " << loss << " at step 1, before any update: the forward pass "
-                      << "overflowed fp16's range (largest value 65504), e.g. with large "
-                      << "--init-from weights. Use --precision bf16 (fp32's range) or fp32, "
-                      << "or smaller initial weights");
-}
-
-std::map<std::string, NamedTensor> MixedPrecision::master_state_dict(const Model& model) const {
-  std::map<std::string, NamedTensor> out;
-  const auto& params = model.parameters();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const auto begin = master().master().begin() + model.offsets()[i];
-    out[params[i]->name()] = {params[i]->shape(), {begin, begin + params[i]->numel()}};
-  }
-  return out;
-}
-
-nlohmann::json MixedPrecision::summary() const {
-  nlohmann::json j{{"precision", dtype_name(dtype())}};
-  if (scaler_) {
-    j["loss_scale"] = scaler_->scale();
-    j["skipped_steps"] = scaler_->skipped_steps();
-  }
-  return j;
-}
-
-std::string MixedPrecision::ledger_formula(Dtype dtype, int64_t psi) {
-  return std::string("formula (one process, ") + dtype_name(dtype) +
-         " + AdamW with fp32 master weights): 2Ψ + 2Ψ + 12Ψ = 16Ψ = " + human_bytes(16.0 * psi) +
-         " with Ψ = " + std::to_string(psi) +
-         "; plus one layer's fp32 working copy and gradient scratch (activations)";
-}
-
-std::unique_ptr<MixedPrecision> make_mixed_precision(Model& model, const TrainConfig& config,
-                                                     bool master_weights) {
-  if (config.precision == "fp32") return nullptr;
-  return std::make_unique<MixedPrecision>(model, config, master_weights);
 }
 
 }  // namespace ringzero

@@ -16,8 +16,11 @@
 //  - MasterWeights: fp32 master weights + AdamW moments over a 16-bit parameter span; each
 //    step converts the 16-bit gradient to fp32 (times the unscale/clip factor), updates the
 //    master as AdamW::step does, and writes the master rounded to 16 bits back.
-//  - GradScaler: fp16 dynamic loss scaling, torch.cuda.amp.GradScaler's defaults and update
-//    rule; the overflow decision comes from every rank (found_inf_on_any_rank).
+//  - has_non_finite, sum_of_squares(_half): the overflow test and the clipping norm of 16-bit
+//    (or fp32-summed) gradients.
+// Put together elsewhere: GradScaler (fp16 dynamic loss scaling, grad_scaler.hpp, included
+// here for the ZeRO chapters, which build their own masters and scaler); MixedPrecision (the
+// whole recipe for a model every rank holds whole, chapters 01-05, mixed_precision.hpp).
 //
 // Why a GEMM on fp32 copies is a 16-bit GEMM: a bf16 value has an 8-bit significand and an
 // fp16 value an 11-bit one, so the product of two of them has at most 16 (resp. 22)
@@ -35,22 +38,15 @@
 // Leaves out: 16-bit activation storage, fp8, per-layer precision policies.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
-#include <map>
-#include <memory>
-#include <optional>
 #include <span>
-#include <string>
 #include <vector>
 
-#include "comm.hpp"
 #include "config.hpp"
+#include "grad_scaler.hpp"
 #include "half.hpp"
 #include "nn.hpp"
 #include "optim.hpp"
-#include "safetensors.hpp"
 
 namespace ringzero {
 
@@ -150,109 +146,8 @@ double sum_of_squares_half(Dtype dtype, std::span<const uint16_t> grads, float f
 /// Σ (g * factor)² over float32 gradients, accumulated in float64.
 double sum_of_squares(std::span<const float> grads, float factor);
 
-/// local on any rank -> true on every rank (one MPI_Allreduce of one double, counted as
-/// "metrics": it is a control message, not gradient traffic).
-bool found_inf_on_any_rank(Communicator& comm, bool local);
-
-/// torch.cuda.amp.GradScaler's defaults.
-struct GradScalerOptions {
-  float init_scale = 65536.0f;  ///< 2^16
-  float growth_factor = 2.0f;
-  float backoff_factor = 0.5f;
-  int64_t growth_interval = 2000;
-};
-
-/// fp16 dynamic loss scaling (torch.cuda.amp.GradScaler, torch._amp_update_scale_): backward
-/// is seeded with scale(); the optimizer sees the gradients times inv_scale(); after each step
-/// update(found_inf) skips the step (returns false) and halves the scale when any gradient
-/// on any rank overflowed, else counts a clean step and doubles the scale after
-/// growth_interval clean steps in a row. The scale is a power of two, so scaling and
-/// unscaling are exact (short of over/underflow).
-class GradScaler {
- public:
-  explicit GradScaler(GradScalerOptions options = {});
-  float scale() const { return scale_; }
-  /// 1 / scale in fp32 (torch: scale.double().reciprocal().float()).
-  float inv_scale() const { return static_cast<float>(1.0 / static_cast<double>(scale_)); }
-  /// Returns whether the optimizer step is to be taken (no overflow), then updates the scale.
-  bool update(bool found_inf);
-  int64_t skipped_steps() const { return skipped_; }
-  int64_t growth_tracker() const { return growth_tracker_; }
-
- private:
-  GradScalerOptions options_;
-  float scale_;
-  int64_t growth_tracker_ = 0, skipped_ = 0;
-};
-
-/// --precision bf16|fp16 for a model every rank holds whole (chapters 01-05): HalfStorage,
-/// MasterWeights over every parameter, and (fp16) a GradScaler. A train_step in 16 bits is
-///   zero_grad(); forward; tape.backward(loss, seed * loss_scale()); step(clip, comm);
-/// Data parallel (chapters 03-05) pre-divides: seed = 1/(N·K), so the sum over ranks of the
-/// 16-bit gradients is their mean and cannot overflow by a factor N (PyTorch's DDP Reducer
-/// multiplies each gradient by 1/world_size as it copies it into the bucket, before the
-/// all-reduce: reducer.cpp, copy_grad_to_bucket / mark_variable_ready_dense).
-/// Memory: 2Ψ + 2Ψ + 12Ψ = 16Ψ model states, plus HalfStorage's one-layer working copy; a rank
-/// built without master weights (chapter 03's ranks 1..N-1) holds 2Ψ + 2Ψ.
-class MixedPrecision {
- public:
-  /// Reads the model's fp32 parameters into the master weights (when master_weights), then
-  /// moves the model to 16 bits (its fp32 buffers are freed). Errors: --precision fp32,
-  /// --optimizer other than adamw, a --reduce-dtype that is neither fp32 nor the precision's.
-  MixedPrecision(Model& model, const TrainConfig& config, bool master_weights = true);
-
-  Dtype dtype() const { return storage_.dtype(); }
-  /// The dtype gradients are summed in across ranks: --reduce-dtype, default the precision's.
-  Dtype reduce_dtype() const { return reduce_dtype_; }
-  bool has_master_weights() const { return master_.has_value(); }
-  void zero_grad() { storage_.zero_grad(); }
-  /// What backward's seed is multiplied by: the GradScaler's scale in fp16, 1 in bf16.
-  float loss_scale() const { return scaler_ ? scaler_->scale() : 1.0f; }
-  /// After backward: in fp16, decides overflow over every rank (comm may be null on one
-  /// process) and skips the step on overflow; clips the unscaled gradients' global norm to
-  /// clip_grad_norm (0: off) as clip_grad_norm_ does; updates the master weights and the
-  /// 16-bit parameters. The gradients are grads16, or grads32 when given (summed in fp32,
-  /// --reduce-dtype fp32; Ψ elements). Returns whether the optimizer stepped. Equals
-  ///   update_scale(found_inf(grads32), comm) && (step_master(clip, grads32), true).
-  bool step(float clip_grad_norm, Communicator* comm, std::span<const float> grads32 = {});
-  /// fp16: whether the gradients the optimizer reads (grads16, or grads32 when given) hold an
-  /// inf or NaN. bf16: false (no loss scale; a non-finite loss stops the run instead).
-  bool found_inf(std::span<const float> grads32 = {}) const;
-  /// fp16: the GradScaler's update with found_inf OR-ed over every rank (comm non-null: one
-  /// all-reduce of a flag, counted as metrics; every rank must call it), so every rank keeps
-  /// the same scale and skips the same steps. Returns whether to step. bf16: true, no message.
-  bool update_scale(bool found_inf, Communicator* comm);
-  /// The master weights' update (clipping as in step) without the overflow decision, for a
-  /// rank that decided with update_scale (chapter 03's rank 0). Errors: no master weights.
-  void step_master(float clip_grad_norm, std::span<const float> grads32 = {});
-  /// fp16: a non-finite loss at step 1 is the forward overflowing fp16's range (no update has
-  /// happened yet), not a divergence: stops with a message naming the fix. Call on every rank
-  /// with the same loss (the global mean) so every rank stops.
-  void check_first_loss(double loss, int64_t step) const;
-  /// The fp32 master weights under the model's state_dict() names (for --save-final).
-  std::map<std::string, NamedTensor> master_state_dict(const Model& model) const;
-  /// "precision", and in fp16 "loss_scale" and "skipped_steps", for the summary record.
-  nlohmann::json summary() const;
-  /// The ledger formula line for one process.
-  static std::string ledger_formula(Dtype dtype, int64_t psi);
-
-  HalfStorage& storage() { return storage_; }
-  /// Errors: this rank holds no master weights.
-  const MasterWeights& master() const;
-
- private:
-  std::optional<MasterWeights> master_;  // first: it reads the fp32 parameters HalfStorage frees
-  HalfStorage storage_;
-  Dtype reduce_dtype_;
-  std::optional<GradScaler> scaler_;
-};
-
 /// AdamW's options of the run (--lr, --weight-decay; betas and eps PyTorch's defaults), for
 /// MasterWeights.
 AdamWOptions adamw_options(const TrainConfig& config);
-
-/// A MixedPrecision when config.precision is bf16 or fp16, else null (fp32: nothing changes).
-std::unique_ptr<MixedPrecision> make_mixed_precision(Model& model, const TrainConfig& config,
-                                                     bool master_weights = true);
 
 }  // namespace ringzero

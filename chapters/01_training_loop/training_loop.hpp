@@ -9,7 +9,7 @@
 
 #include "common/lesson.hpp"
 #include "common/metrics.hpp"
-#include "common/mixed.hpp"
+#include "common/mixed_precision.hpp"
 #include "common/train.hpp"
 
 namespace ringzero {
@@ -17,7 +17,7 @@ namespace ringzero {
 /// One process, one model, one optimizer: --optimizer over every parameter, in registration
 /// order (torch.optim.AdamW / SGD over model.parameters()). With --precision bf16|fp16 the
 /// model trains in 16 bits and `mixed` holds the fp32 master weights and AdamW's moments
-/// (common/mixed.hpp); `optimizer` then has no state.
+/// (common/mixed_precision.hpp); `optimizer` then has no state.
 class TrainingLoop : public Lesson {
  public:
   explicit TrainingLoop(SetUp& s)

@@ -15,10 +15,10 @@
 // stays Ψ·4 — and so does its time, since one rank's links and memory serve everyone.
 // (MPI_Reduce / MPI_Bcast would move the same payload through a tree, hiding the cost in the
 // library; the lesson is the star, not the tree.)
-// In 16 bits (--precision bf16|fp16, common/mixed.hpp) the star carries the 16-bit gradients
-// (Ψ·2 bytes per message), pre-divided by N in the backward seed, and rank 0 adds them with one
-// 16-bit addition each, in rank order: chapter 02's 16-bit accumulation; rank 0 alone holds
-// the fp32 master weights and broadcasts the 16-bit parameters (train_step_mixed below).
+// In 16 bits (--precision bf16|fp16, common/mixed_precision.hpp) the star carries the 16-bit
+// gradients (Ψ·2 bytes per message), pre-divided by N in the backward seed, and rank 0 adds them
+// with one 16-bit addition each, in rank order: chapter 02's 16-bit accumulation; rank 0 alone
+// holds the fp32 master weights and broadcasts the 16-bit parameters (train_step_mixed below).
 // Leaves out: overlapping communication with backward, and tree or ring schedules (chapter 04).
 #pragma once
 
@@ -32,7 +32,7 @@
 #include "common/dist_eval.hpp"
 #include "common/lesson.hpp"
 #include "common/metrics.hpp"
-#include "common/mixed.hpp"
+#include "common/mixed_precision.hpp"
 #include "common/train.hpp"
 
 namespace ringzero {

@@ -3,8 +3,8 @@
 //
 // Provides: RingDataParallel (the replicated optimizer and the ring's receive buffer), its
 // Flags (--collectives, --bench-allreduce), all_reduce_gradients() and train_step().
-// In 16 bits (--precision bf16|fp16, common/mixed.hpp): the same all-reduces on the 16-bit
-// gradients with ring.hpp's 16-bit ring (Ψ·2 bytes on the wire), pre-divided by N in the
+// In 16 bits (--precision bf16|fp16, common/mixed_precision.hpp): the same all-reduces on the
+// 16-bit gradients with ring.hpp's 16-bit ring (Ψ·2 bytes on the wire), pre-divided by N in the
 // backward seed, and every rank holds the fp32 master weights (train_step_mixed below).
 // Leaves out: the ring itself (ring.hpp), overlap with backward (chapter 05).
 #pragma once
@@ -21,7 +21,7 @@
 #include "common/dist_eval.hpp"
 #include "common/lesson.hpp"
 #include "common/metrics.hpp"
-#include "common/mixed.hpp"
+#include "common/mixed_precision.hpp"
 #include "common/run.hpp"
 #include "common/train.hpp"
 

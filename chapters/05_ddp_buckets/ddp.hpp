@@ -28,7 +28,7 @@
 // marks them ready, which counts their missing gradient as zero, so their buckets complete.
 // Before failing it waits for the buckets it already launched: every rank launched at least
 // those of the rank that launched the fewest, so that rank always gets to abort the others.
-// In 16 bits (--precision bf16|fp16, common/mixed.hpp) a bucket is the same range of the
+// In 16 bits (--precision bf16|fp16, common/mixed_precision.hpp) a bucket is the same range of the
 // 16-bit gradients (HalfStorage::grads16), summed by chapter 04's 16-bit ring (or widened to
 // fp32 and summed in fp32, --reduce-dtype fp32) and NOT divided on the communication thread:
 // backward's seed already divided each rank's gradient by N, as PyTorch's Reducer divides each
@@ -47,7 +47,7 @@
 #include "common/collective_check.hpp"
 #include "common/collectives.hpp"
 #include "common/comm_thread.hpp"
-#include "common/mixed.hpp"
+#include "common/mixed_precision.hpp"
 #include "common/train.hpp"
 #include "common/trace.hpp"
 

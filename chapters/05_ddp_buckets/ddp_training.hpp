@@ -17,7 +17,7 @@
 #include "common/dist_eval.hpp"
 #include "common/lesson.hpp"
 #include "common/metrics.hpp"
-#include "common/mixed.hpp"
+#include "common/mixed_precision.hpp"
 #include "common/run.hpp"
 #include "common/train.hpp"
 

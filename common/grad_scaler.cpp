@@ -1,0 +1,39 @@
+#include "grad_scaler.hpp"
+
+#include <array>
+#include <cmath>
+
+#include "check.hpp"
+
+namespace ringzero {
+
+bool found_inf_on_any_rank(Communicator& comm, bool local) {
+  std::array<double, 1> flag{local ? 1.0 : 0.0};
+  comm.all_reduce_metrics(flag);
+  return flag[0] > 0.0;
+}
+
+GradScaler::GradScaler(GradScalerOptions options) : options_(options), scale_(options.init_scale) {
+  RZ_CHECK(options.init_scale > 0 && std::isfinite(options.init_scale),
+           "GradScaler init_scale = " << options.init_scale << " must be positive and finite");
+  RZ_CHECK(options.growth_factor > 1, "GradScaler growth_factor must be > 1");
+  RZ_CHECK(options.backoff_factor > 0 && options.backoff_factor < 1,
+           "GradScaler backoff_factor must lie in (0, 1)");
+  RZ_CHECK(options.growth_interval > 0, "GradScaler growth_interval must be positive");
+}
+
+bool GradScaler::update(bool found_inf) {
+  if (found_inf) {
+    scale_ *= options_.backoff_factor;
+    growth_tracker_ = 0;
+    skipped_ += 1;
+    return false;
+  }
+  if (++growth_tracker_ == options_.growth_interval) {
+    scale_ *= options_.growth_factor;
+    growth_tracker_ = 0;
+  }
+  return true;
+}
+
+}  // namespace ringzero
