@@ -21,16 +21,6 @@
 # and K = 4 micro-steps send exactly what K = 1 sends (no_sync: nothing on micro-steps 1..3).
 source "$(dirname "$0")/lib.bash"
 
-# sent NAME: bytes sent per optimizer step by each rank, space-separated, from the summary.
-sent() {
-  python3 -c '
-import json, sys
-s = [json.loads(l) for l in open(sys.argv[1]) if "\"summary\"" in l][-1]
-print(" ".join(str(c["training"]["bytes_sent"] // s["steps"]) for c in s["comm"]))' "$WORK/$1.jsonl"
-}
-total() { local t=0; for b in $(sent "$1"); do t=$((t + b)); done; echo $t; }
-expect_eq() { if [ "$1" != "$2" ]; then echo "FAILED: $3: $1 != $2"; exit 1; fi; echo "ok: $3 ($1)"; }
-
 small=(--bucket-cap-mb 0.0001)
 start_point start --model mlp --seed 3
 for np in 1 2 3 4; do

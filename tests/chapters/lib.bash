@@ -62,8 +62,52 @@ PY
 close() {
   local a=$1 b=$2 start=$3 steps=$4 lr=${5:-1e-3}
   same "${a}_sgd" "${b}_sgd" --start "$WORK/$start.safetensors" --rel-l2 1e-4 --loss-atol 1e-6
-  echo "== $a vs $b (AdamW, $steps steps)"
+  adam_close "$a" "$b" "$steps" "$lr"
+}
+
+# adam_close A B STEPS [LR]: runs A and B are within AdamW's own bound, every element within
+# 2·lr·Σ_t R_t after STEPS steps of lr LR, default 1e-3 (compare_runs --adam-bound): for two runs
+# that sum in another order where close's SGD criterion is unavailable (16 bits need AdamW).
+adam_close() {
+  local a=$1 b=$2 steps=$3 lr=${4:-1e-3}
+  echo "== $a vs $b (AdamW bound, $steps steps)"
   "$COMPARE" "$WORK/$a.safetensors" "$WORK/$b.safetensors" --adam-bound "$lr" --steps "$steps"
+}
+
+# chain_link A B N STEPS: the link between two chapters' runs at N ranks whose gradient sums
+# differ only in association: bitwise at N = 1, 2 (one addition per element either way, and
+# float addition is commutative), adam_close at N >= 3 (the sums associate and round differently).
+chain_link() {
+  local a=$1 b=$2 n=$3 steps=$4
+  if [ "$n" -le 2 ]; then same "$a" "$b" --bitwise; else adam_close "$a" "$b" "$steps"; fi
+}
+
+# sent NAME: the bytes each rank of run NAME sent per optimizer step (its summary record's
+# comm.training.bytes_sent over steps), space-separated in rank order. total NAME: their sum.
+sent() {
+  python3 -c '
+import json, sys
+s = [json.loads(l) for l in open(sys.argv[1]) if "\"summary\"" in l][-1]
+print(" ".join(str(c["training"]["bytes_sent"] // s["steps"]) for c in s["comm"]))' "$WORK/$1.jsonl"
+}
+total() { local t=0; for b in $(sent "$1"); do t=$((t + b)); done; echo $t; }
+
+# expect_eq GOT WANT WHAT: GOT equals WANT (as strings), or the test fails naming WHAT.
+expect_eq() { if [ "$1" != "$2" ]; then echo "FAILED: $3: $1 != $2"; exit 1; fi; echo "ok: $3 ($1)"; }
+
+# check_summaries <<'PY' ... PY: runs the Python program on stdin with json and sys imported,
+# W = $WORK and summary(NAME) = run NAME's last summary record (its --metrics file); an assert
+# that fails fails the test.
+check_summaries() {
+  local program
+  program=$(cat)
+  python3 - "$WORK" <<PY
+import json, sys
+W = sys.argv[1]
+def summary(name):
+    return [json.loads(l) for l in open(f"{W}/{name}.jsonl") if '"summary"' in l][-1]
+$program
+PY
 }
 
 # fails NAME NP BINARY PATTERN ARGS... : a chapter run (under mpirun when NP > 0) must exit

@@ -31,8 +31,7 @@ for N in 1 2 3 4; do
   same ch02_k$N ch03_np$N --bitwise
 done
 run ch03_np3_r32 3 ch03_data_parallel "${common[@]}" --precision bf16 --reduce-dtype fp32
-echo "== ch03_np3 vs ch03_np3_r32 (AdamW bound)"
-"$COMPARE" "$WORK/ch03_np3.safetensors" "$WORK/ch03_np3_r32.safetensors" --adam-bound 1e-3 --steps 20
+adam_close ch03_np3 ch03_np3_r32 20
 
 # fp16 with overflowing gradients: the initial weights x 6 (loss ~13 at step 1).
 scaled_start w6 6 --model mlp --seed 3  # lib.bash: the initial weights x 6
@@ -42,11 +41,7 @@ run f16_ch02_k3 0 ch02_gradient_accumulation "${f16[@]}" --grad-accum-steps 3
 run f16_ch03_np3 3 ch03_data_parallel "${f16[@]}"
 same f16_ch02_k3 f16_ch03_np3 --bitwise
 
-python3 - "$WORK" <<'PY'
-import json, sys
-W = sys.argv[1]
-def summary(name):
-    return [json.loads(l) for l in open(f"{W}/{name}.jsonl") if '"summary"' in l][-1]
+check_summaries <<'PY'
 for name, N, r32 in [("ch03_np1", 1, False), ("ch03_np2", 2, False), ("ch03_np3", 3, False),
                      ("ch03_np4", 4, False), ("ch03_np3_r32", 3, True)]:
     s = summary(name)

@@ -29,15 +29,10 @@ same fp32_np3 fp32_flag_np3 --bitwise
 for N in 1 2 3 4; do
   run ch03_np$N $N ch03_data_parallel "${common[@]}" --precision bf16
   run ch04_np$N $N ch04_ring_allreduce "${common[@]}" --precision bf16
-  if [ $N -le 2 ]; then same ch03_np$N ch04_np$N --bitwise
-  else
-    echo "== ch03_np$N vs ch04_np$N (AdamW bound)"
-    "$COMPARE" "$WORK/ch03_np$N.safetensors" "$WORK/ch04_np$N.safetensors" --adam-bound 1e-3 --steps 20
-  fi
+  chain_link ch03_np$N ch04_np$N $N 20
 done
 run ch04_np3_r32 3 ch04_ring_allreduce "${common[@]}" --precision bf16 --reduce-dtype fp32
-echo "== ch04_np3 vs ch04_np3_r32 (AdamW bound)"
-"$COMPARE" "$WORK/ch04_np3.safetensors" "$WORK/ch04_np3_r32.safetensors" --adam-bound 1e-3 --steps 20
+adam_close ch04_np3 ch04_np3_r32 20
 run ch04_np2_r32 2 ch04_ring_allreduce "${common[@]}" --precision bf16 --reduce-dtype fp32
 run ch04_np2_r32_mpi 2 ch04_ring_allreduce "${common[@]}" --precision bf16 --reduce-dtype fp32 --collectives mpi
 same ch04_np2_r32 ch04_np2_r32_mpi --bitwise
@@ -53,11 +48,7 @@ run f16_ch03_np2 2 ch03_data_parallel "${f16[@]}"
 run f16_ch04_np2 2 ch04_ring_allreduce "${f16[@]}"
 same f16_ch03_np2 f16_ch04_np2 --bitwise
 
-python3 - "$WORK" <<'PY'
-import json, sys
-W = sys.argv[1]
-def summary(name):
-    return [json.loads(l) for l in open(f"{W}/{name}.jsonl") if '"summary"' in l][-1]
+check_summaries <<'PY'
 sizes = [784 * 512, 512, 512 * 512, 512, 512 * 10, 10]  # the MLP's parameters
 for name, N, r32, mpi in [("ch04_np1", 1, False, False), ("ch04_np2", 2, False, False),
                           ("ch04_np3", 3, False, False), ("ch04_np4", 4, False, False),

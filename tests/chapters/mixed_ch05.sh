@@ -16,15 +16,6 @@
 #  - the ledger per rank, to the byte: 2Ψ + 2Ψ + 12Ψ = 16Ψ every rank; comm_buffers one 16-bit
 #    ring chunk of the largest bucket (one-parameter buckets: 2·ceil(401408/N)).
 source "$(dirname "$0")/lib.bash"
-sent() {  # bytes sent per optimizer step by each rank, space-separated, from the summary
-  python3 -c '
-import json, sys
-s = [json.loads(l) for l in open(sys.argv[1]) if "\"summary\"" in l][-1]
-print(" ".join(str(c["training"]["bytes_sent"] // s["steps"]) for c in s["comm"]))' "$WORK/$1.jsonl"
-}
-total() { local t=0; for b in $(sent "$1"); do t=$((t + b)); done; echo $t; }
-expect_eq() { if [ "$1" != "$2" ]; then echo "FAILED: $3: $1 != $2"; exit 1; fi; echo "ok: $3 ($1)"; }
-
 small=(--bucket-cap-mb 0.0001)
 common=(--model mlp --global-batch-size 48 --max-steps 20 --eval-every-epoch 0 --seed 3)
 for np in 1 2 3 4; do
@@ -32,19 +23,11 @@ for np in 1 2 3 4; do
   run ch05_n$np $np ch05_ddp_buckets "${common[@]}" --precision bf16
   run ch05_small_n$np $np ch05_ddp_buckets "${common[@]}" "${small[@]}" --precision bf16
   same ch04_n$np ch05_small_n$np --bitwise
-  if [ $np -le 2 ]; then same ch04_n$np ch05_n$np --bitwise
-  else
-    echo "== ch04_n$np vs ch05_n$np (AdamW bound)"
-    "$COMPARE" "$WORK/ch04_n$np.safetensors" "$WORK/ch05_n$np.safetensors" --adam-bound 1e-3 --steps 20
-  fi
+  chain_link ch04_n$np ch05_n$np $np 20
   expect_eq "$(sent ch05_small_n$np)" "$(sent ch04_n$np)" "np $np: one-parameter buckets send chapter 04's 16-bit bytes on every rank"
   expect_eq "$(total ch05_n$np)" "$(total ch04_n$np)" "np $np: default buckets send chapter 04's 16-bit bytes over all ranks"
 done
-python3 - "$WORK" <<'PY'
-import json, sys
-W = sys.argv[1]
-def summary(name):
-    return [json.loads(l) for l in open(f"{W}/{name}.jsonl") if '"summary"' in l][-1]
+check_summaries <<'PY'
 largest = 784 * 512  # one-parameter buckets: the largest bucket is fc1.weight
 for name, N, small in [("ch05_small_n1", 1, True), ("ch05_small_n2", 2, True),
                        ("ch05_small_n3", 3, True), ("ch05_small_n4", 4, True), ("ch05_n4", 4, False)]:

@@ -10,15 +10,6 @@
 #  - --collectives mpi: refused with a 16-bit --reduce-dtype, naming both flags and the fix;
 #    with --reduce-dtype fp32 bitwise with our fp32 ring at N = 2 (one fp32 addition).
 source "$(dirname "$0")/lib.bash"
-sent() {  # bytes sent per optimizer step by each rank, space-separated, from the summary
-  python3 -c '
-import json, sys
-s = [json.loads(l) for l in open(sys.argv[1]) if "\"summary\"" in l][-1]
-print(" ".join(str(c["training"]["bytes_sent"] // s["steps"]) for c in s["comm"]))' "$WORK/$1.jsonl"
-}
-total() { local t=0; for b in $(sent "$1"); do t=$((t + b)); done; echo $t; }
-expect_eq() { if [ "$1" != "$2" ]; then echo "FAILED: $3: $1 != $2"; exit 1; fi; echo "ok: $3 ($1)"; }
-
 small=(--bucket-cap-mb 0.0001)
 common=(--model mlp --global-batch-size 48 --max-steps 20 --eval-every-epoch 0 --seed 3)
 run fp32_np2 2 ch05_ddp_buckets "${common[@]}"
@@ -46,11 +37,7 @@ run f16_ch04_n3 3 ch04_ring_allreduce "${f16[@]}"
 run f16_ch05_n3 3 ch05_ddp_buckets "${f16[@]}" "${small[@]}"
 same f16_ch04_n3 f16_ch05_n3 --bitwise
 
-python3 - "$WORK" <<'PY'
-import json, sys
-W = sys.argv[1]
-def summary(name):
-    return [json.loads(l) for l in open(f"{W}/{name}.jsonl") if '"summary"' in l][-1]
+check_summaries <<'PY'
 largest = 784 * 512  # one-parameter buckets: the largest bucket is fc1.weight
 s16, s32 = summary("ch05_small_n3"), summary("ch05_r32_n3")
 psi = s32["num_parameters"]
