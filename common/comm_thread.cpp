@@ -1,6 +1,12 @@
 #include "comm_thread.hpp"
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <chrono>
+#include <cstdlib>
+#include <sstream>
+#include <string>
 #include <utility>
 
 #include "check.hpp"
@@ -9,8 +15,43 @@
 
 namespace ringzero {
 
+namespace {
+
+// RINGZERO_COMM_CPUS (see comm_thread.hpp): the CPUs the thread may run on, parsed before the
+// thread starts (a bad value throws from the constructor, with no thread to join). Unset: empty.
+cpu_set_t comm_cpus_from_env() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const char* text = std::getenv("RINGZERO_COMM_CPUS");
+  if (text == nullptr) return set;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    char* end = nullptr;
+    long cpu = std::strtol(item.c_str(), &end, 10);
+    RZ_CHECK(!item.empty() && *end == '\0' && cpu >= 0 && cpu < CPU_SETSIZE,
+             "RINGZERO_COMM_CPUS='" << text << "': '" << item << "' is not a CPU number; give a "
+                                    << "comma list such as 1 or 2,3, or unset it");
+    CPU_SET(static_cast<int>(cpu), &set);
+  }
+  RZ_CHECK(CPU_COUNT(&set) > 0, "RINGZERO_COMM_CPUS is set but empty; give a CPU such as 1, or unset it");
+  return set;
+}
+
+}  // namespace
+
 CommThread::CommThread(int wait_sleep_us)
-    : thread_([this, wait_sleep_us] {
+    : thread_([this, wait_sleep_us, cpus = comm_cpus_from_env()] {
+        if (CPU_COUNT(&cpus) > 0) {
+          int rc = pthread_setaffinity_np(pthread_self(), sizeof(cpus), &cpus);
+          try {  // reported by the first submit() or wait(), like a failed job
+            RZ_CHECK(rc == 0, "RINGZERO_COMM_CPUS: this machine refuses that CPU set (error "
+                                  << rc << "); name CPUs that exist (see nproc), or unset it");
+          } catch (...) {
+            std::lock_guard<std::mutex> lock(mutex_);
+            error_ = std::current_exception();
+          }
+        }
         Communicator::set_wait_sleep_us_this_thread(wait_sleep_us);
         Communicator::set_abandon_flag_this_thread(&abandon_);
         run();

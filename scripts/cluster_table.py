@@ -31,7 +31,9 @@ for path in args[2:]:
                  "sent_per_rank_per_step": s["bytes_sent_per_rank_per_step"]})
 print(f"\ncluster: {config['nodes']} nodes x {config['slots']} slots, links {config['bandwidth']} "
       f"each way; selftest: latency {selftest['latency_us']:.1f} us, bandwidth "
-      f"{selftest['bandwidth_bps'] / 1e9:.3f} Gbit/s (median link)")
+      f"{selftest['bandwidth_bps'] / 1e9:.3f} Gbit/s (median link)"
+      + (f"; communication threads on CPU {config['comm_cpus']}, computation on CPUs "
+         f"{config['compute_cpus']} (--comm-core)" if config.get("comm_cpus") else ""))
 head = ["chapter", "measured", "predicted", "meas/pred", "compute", "comm", "overlap", "sent/rank/step"]
 table = []
 for r in rows:
