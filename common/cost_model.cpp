@@ -20,6 +20,8 @@ void check_network(const Network& net) {
                                    "--net-selftest with scripts/cluster selftest's JSON");
   RZ_CHECK(net.alpha_us >= 0 && std::isfinite(net.alpha_us),
            "network latency " << net.alpha_us << " us: give --net-alpha-us >= 0");
+  RZ_CHECK(net.fabric_gbps >= 0 && std::isfinite(net.fabric_gbps),
+           "network fabric " << net.fabric_gbps << " Gbit/s: must be >= 0 (0: unlimited)");
 }
 
 std::string fmt(const char* format, double a, double b = 0, double c = 0, double d = 0) {
@@ -58,21 +60,122 @@ double overlappable_fraction(Overlap overlap) {
   return 0;
 }
 
-double op_time_ms(const Network& net, const std::vector<OpTraffic>& per_rank) {
+namespace {
+// The busiest rank's α part (messages · α) and β part (bytes / β) of one operation, in ms, and
+// its calls per step.
+struct OpParts {
+  double alpha_ms = 0, beta_ms = 0, calls = 0;
+};
+OpParts op_parts(const Network& net, const std::vector<OpTraffic>& per_rank) {
   check_network(net);
-  double worst = 0;
+  OpParts worst;
   for (const OpTraffic& t : per_rank) {
     const double messages = std::max(t.messages_sent, t.messages_received);
     const double bytes = std::max(t.bytes_sent, t.bytes_received);
-    worst =
-        std::max(worst, messages * net.alpha_us * 1e-3 + bytes * 8.0 / (net.bandwidth_gbps * 1e6));
+    const OpParts p{messages * net.alpha_us * 1e-3, bytes * 8.0 / (net.bandwidth_gbps * 1e6),
+                    t.calls};
+    if (p.alpha_ms + p.beta_ms > worst.alpha_ms + worst.beta_ms || worst.calls == 0) worst = p;
+  }
+  if (net.fabric_gbps > 0) {  // every rank's bytes through the one fabric
+    double sent = 0, received = 0;
+    for (const OpTraffic& t : per_rank) sent += t.bytes_sent, received += t.bytes_received;
+    worst.beta_ms =
+        std::max(worst.beta_ms, std::max(sent, received) * 8.0 / (net.fabric_gbps * 1e6));
   }
   return worst;
 }
 
+// One collective's time in the operations `parts`, each of which runs `copies` collectives of
+// every size per step (ZeRO-3 gathers each layer twice): the α part shared equally among the
+// calls, the β part in proportion to the size.
+std::vector<double> per_collective_ms(const std::vector<OpParts>& parts,
+                                      const std::vector<double>& sizes, double copies) {
+  double total = 0;
+  for (double n : sizes) total += n;
+  std::vector<double> ms(sizes.size(), 0.0);
+  for (const OpParts& p : parts)
+    for (size_t c = 0; c < sizes.size(); ++c)
+      ms[c] += p.alpha_ms / p.calls + p.beta_ms * sizes[c] / (total * copies);
+  return ms;
+}
+
+void check_sizes(const std::vector<double>& sizes, size_t n, const char* what) {
+  RZ_CHECK(sizes.size() == n, what << ": " << sizes.size() << " sizes but " << n << " times");
+  for (double v : sizes)
+    RZ_CHECK(v > 0 && std::isfinite(v), what << ": a collective of " << v << " elements; sizes "
+                                             << "must be > 0");
+}
+}  // namespace
+
+double op_time_ms(const Network& net, const std::vector<OpTraffic>& per_rank) {
+  const OpParts p = op_parts(net, per_rank);
+  return p.alpha_ms + p.beta_ms;
+}
+
+int TwoEngineReplay::post(double ms) {
+  const double start = std::max(now_, link_free_);
+  link_free_ = start + ms;
+  ends_.push_back(link_free_);
+  return static_cast<int>(ends_.size()) - 1;
+}
+
+void TwoEngineReplay::wait(int id) {
+  RZ_CHECK(id >= 0 && id < static_cast<int>(ends_.size()), "replay: no collective " << id);
+  now_ = std::max(now_, ends_[static_cast<size_t>(id)]);
+}
+
+double replay_backward_buckets(double backward_ms, const std::vector<double>& sizes,
+                               const std::vector<double>& comm_ms) {
+  check_sizes(sizes, comm_ms.size(), "replay_backward_buckets");
+  double total = 0;
+  for (double n : sizes) total += n;
+  TwoEngineReplay r;
+  for (size_t c = 0; c < sizes.size(); ++c) {
+    r.compute(backward_ms * sizes[c] / total);  // the bucket's gradients are written...
+    r.post(comm_ms[c]);                         // ... and its collective is launched
+  }
+  r.wait_all();  // finalize_backward: every bucket's collective has ended
+  return r.now();
+}
+
+double replay_zero3_prefetch(double forward_ms, double backward_ms,
+                             const std::vector<double>& sizes,
+                             const std::vector<double>& gather_ms,
+                             const std::vector<double>& reduce_scatter_ms) {
+  check_sizes(sizes, gather_ms.size(), "replay_zero3_prefetch (gathers)");
+  check_sizes(sizes, reduce_scatter_ms.size(), "replay_zero3_prefetch (reduce-scatters)");
+  const int L = static_cast<int>(sizes.size());
+  double total = 0;
+  for (double n : sizes) total += n;
+  TwoEngineReplay r;
+  std::vector<int> gathered(static_cast<size_t>(L), -1);
+  auto gather = [&](int l) {
+    if (gathered[static_cast<size_t>(l)] < 0)
+      gathered[static_cast<size_t>(l)] = r.post(gather_ms[static_cast<size_t>(l)]);
+    return gathered[static_cast<size_t>(l)];
+  };
+  for (int l = 0; l < L; ++l) {  // pre_forward: wait for l, post l + 1; compute
+    r.wait(gather(l));
+    if (l + 1 < L) gather(l + 1);
+    r.compute(forward_ms * sizes[static_cast<size_t>(l)] / total);
+  }
+  std::fill(gathered.begin(), gathered.end(), -1);  // released after forward: gathered again
+  int pending = -1;                                 // the later layer's reduce-scatter
+  for (int l = L - 1; l >= 0; --l) {
+    r.wait(gather(l));  // pre_backward: wait for l, post l − 1; compute
+    if (l > 0) gather(l - 1);
+    r.compute(backward_ms * sizes[static_cast<size_t>(l)] / total);
+    if (pending >= 0) r.wait(pending);  // post_backward: the later layer's, then this one's
+    pending = r.post(reduce_scatter_ms[static_cast<size_t>(l)]);
+  }
+  r.wait(pending);
+  return r.now();
+}
+
 StepPrediction predict_step(const Network& net, const TrafficPerStep& traffic, int world_size,
                             double compute_ms, Overlap overlap,
-                            const std::vector<std::string>& overlapped_ops, int cores) {
+                            const std::vector<std::string>& overlapped_ops, int cores,
+                            const std::vector<double>& sizes) {
   check_network(net);
   RZ_CHECK(world_size >= 1, "predict_step: world_size " << world_size << " < 1");
   RZ_CHECK(cores >= 0, "--net-cores " << cores << " must be >= 0 (0: not given)");
@@ -104,7 +207,46 @@ StepPrediction predict_step(const Network& net, const TrafficPerStep& traffic, i
     p.comm_ms += loss_ms;
   }
   p.serial_ms = compute_ms + p.comm_ms;
-  if (p.overlapped_comm_ms == 0) {
+  // The replay, where the chapter named its collectives and the counters agree with them.
+  std::vector<OpParts> overlapped_parts, gather_parts, reduce_scatter_parts;
+  double replayed_comm_ms = 0;  // the operations the replay schedules
+  for (const auto& [op, per_rank] : traffic) {
+    if (op == "metrics" || f == 0) continue;
+    const OpParts parts = op_parts(net, per_rank);
+    if (overlap == Overlap::forward_and_backward) {
+      const bool gather = op.find("all_gather") != std::string::npos;
+      const bool scatter = op.find("reduce_scatter") != std::string::npos;
+      if (gather) gather_parts.push_back(parts);
+      if (scatter) reduce_scatter_parts.push_back(parts);
+      if (gather || scatter) replayed_comm_ms += parts.alpha_ms + parts.beta_ms;
+    } else if (overlapped_ops.empty() || std::find(overlapped_ops.begin(), overlapped_ops.end(),
+                                                   op) != overlapped_ops.end()) {
+      overlapped_parts.push_back(parts);
+      replayed_comm_ms += parts.alpha_ms + parts.beta_ms;
+    }
+  }
+  const double n = static_cast<double>(sizes.size());
+  auto calls_are = [](const std::vector<OpParts>& parts, double calls) {
+    if (parts.empty()) return false;
+    for (const OpParts& q : parts)
+      if (std::llround(q.calls) != std::llround(calls)) return false;
+    return true;
+  };
+  if (!sizes.empty() && overlap == Overlap::backward && calls_are(overlapped_parts, n)) {
+    p.replayed = true;
+    p.overlapped_ms = (1 - f) * compute_ms +
+                      replay_backward_buckets(f * compute_ms, sizes,
+                                              per_collective_ms(overlapped_parts, sizes, 1)) +
+                      (p.comm_ms - replayed_comm_ms);
+  } else if (!sizes.empty() && overlap == Overlap::forward_and_backward &&
+             calls_are(gather_parts, 2 * n) && calls_are(reduce_scatter_parts, n)) {
+    p.replayed = true;
+    // Forward one third of the compute, backward two thirds (see overlappable_fraction).
+    p.overlapped_ms = replay_zero3_prefetch(compute_ms / 3, 2 * compute_ms / 3, sizes,
+                                            per_collective_ms(gather_parts, sizes, 2),
+                                            per_collective_ms(reduce_scatter_parts, sizes, 1)) +
+                      (p.comm_ms - replayed_comm_ms);
+  } else if (p.overlapped_comm_ms == 0) {
     p.overlapped_ms = p.serial_ms;
   } else {
     const double ov = p.overlapped_comm_ms, after = p.comm_ms - ov;
@@ -155,7 +297,8 @@ std::string format_prediction(const StepPrediction& p, double measured_ms) {
                       p.predicted_ms, p.compute_ms, p.comm_ms);
   s += std::string(", overlap ") + overlap_name(p.overlap);
   if (p.overlap != Overlap::none && p.overlap_possible)
-    s += fmt("; %.1f ms of it overlapped; without overlap %.1f ms", p.overlapped_comm_ms,
+    s += std::string(p.replayed ? "; replayed per collective" : "") +
+         fmt("; %.1f ms of it overlapped; without overlap %.1f ms", p.overlapped_comm_ms,
              p.serial_ms);
   else if (p.overlap != Overlap::none)
     s +=
@@ -179,6 +322,7 @@ nlohmann::json prediction_json(const StepPrediction& p) {
           {"overlap_possible", p.overlap_possible},
           {"overlapped_ms_per_step", p.overlapped_ms},
           {"cores", p.cores},
+          {"replayed", p.replayed},
           {"ops_ms", ops}};
 }
 
@@ -213,6 +357,13 @@ Network network_from_selftest(const std::string& path) {
   RZ_CHECK(net.alpha_us >= 0, "selftest file '"
                                   << path << "': field latency_us is " << j["latency_us"].dump()
                                   << ", must be >= 0; rerun scripts/cluster selftest");
+  if (j.contains("fabric_bps")) {  // every link busy at once (the selftest's ring)
+    const nlohmann::json& fabric = j["fabric_bps"];
+    RZ_CHECK(fabric.is_number() && std::isfinite(fabric.get<double>()) && fabric.get<double>() > 0,
+             "selftest file '" << path << "': field fabric_bps is " << fabric.dump()
+                               << ", not a number > 0; rerun scripts/cluster selftest");
+    net.fabric_gbps = fabric.get<double>() / 1e9;
+  }
   return net;
 }
 
@@ -276,13 +427,17 @@ nlohmann::json report_step_prediction(const NetFlags& flags, const nlohmann::jso
       net,
       traffic_per_step(summary.at("comm"),
                        summary.value("steps_run", summary.at("steps").get<int64_t>())),
-      world_size, flags.compute_ms, schedule.overlap, schedule.overlapped_ops, flags.cores);
-  print0(
-      fmt("network: alpha %.1f us, beta %.3f Gbit/s per link", net.alpha_us, net.bandwidth_gbps));
+      world_size, flags.compute_ms, schedule.overlap, schedule.overlapped_ops, flags.cores,
+      schedule.sizes);
+  print0(fmt("network: alpha %.1f us, beta %.3f Gbit/s per link", net.alpha_us,
+             net.bandwidth_gbps) +
+         (net.fabric_gbps > 0 ? fmt(", fabric %.3f Gbit/s (every link at once)", net.fabric_gbps)
+                              : std::string()));
   print0(format_prediction(p, summary.at("ms_per_step").get<double>()));
   nlohmann::json j = prediction_json(p);
   j["alpha_us"] = net.alpha_us;
   j["bandwidth_gbps"] = net.bandwidth_gbps;
+  j["fabric_gbps"] = net.fabric_gbps;
   return j;
 }
 

@@ -10,7 +10,10 @@
 //    send and a receive at once (MPI_Sendrecv). An operation (a named counter: central_reduce,
 //    ring_reduce_scatter, ...) therefore takes, on its busiest rank, max(messages sent,
 //    messages received)·α + max(bytes sent, bytes received)/β, and the step's operations run
-//    one after another. This gives Thakur, Rabenseifner and Gropp's costs for the schedules the
+//    one after another. Where the fabric (Network::fabric_gbps) cannot carry every link at
+//    full rate, the β term is at least the operation's bytes over all ranks / fabric: a ring,
+//    which uses every link at once, is held to the fabric; the central reducer, which loads one
+//    link, to its link. This gives Thakur, Rabenseifner and Gropp's costs for the schedules the
 //    chapters write (Int. J. High Performance Computing Applications 19(1), 2005, §2 and §4):
 //    the central reducer 2(N−1)(α + n/β), serialised on rank 0's link; the ring all-reduce
 //    2(N−1)(α + n/(Nβ)), bandwidth-optimal (Patarasuk and Yuan, "Bandwidth optimal all-reduce
@@ -21,16 +24,24 @@
 //  - compute: the step time of the same chapter at N = 1 on this rank's share of the batch
 //    (no communication). Without overlap, step = compute + communication. With overlap, the
 //    overlappable share f of compute (backward: 2/3, its two matrix products per forward one;
-//    forward and backward under ZeRO-3's prefetch: 1) hides communication, except the last
-//    collective of the step, which starts only when the compute it waits on has ended:
-//      step = (1 − f)·compute + max(f·compute, comm − last) + last + after,
+//    forward and backward under ZeRO-3's prefetch: 1) can hide communication. Where the chapter
+//    names its overlapped collectives' sizes in launch order (CommSchedule::sizes: DDP's and
+//    ZeRO-1/2's buckets, ZeRO-3's layers), the step is REPLAYED on two engines, the main thread
+//    and the communication thread (replay_backward_buckets, replay_zero3_prefetch): compute
+//    advances in proportion to the elements it has processed, each collective starts when it is
+//    posted and the link is free, and a wait stops compute until its collective has ended. So a
+//    bucket that is ready only at the end of backward (the MLP's first layer: 60 % of Ψ) hides
+//    behind nothing, as it does on the wire. Without sizes, the closed form with collectives of
+//    equal size: step = (1 − f)·compute + max(f·compute, comm − last) + last + after,
 //    comm: the overlapped operations, last = comm / their collectives per step, after: the
 //    operations that wait for compute to end (ZeRO-1/2's parameter all-gather).
 //    Overlap needs a core to run the communication thread on while compute keeps its own: when
 //    the ranks share fewer cores than there are ranks plus one (--net-cores; the emulated
 //    cluster puts every node on one machine), the communication thread waits for a time slice
 //    at every ring step, and the step is predicted without overlap (docs/cost-model.md).
-// Leaves out: contention between flows on a shared link (every schedule here uses each link
+// Leaves out: gradient accumulation's micro-batches in the replay (with K > 1 only the last
+// backward overlaps; the replay needs one collective per size per step, else the closed form is
+// used), contention between flows on a shared link (every schedule here uses each link
 // once per direction at a time), TCP's slow start, Open MPI's rendezvous handshake for
 // messages above its eager limit (~2α more per message), and MPI's own collectives
 // (--collectives mpi): the counters see the payload handed to MPI, not the messages it sends.
@@ -39,6 +50,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -48,10 +60,15 @@
 
 namespace ringzero {
 
-/// A network in Hockney's α-β model: every link the same.
+/// A network in Hockney's α-β model: every link the same, joined by a switch whose capacity,
+/// the sum over every link at once, may be less than every link at full rate (an
+/// oversubscribed fabric; on the emulated cluster, the cores that move every node's packets).
 struct Network {
   double alpha_us = 0;        ///< α: one-way latency of a small message, µs (>= 0)
   double bandwidth_gbps = 0;  ///< β: per link and direction, Gbit/s (10^9 bit/s, > 0)
+  /// The fabric: Gbit/s per direction summed over every link at once (0: unlimited, a
+  /// non-blocking switch). An operation moving B bytes in all takes at least B/fabric.
+  double fabric_gbps = 0;
   /// α + bytes/β, in milliseconds. Errors: bandwidth_gbps <= 0 or alpha_us < 0.
   double message_ms(double bytes) const;
 };
@@ -75,6 +92,10 @@ enum class Overlap {
 struct CommSchedule {
   Overlap overlap = Overlap::none;
   std::vector<std::string> overlapped_ops;
+  /// The overlapped collectives' sizes in elements, in the order the step posts them: DDP's
+  /// and ZeRO-1/2's buckets in launch order (backward: the last layers' first); ZeRO-3's
+  /// layers in forward order. Empty: the closed form with equal collectives (see the top).
+  std::vector<double> sizes;
 };
 
 /// "none" | "backward" | "forward_and_backward".
@@ -97,8 +118,46 @@ struct StepPrediction {
   bool overlap_possible = true;
   int cores = 0;  ///< the cores the ranks share (0: not given, a core to spare assumed)
   int ranks = 1;  ///< world_size
+  bool replayed = false;  ///< overlapped_ms from the two-engine replay (else the closed form)
   std::vector<std::pair<std::string, double>> ops_ms;  ///< per operation, plus "loss all-reduce"
 };
+
+/// The step replayed on two engines: the main thread (compute, posts, waits) and one
+/// communication thread that runs posted collectives one at a time, in order (CommThread's
+/// FIFO). Times in ms. compute(ms) advances the main thread; post(ms) queues a collective of
+/// that duration and returns its id: it starts when the main thread posts it and the previous
+/// one has ended; wait(id) holds the main thread until that collective has ended.
+class TwoEngineReplay {
+ public:
+  void compute(double ms) { now_ += ms; }
+  int post(double ms);
+  void wait(int id);
+  void wait_all() { now_ = std::max(now_, link_free_); }
+  double now() const { return now_; }  ///< the main thread's clock
+
+ private:
+  double now_ = 0, link_free_ = 0;
+  std::vector<double> ends_;
+};
+
+/// DDP / ZeRO-1 / ZeRO-2 backward (chapters 05-07): backward_ms of compute in proportion to
+/// sizes[c]; collective c (comm_ms[c]) posted when its elements are done; then every
+/// collective waited for. Returns the backward's span, from its start to the last end.
+/// Errors: sizes and comm_ms of different lengths, a size <= 0.
+double replay_backward_buckets(double backward_ms, const std::vector<double>& sizes,
+                               const std::vector<double>& comm_ms);
+
+/// ZeRO-3 with prefetch (chapter 08's hooks, in order): per layer l (forward order, sizes[l]
+/// elements) the forward gather G_l is waited for, G_{l+1} posted, forward_ms·share_l
+/// computed; in backward (last layer first) G'_l waited for (posted at once for the last
+/// layer), G'_{l−1} posted, backward_ms·share_l computed, the later layer's reduce-scatter
+/// waited for, R_l posted; the last one waited for. gather_ms[l] / reduce_scatter_ms[l]: one
+/// gather / reduce-scatter of layer l. Returns the span of forward and backward.
+/// Errors: lengths that differ, a size <= 0.
+double replay_zero3_prefetch(double forward_ms, double backward_ms,
+                             const std::vector<double>& sizes,
+                             const std::vector<double>& gather_ms,
+                             const std::vector<double>& reduce_scatter_ms);
 
 /// Time of one operation per step: max over ranks of max(messages sent, messages received)·α +
 /// max(bytes sent, bytes received)/β (see the header). Empty: 0.
@@ -111,10 +170,14 @@ double op_time_ms(const Network& net, const std::vector<OpTraffic>& per_rank);
 /// updated parameters follows the optimizer step). `cores`: the CPU cores the world_size ranks
 /// share (0: unknown, every rank assumed to have one to spare); with cores <= world_size no
 /// communication overlaps (overlap_possible false). Errors: compute_ms < 0, world_size < 1,
-/// cores < 0, the Network's own.
+/// cores < 0, the Network's own. `sizes`: CommSchedule::sizes; when the overlapped operations'
+/// calls per step match them (one per size; ZeRO-3: two gathers and one reduce-scatter per
+/// layer), the step is replayed (see the top; `replayed` true), each collective's time being
+/// its operation's α part shared equally and its β part in proportion to its size.
 StepPrediction predict_step(const Network& net, const TrafficPerStep& traffic, int world_size,
                             double compute_ms, Overlap overlap,
-                            const std::vector<std::string>& overlapped_ops = {}, int cores = 0);
+                            const std::vector<std::string>& overlapped_ops = {}, int cores = 0,
+                            const std::vector<double>& sizes = {});
 
 /// end_of_run_report's "comm" entries (one per rank: {"rank", "ops": {op: {calls,
 /// messages_sent, bytes_sent, messages_received, bytes_received}}}) divided by `steps`.
@@ -134,8 +197,12 @@ std::string format_prediction(const StepPrediction& p, double measured_ms);
 /// {"predicted_ms_per_step", "compute_ms", "comm_ms", "serial_ms", "overlap", "ops_ms"}.
 nlohmann::json prediction_json(const StepPrediction& p);
 
-/// The network of a `scripts/cluster selftest` JSON file ({"latency_us", "bandwidth_bps"}: the
-/// medians over links). Errors: the file is missing or lacks those fields.
+/// The network of a `scripts/cluster selftest` JSON file: α = "latency_us" (the median link's
+/// one-way latency), β = "bandwidth_bps" (the median link, measured alone), the fabric =
+/// "fabric_bps" where present (the ring with every link busy at once: N links × each one's
+/// rate; on an emulated cluster the cores that move every node's packets can make it less
+/// than N·β). Errors: the file is missing or lacks latency_us / bandwidth_bps, or a field is
+/// not a number.
 Network network_from_selftest(const std::string& path);
 
 /// The cost model's flags, shared by every distributed chapter: without --net-bandwidth (or

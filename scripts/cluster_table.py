@@ -32,6 +32,8 @@ for path in args[2:]:
 print(f"\ncluster: {config['nodes']} nodes x {config['slots']} slots, links {config['bandwidth']} "
       f"each way; selftest: latency {selftest['latency_us']:.1f} us, bandwidth "
       f"{selftest['bandwidth_bps'] / 1e9:.3f} Gbit/s (median link)"
+      + (f", fabric {selftest['fabric_bps'] / 1e9:.3f} Gbit/s (every link at once)"
+         if "fabric_bps" in selftest else "")
       + (f"; communication threads on CPU {config['comm_cpus']}, computation on CPUs "
          f"{config['compute_cpus']} (--comm-core)" if config.get("comm_cpus") else ""))
 head = ["chapter", "measured", "predicted", "meas/pred", "compute", "comm", "overlap", "sent/rank/step"]

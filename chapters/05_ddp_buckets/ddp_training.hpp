@@ -79,8 +79,12 @@ class DDPTraining : public Lesson {
                       ", the same bytes";
     return theory;
   }
-  /// Every bucket's all-reduce runs on the communication thread while backward goes on.
-  CommSchedule comm_schedule() const override { return {Overlap::backward, {}}; }
+  /// Every bucket's all-reduce runs on the communication thread while backward goes on, in
+  /// launch order (the cost model replays it bucket by bucket).
+  CommSchedule comm_schedule() const override {
+    const std::vector<int64_t> sizes = bucket_sizes(ddp.buckets());
+    return {Overlap::backward, {}, {sizes.begin(), sizes.end()}};
+  }
   nlohmann::json summary_fields() const override {
     nlohmann::json j{{"collectives", collectives_name(ddp.options().collectives)},
                      {"buckets", ddp.buckets().size()}};

@@ -66,7 +66,8 @@ class Zero1Training : public Lesson {
   /// The gradients' reduce-scatter overlaps backward; the parameters' all-gather follows the
   /// optimizer step.
   CommSchedule comm_schedule() const override {
-    return {Overlap::backward, {"ring_reduce_scatter"}};
+    const std::vector<int64_t> sizes = bucket_sizes(zero.buckets());  // in launch order
+    return {Overlap::backward, {"ring_reduce_scatter"}, {sizes.begin(), sizes.end()}};
   }
   nlohmann::json summary_fields() const override {
     nlohmann::json fields =

@@ -11,9 +11,17 @@
 //    bucket's 1 ms of burst can speed one up by at most 3 % at 1 gbit). One-way time of a message
 //    of n bytes is α + n/β (Hockney's model); at 4 MiB the α term is under 0.1 % of the time on the
 //    links measured, so n / t is β.
-// With one rank per node, the ring's links are every node's link in both directions. Rank 0
-// prints one line per link and, with --json, writes {"links": [{"a", "b", "latency_us",
-// "bandwidth_bps"}, ...], "latency_us": median over links, "bandwidth_bps": median}.
+// With one rank per node, the ring's links are every node's link in both directions.
+// Then, with N > 2, the ring with every link busy at once, as a ring all-reduce uses it: every
+// rank sends to rank + 1 and receives from rank − 1 in 2(N − 1) rounds of MPI_Sendrecv of
+// large / N bytes (Patarasuk and Yuan's schedule); the slowest rank's time of the 2(N − 1)
+// rounds, median of 8, gives β_ring = 2(N − 1)·(large / N) / (time − 2(N − 1)·α) per link, and
+// the fabric, N·β_ring: what every link together carries. On an emulated cluster every node's
+// packets are processed by the same few cores, so the fabric can be well below N·β (the cost
+// model holds operations that use every link at once, the rings, to it).
+// Rank 0 prints one line per link and, with --json, writes {"links": [{"a", "b", "latency_us",
+// "bandwidth_bps"}, ...], "latency_us": median over links, "bandwidth_bps": median,
+// "ring_bandwidth_bps": β_ring, "fabric_bps": N·β_ring (the last two for N > 2 only)}.
 // Raw MPI on purpose: it measures the engine the chapters use, with no library code between.
 #include <mpi.h>
 
@@ -64,6 +72,28 @@ static std::vector<double> ping_pong(int rank, int a, int b, size_t bytes, int w
     if (i >= warmup) times.push_back((MPI_Wtime() - t0) / 2);
   }
   return times;
+}
+
+// β_ring (bit/s): every rank sends large / n bytes to rank + 1 and receives as many from rank − 1,
+// 2(n − 1) rounds (a ring all-reduce's schedule); the slowest rank's time, median of 8 after 2
+// untimed; the α of every round (alpha_s, the links' median latency) taken off.
+static double ring_bandwidth(int rank, int n, size_t large, double alpha_s) {
+  const size_t chunk = large / n;
+  std::vector<char> send(chunk, 1), recv(chunk);
+  const int right = (rank + 1) % n, left = (rank + n - 1) % n, rounds = 2 * (n - 1);
+  std::vector<double> times;
+  for (int i = 0; i < 10; ++i) {
+    sleeping_barrier();
+    const double t0 = MPI_Wtime();
+    for (int k = 0; k < rounds; ++k)
+      MPI_Sendrecv(send.data(), static_cast<int>(chunk), MPI_BYTE, right, 2, recv.data(),
+                   static_cast<int>(chunk), MPI_BYTE, left, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    double t = MPI_Wtime() - t0;
+    MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (i >= 2) times.push_back(t);
+  }
+  const double t = std::max(median(times) - rounds * alpha_s, 1e-9);
+  return rounds * static_cast<double>(chunk) * 8.0 / t;
 }
 
 int main(int argc, char** argv) {
@@ -136,13 +166,25 @@ int main(int argc, char** argv) {
       bandwidths.push_back(result[1]);
     }
   }
+  double alpha_s = rank == 0 ? median(latencies) * 1e-6 : 0;
+  MPI_Bcast(&alpha_s, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  const double ring_bps = n > 2 ? ring_bandwidth(rank, n, large, alpha_s) : 0;
   if (rank == 0) {
-    char tail[200];
-    std::snprintf(tail, sizeof tail, "], \"latency_us\": %.3f, \"bandwidth_bps\": %.6e}\n",
-                  median(latencies), median(bandwidths));
+    char tail[300];
+    std::snprintf(tail, sizeof tail, "], \"latency_us\": %.3f, \"bandwidth_bps\": %.6e%s",
+                  median(latencies), median(bandwidths), "");
     json += tail;
+    if (n > 2) {
+      std::snprintf(tail, sizeof tail, ", \"ring_bandwidth_bps\": %.6e, \"fabric_bps\": %.6e",
+                    ring_bps, n * ring_bps);
+      json += tail;
+    }
+    json += "}\n";
     std::printf("median over %d links | latency %.1f us | bandwidth %.3f Gbit/s\n", links,
                 median(latencies), median(bandwidths) / 1e9);
+    if (n > 2)
+      std::printf("ring, every link busy at once (2(N-1) rounds of %zu B) | bandwidth %.3f Gbit/s "
+                  "per link | fabric %.3f Gbit/s\n", large / n, ring_bps / 1e9, n * ring_bps / 1e9);
     if (!json_path.empty()) {
       std::ofstream out(json_path);
       out << json;

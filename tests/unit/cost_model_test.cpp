@@ -155,6 +155,14 @@ TEST_CASE("network_from_selftest reads scripts/cluster selftest's medians", "[co
   const Network net = network_from_selftest(path);
   REQUIRE(net.alpha_us == 12.5);
   REQUIRE(net.bandwidth_gbps == Approx(0.99).epsilon(1e-12));
+  REQUIRE(net.fabric_gbps == 0);  // no ring measured: a non-blocking switch
+  // With the ring measurement (every link busy at once): the fabric.
+  std::ofstream(path) << R"({"links": [], "latency_us": 12.5, "bandwidth_bps": 9.9e8,
+                             "fabric_bps": 3.0e9})";
+  REQUIRE(network_from_selftest(path).fabric_gbps == Approx(3.0).epsilon(1e-12));
+  REQUIRE(network_from_selftest(path).bandwidth_gbps == Approx(0.99).epsilon(1e-12));
+  std::ofstream(path) << R"({"latency_us": 12.5, "bandwidth_bps": 9.9e8, "fabric_bps": -1})";
+  REQUIRE_THROWS_WITH(network_from_selftest(path), Contains("fabric_bps is -1"));
   std::remove(path.c_str());
   REQUIRE_THROWS_WITH(network_from_selftest("no/such/file.json"),
                       Contains("scripts/cluster selftest"));
@@ -203,4 +211,111 @@ TEST_CASE("overlap needs a core to spare: with no more cores than ranks, nothing
   }
   REQUIRE_THROWS_WITH(predict_step(kNet, t, N, 1.0, Overlap::backward, {}, -1),
                       Contains("--net-cores -1"));
+}
+
+TEST_CASE("the two-engine replay: a collective starts when posted and the link is free",
+          "[cost_model]") {
+  // Backward 20 ms over buckets of 1, 1 and 2 elements (5, 5 and 10 ms of compute each).
+  // Short collectives: each ends before the next is posted; the last starts at 20 and ends at 30.
+  REQUIRE(replay_backward_buckets(20.0, {1, 1, 2}, {1, 1, 10}) == Approx(30.0).epsilon(1e-12));
+  // Long ones queue on the link: 5-15, 15-25, 25-26; backward itself ended at 20.
+  REQUIRE(replay_backward_buckets(20.0, {1, 1, 2}, {10, 10, 1}) == Approx(26.0).epsilon(1e-12));
+  // No communication: the span is backward.
+  REQUIRE(replay_backward_buckets(20.0, {1, 3}, {0, 0}) == Approx(20.0).epsilon(1e-12));
+  REQUIRE_THROWS_WITH(replay_backward_buckets(20.0, {1, 2}, {1}), Contains("2 sizes but 1"));
+  REQUIRE_THROWS_WITH(replay_backward_buckets(20.0, {0, 2}, {1, 1}), Contains("must be > 0"));
+
+  // ZeRO-3, two layers of 1 and 3 elements, forward 4 ms, backward 8 ms, gathers 1 and 2 ms,
+  // reduce-scatters 1 and 2 ms. Forward: G0 0-1, (G1 posted at 1) 1-3; fwd0 1-2; wait G1: 3;
+  // fwd1 3-6. Backward: G'1 6-8; wait: 8; G'0 8-9; bwd1 8-14; R1 14-16; wait G'0 (9): 14;
+  // bwd0 14-16; wait R1: 16; R0 16-17; wait: 17.
+  REQUIRE(replay_zero3_prefetch(4.0, 8.0, {1, 3}, {1, 2}, {1, 2}) == Approx(17.0).epsilon(1e-12));
+  // Free communication: the span is the compute.
+  REQUIRE(replay_zero3_prefetch(4.0, 8.0, {1, 3}, {0, 0}, {0, 0}) == Approx(12.0).epsilon(1e-12));
+}
+
+TEST_CASE("the replay: a large bucket ready at the end of backward hides behind nothing",
+          "[cost_model]") {
+  // The chapters' MLP shape: three small buckets, then one holding 99 % of the elements (the
+  // first layer, whose gradient backward writes last). Elements divisible by N = 4.
+  const int N = 4;
+  const std::vector<double> elements{1000, 1000, 1000, 300000};
+  std::vector<double> bytes;
+  for (double n : elements) bytes.push_back(4 * n);
+  const TrafficPerStep t = ring_traffic(bytes, N);
+  const StepPrediction closed = predict_step(kNet, t, N, 30.0, Overlap::backward);
+  const StepPrediction replay = predict_step(kNet, t, N, 30.0, Overlap::backward, {}, 0, elements);
+  REQUIRE_FALSE(closed.replayed);
+  REQUIRE(replay.replayed);
+  // Each collective's time is its own ring all-reduce (α part per call, β part by size).
+  const double last = ring_all_reduce_ms(kNet, N, 4 * 300000);
+  const double small = ring_all_reduce_ms(kNet, N, 4 * 1000);
+  REQUIRE(replay.comm_ms == Approx(3 * small + last + 0.020).epsilon(1e-9));
+  // The small buckets end long before the last is posted at the end of backward (20 ms), so
+  // the step is forward 10 + backward 20 + the last bucket + the loss all-reduce (after).
+  REQUIRE(3 * small < 20.0 * 3000 / 303000 + 1.0);
+  REQUIRE(replay.predicted_ms == Approx(10.0 + 20.0 + last + 0.020).epsilon(1e-9));
+  // The closed form takes the mean bucket as the last: far less.
+  REQUIRE(closed.predicted_ms < replay.predicted_ms - 10.0);
+  // Sizes that do not match the counters' calls per step: the closed form.
+  const StepPrediction mismatch =
+      predict_step(kNet, t, N, 30.0, Overlap::backward, {}, 0, {1000, 301000});
+  REQUIRE_FALSE(mismatch.replayed);
+  REQUIRE(mismatch.predicted_ms == closed.predicted_ms);
+  REQUIRE(prediction_json(replay).at("replayed").get<bool>());
+}
+
+TEST_CASE("the replay of ZeRO-3's prefetch: each pass's first gather and the last reduce-scatter show",
+          "[cost_model]") {
+  const int N = 4;
+  const std::vector<double> elements{400000, 200000};  // two layers, divisible by N
+  TrafficPerStep t;
+  for (const char* op : {"ring_all_gather", "ring_reduce_scatter"}) {
+    const double copies = std::string(op) == "ring_all_gather" ? 2 : 1;  // forward and backward
+    OpTraffic r;
+    for (double n : elements) {
+      r.calls += copies;
+      r.messages_sent += copies * (N - 1);
+      r.messages_received += copies * (N - 1);
+      r.bytes_sent += copies * (N - 1) * 4 * n / N;
+      r.bytes_received += copies * (N - 1) * 4 * n / N;
+    }
+    t[op].assign(N, r);
+  }
+  const double compute = 90.0;
+  const StepPrediction p =
+      predict_step(kNet, t, N, compute, Overlap::forward_and_backward, {}, 0, elements);
+  REQUIRE(p.replayed);
+  std::vector<double> g, r;
+  for (double n : elements) g.push_back(ring_phase_ms(kNet, N, 4 * n)), r.push_back(g.back());
+  REQUIRE(p.predicted_ms ==
+          Approx(replay_zero3_prefetch(30.0, 60.0, elements, g, r) + 0.020).epsilon(1e-9));
+  // Compute long enough to hide the rest: what shows is forward's first gather (layer 0),
+  // backward's first (the last layer, gathered again: chapter 08 does not keep it from
+  // forward), the last reduce-scatter (layer 0's) and the loss all-reduce.
+  REQUIRE(p.predicted_ms == Approx(g[0] + g[1] + compute + r[0] + 0.020).epsilon(1e-9));
+  REQUIRE(p.predicted_ms < p.serial_ms);
+}
+
+TEST_CASE("a fabric slower than every link at once holds the ring back, not the star",
+          "[cost_model]") {
+  const int N = 4;
+  const double psi_bytes = 4.0 * 600000;
+  // Fabric 2 Gbit/s for 4 links of 1 Gbit/s: with every link busy, each gets 0.5 Gbit/s.
+  const Network slow{10.0, 1.0, 2.0};
+  const TrafficPerStep ring = ring_traffic({psi_bytes}, N);
+  const StepPrediction free_ring = predict_step(kNet, ring, N, 0.0, Overlap::none);
+  const StepPrediction held_ring = predict_step(slow, ring, N, 0.0, Overlap::none);
+  // The β part doubles (every rank's bytes through 2 Gbit/s instead of 4 links of 1); α stays.
+  const double alpha = 2 * (N - 1) * 0.010;
+  REQUIRE(held_ring.comm_ms - 0.020 - alpha ==
+          Approx(2 * (free_ring.comm_ms - 0.020 - alpha)).epsilon(1e-9));
+  // The central reducer loads rank 0's link: (N − 1)·n in, the others n each; in all
+  // 2(N − 1)·n through the fabric per phase at 2 Gbit/s = (N − 1)·n at 1 Gbit/s: the link's time.
+  TrafficPerStep star;
+  star["central_reduce"] = {{1, 0, 0, N - 1.0, (N - 1) * psi_bytes},
+                            {1, 1, psi_bytes, 0, 0}, {1, 1, psi_bytes, 0, 0}, {1, 1, psi_bytes, 0, 0}};
+  const double link_only = predict_step(kNet, star, N, 0.0, Overlap::none).comm_ms;
+  REQUIRE(predict_step(slow, star, N, 0.0, Overlap::none).comm_ms == Approx(link_only).epsilon(1e-9));
+  REQUIRE_THROWS_WITH((Network{10, 1, -1}.message_ms(1)), Contains("fabric"));
 }
