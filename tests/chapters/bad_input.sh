@@ -80,4 +80,10 @@ fails device_cuda_ch03 "chapter 03_data_parallel trains on the CPU only so far" 
 if ! nvidia-smi -L >/dev/null 2>&1; then
   fails device_cuda_no_gpu "--device cuda" "--device cpu" -- "${CH01[@]}" --model toy --device cuda --max-steps 1
 fi
+# RINGZERO_COMM_CPUS (scripts/cluster up --comm-core pins the communication thread with it):
+# a value that is not a CPU list stops the chapter at start-up, naming the value and the fix.
+fails comm_cpus_word "RINGZERO_COMM_CPUS='one'" "comma list such as 1" \
+  -- env RINGZERO_COMM_CPUS=one "$BIN/ch05_ddp_buckets" --model toy --max-steps 1
+fails comm_cpus_empty "RINGZERO_COMM_CPUS is set but empty" "or unset it" \
+  -- env RINGZERO_COMM_CPUS= "$BIN/ch05_ddp_buckets" --model toy --max-steps 1
 echo "all bad-input cases fail with their message"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The network changes no number: chapters 03, 05 and 08, run across 4 nodes (one rank each,
 # TCP between nodes through Open MPI's rsh launcher and the namespace agent) and across 2 nodes
-# of 2 ranks (shared memory within a node, TCP between), end with the same parameters and loss
+# of 2 ranks (shared memory within a node, TCP between), and across 4 nodes made with
+# --comm-core (communication threads on their own core), end with the same parameters and loss
 # history, bit for bit, as the same run on one node (mpirun -np 4, shared memory). Every
 # reduction is our own point-to-point code in a fixed order, and the metrics' MPI_Allreduce of
 # doubles picks its algorithm by size, not by transport. Links at 8 gbit keep the runs short.
@@ -44,3 +45,15 @@ runs "${chapter}_2x2" "$CLUSTER_SCRIPT" run -- "$BIN/ch$chapter" "${flags[@]}"
 echo "== $chapter: 2 nodes x 2 ranks vs one node"
 "$COMPARE" "$WORK/${chapter}_one_node.safetensors" "$WORK/${chapter}_2x2.safetensors" \
   "$WORK/${chapter}_one_node.jsonl" "$WORK/${chapter}_2x2.jsonl" --bitwise
+"$CLUSTER_SCRIPT" down
+
+# --comm-core moves threads between cores; it must not move a number.
+"$CLUSTER_SCRIPT" up --nodes 4 --slots 1 --bandwidth 8gbit --comm-core
+for chapter in 05_ddp_buckets 08_zero3; do
+  # shellcheck disable=SC2206
+  flags=("${common[@]}" ${extra[$chapter]})
+  runs "${chapter}_comm_core" "$CLUSTER_SCRIPT" run -- "$BIN/ch$chapter" "${flags[@]}"
+  echo "== $chapter: 4 nodes x 1 rank with --comm-core vs one node"
+  "$COMPARE" "$WORK/${chapter}_one_node.safetensors" "$WORK/${chapter}_comm_core.safetensors" \
+    "$WORK/${chapter}_one_node.jsonl" "$WORK/${chapter}_comm_core.jsonl" --bitwise
+done

@@ -37,6 +37,30 @@ nothing_left "a failed up"
 "$CLUSTER_SCRIPT" up --nodes 4 --slots 1 --bandwidth 1gbit
 "$CLUSTER_SCRIPT" status
 "$CLUSTER_SCRIPT" selftest --max-latency-us 100 --bandwidth-tolerance 0.10
+# The ring with every link busy at once (the cost model's fabric): measured, and physical —
+# no more than the 4 links at their shaped rate (+5 %: the token bucket's 1 ms burst), and
+# more than nothing.
+python3 - "/run/ringzero-cluster/$CLUSTER/selftest.json" <<'EOF_PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+fabric, ring = s["fabric_bps"], s["ring_bandwidth_bps"]
+assert abs(fabric - 4 * ring) <= 1e-6 * fabric, (fabric, ring)
+assert 0.05e9 < ring <= 1.05e9, "ring bandwidth %.3f Gbit/s per link is outside (0.05, 1.05]" % (ring / 1e9)
+print("ok: ring with every link busy: %.3f Gbit/s per link, fabric %.3f Gbit/s" % (ring / 1e9, fabric / 1e9))
+EOF_PY
 "$CLUSTER_SCRIPT" down
+
+# --comm-core: the layout is recorded, shown, and refused on a 1-core machine with the reason.
+"$CLUSTER_SCRIPT" up --nodes 2 --slots 1 --bandwidth none --comm-core
+grep -q "^comm_cpus=$(( $(nproc) - 1 ))$" "/run/ringzero-cluster/$CLUSTER/config" ||
+  { echo "FAILED: --comm-core did not record the last CPU"; exit 1; }
+"$CLUSTER_SCRIPT" status | grep -q "communication threads on CPU $(( $(nproc) - 1 ))" ||
+  { echo "FAILED: status does not show the --comm-core layout"; exit 1; }
+"$CLUSTER_SCRIPT" down
+if out=$(taskset -c 0 "$CLUSTER_SCRIPT" up --nodes 2 --slots 1 --bandwidth none --comm-core 2>&1); then
+  echo "FAILED: --comm-core on one core succeeded"; "$CLUSTER_SCRIPT" down; exit 1
+fi
+grep -q "needs at least 2 cores" <<<"$out" || { echo "FAILED: no reason given: $out"; exit 1; }
+echo "ok: --comm-core recorded, shown, and refused on one core ($out)"
 
 nothing_left "down"
