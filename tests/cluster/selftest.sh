@@ -54,8 +54,9 @@ EOF_PY
 "$CLUSTER_SCRIPT" up --nodes 2 --slots 1 --bandwidth none --comm-core
 grep -q "^comm_cpus=$(( $(nproc) - 1 ))$" "/run/ringzero-cluster/$CLUSTER/config" ||
   { echo "FAILED: --comm-core did not record the last CPU"; exit 1; }
-"$CLUSTER_SCRIPT" status | grep -q "communication threads on CPU $(( $(nproc) - 1 ))" ||
-  { echo "FAILED: status does not show the --comm-core layout"; exit 1; }
+status=$("$CLUSTER_SCRIPT" status)  # (not piped into grep -q: pipefail would see SIGPIPE)
+grep -q "communication threads on CPU $(( $(nproc) - 1 ))" <<<"$status" ||
+  { echo "FAILED: status does not show the --comm-core layout: $status"; exit 1; }
 "$CLUSTER_SCRIPT" down
 if out=$(taskset -c 0 "$CLUSTER_SCRIPT" up --nodes 2 --slots 1 --bandwidth none --comm-core 2>&1); then
   echo "FAILED: --comm-core on one core succeeded"; "$CLUSTER_SCRIPT" down; exit 1
