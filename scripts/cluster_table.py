@@ -28,14 +28,16 @@ for path in args[2:]:
                  "comm_ms": p.get("comm_ms"), "overlap": p.get("overlap"),
                  "overlap_possible": p.get("overlap_possible", True), "cores": p.get("cores", 0),
                  "overlapped_ms": p.get("overlapped_ms_per_step"),
-                 "sent_per_rank_per_step": s["bytes_sent_per_rank_per_step"]})
+                 "sent_per_rank_per_step": s["bytes_sent_per_rank_per_step"],
+                 "num_parameters": s.get("num_parameters")})
 print(f"\ncluster: {config['nodes']} nodes x {config['slots']} slots, links {config['bandwidth']} "
       f"each way; selftest: latency {selftest['latency_us']:.1f} us, bandwidth "
       f"{selftest['bandwidth_bps'] / 1e9:.3f} Gbit/s (median link)"
       + (f", fabric {selftest['fabric_bps'] / 1e9:.3f} Gbit/s (every link at once)"
          if "fabric_bps" in selftest else "")
       + (f"; communication threads on CPU {config['comm_cpus']}, computation on CPUs "
-         f"{config['compute_cpus']} (--comm-core)" if config.get("comm_cpus") else ""))
+         f"{config['compute_cpus']} (--comm-core)" if config.get("comm_cpus") else "")
+      + (f"; model: {rows[0]['num_parameters']} parameters" if rows and rows[0]["num_parameters"] else ""))
 head = ["chapter", "measured", "predicted", "meas/pred", "compute", "comm", "overlap", "sent/rank/step"]
 table = []
 for r in rows:
