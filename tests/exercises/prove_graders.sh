@@ -45,6 +45,9 @@ else
 fi
 rm -rf "$SCRATCH/.exercise-state"
 export RINGZERO_BUILD=$SCRATCH/build
+# ccache rewrites absolute paths under CCACHE_BASEDIR relative to the compiler's directory; without
+# it the scratch copy's paths differ from the real build's and nothing is a cache hit.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-/}
 EX="$SCRATCH/scripts/exercise"
 
 targets=$(python3 -c "
