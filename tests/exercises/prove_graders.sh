@@ -46,8 +46,15 @@ fi
 rm -rf "$SCRATCH/.exercise-state"
 export RINGZERO_BUILD=$SCRATCH/build
 # ccache rewrites absolute paths under CCACHE_BASEDIR relative to the compiler's directory; without
-# it the scratch copy's paths differ from the real build's and nothing is a cache hit.
-export CCACHE_BASEDIR=${CCACHE_BASEDIR:-/}
+# it the scratch copy's paths differ from the real build's and nothing is a cache hit. The base is
+# the deepest directory above both trees, never / (then /usr's headers would be rewritten too, to
+# relative paths that differ with the depth of the build directory).
+if [ -z "${CCACHE_BASEDIR:-}" ]; then
+  CCACHE_BASEDIR=$(python3 -c "import os, sys; print(os.path.commonpath(sys.argv[1:]))" \
+    "$(realpath "$SRC")" "$(realpath "$SCRATCH")")
+  if [ "$CCACHE_BASEDIR" = / ]; then CCACHE_BASEDIR=$(realpath "$SCRATCH"); fi
+fi
+export CCACHE_BASEDIR
 EX="$SCRATCH/scripts/exercise"
 
 targets=$(python3 -c "
