@@ -30,6 +30,7 @@ struct ZeroCase {
 struct RunResult {
   std::vector<float> params;                     // (Ψ) registration order
   std::vector<float> losses;                     // every step's global-batch mean loss
+  std::vector<std::vector<float>> step_params;   // (steps) the parameters after each step
   std::map<std::string, NamedTensor> optimizer;  // "<param>.exp_avg" / ".exp_avg_sq" / ".step"
   int64_t nonzero_padding = 0;                   // ZeRO only
 };
@@ -94,6 +95,7 @@ void run_steps(const ZeroCase& c, Model& model, const TrainConfig& config, L& le
     out.losses.push_back(static_cast<float>(train_step(
         lesson, Step{model, config, step + 1,
                      [&](int64_t k) { return zero_test_batch(c, rank, step, k); }, tracer})));
+    out.step_params.push_back(model_params(model));
     if constexpr (requires { lesson.zero.nonzero_padding(); })
       out.nonzero_padding += lesson.zero.nonzero_padding();
   }
