@@ -125,12 +125,14 @@ void TwoEngineReplay::wait(int id) {
 }
 
 double replay_backward_buckets(double backward_ms, const std::vector<double>& sizes,
-                               const std::vector<double>& comm_ms) {
+                               const std::vector<double>& comm_ms, int max_in_flight) {
   check_sizes(sizes, comm_ms.size(), "replay_backward_buckets");
   double total = 0;
   for (double n : sizes) total += n;
   TwoEngineReplay r;
   for (size_t c = 0; c < sizes.size(); ++c) {
+    if (max_in_flight > 0 && c >= static_cast<size_t>(max_in_flight))
+      r.wait(static_cast<int>(c) - max_in_flight);  // its memory is freed for this bucket
     r.compute(backward_ms * sizes[c] / total);  // the bucket's gradients are written...
     r.post(comm_ms[c]);                         // ... and its collective is launched
   }
@@ -175,7 +177,7 @@ double replay_zero3_prefetch(double forward_ms, double backward_ms,
 StepPrediction predict_step(const Network& net, const TrafficPerStep& traffic, int world_size,
                             double compute_ms, Overlap overlap,
                             const std::vector<std::string>& overlapped_ops, int cores,
-                            const std::vector<double>& sizes) {
+                            const std::vector<double>& sizes, int max_in_flight) {
   check_network(net);
   RZ_CHECK(world_size >= 1, "predict_step: world_size " << world_size << " < 1");
   RZ_CHECK(cores >= 0, "--net-cores " << cores << " must be >= 0 (0: not given)");
@@ -236,7 +238,8 @@ StepPrediction predict_step(const Network& net, const TrafficPerStep& traffic, i
     p.replayed = true;
     p.overlapped_ms = (1 - f) * compute_ms +
                       replay_backward_buckets(f * compute_ms, sizes,
-                                              per_collective_ms(overlapped_parts, sizes, 1)) +
+                                              per_collective_ms(overlapped_parts, sizes, 1),
+                                              max_in_flight) +
                       (p.comm_ms - replayed_comm_ms);
   } else if (!sizes.empty() && overlap == Overlap::forward_and_backward &&
              calls_are(gather_parts, 2 * n) && calls_are(reduce_scatter_parts, n)) {
@@ -428,7 +431,7 @@ nlohmann::json report_step_prediction(const NetFlags& flags, const nlohmann::jso
       traffic_per_step(summary.at("comm"),
                        summary.value("steps_run", summary.at("steps").get<int64_t>())),
       world_size, flags.compute_ms, schedule.overlap, schedule.overlapped_ops, flags.cores,
-      schedule.sizes);
+      schedule.sizes, schedule.max_in_flight);
   print0(fmt("network: alpha %.1f us, beta %.3f Gbit/s per link", net.alpha_us,
              net.bandwidth_gbps) +
          (net.fabric_gbps > 0 ? fmt(", fabric %.3f Gbit/s (every link at once)", net.fabric_gbps)

@@ -96,6 +96,10 @@ struct CommSchedule {
   /// and ZeRO-1/2's buckets in launch order (backward: the last layers' first); ZeRO-3's
   /// layers in forward order. Empty: the closed form with equal collectives (see the top).
   std::vector<double> sizes;
+  /// Backward buckets whose memory exists at once (0: every one): ZeRO-2 allocates bucket b
+  /// only after bucket b − 2's reduce-scatter has ended (DeepSpeed's double buffer), so the
+  /// replay waits for collective c − max_in_flight before computing bucket c.
+  int max_in_flight = 0;
 };
 
 /// "none" | "backward" | "forward_and_backward".
@@ -142,10 +146,11 @@ class TwoEngineReplay {
 
 /// DDP / ZeRO-1 / ZeRO-2 backward (chapters 05-07): backward_ms of compute in proportion to
 /// sizes[c]; collective c (comm_ms[c]) posted when its elements are done; then every
-/// collective waited for. Returns the backward's span, from its start to the last end.
-/// Errors: sizes and comm_ms of different lengths, a size <= 0.
+/// collective waited for. max_in_flight > 0: before bucket c's compute, collective
+/// c − max_in_flight is waited for (its memory is reused). Returns the backward's span, from
+/// its start to the last end. Errors: sizes and comm_ms of different lengths, a size <= 0.
 double replay_backward_buckets(double backward_ms, const std::vector<double>& sizes,
-                               const std::vector<double>& comm_ms);
+                               const std::vector<double>& comm_ms, int max_in_flight = 0);
 
 /// ZeRO-3 with prefetch (chapter 08's hooks, in order): per layer l (forward order, sizes[l]
 /// elements) the forward gather G_l is waited for, G_{l+1} posted, forward_ms·share_l
@@ -177,7 +182,7 @@ double op_time_ms(const Network& net, const std::vector<OpTraffic>& per_rank);
 StepPrediction predict_step(const Network& net, const TrafficPerStep& traffic, int world_size,
                             double compute_ms, Overlap overlap,
                             const std::vector<std::string>& overlapped_ops = {}, int cores = 0,
-                            const std::vector<double>& sizes = {});
+                            const std::vector<double>& sizes = {}, int max_in_flight = 0);
 
 /// end_of_run_report's "comm" entries (one per rank: {"rank", "ops": {op: {calls,
 /// messages_sent, bytes_sent, messages_received, bytes_received}}}) divided by `steps`.

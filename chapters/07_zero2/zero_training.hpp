@@ -68,7 +68,8 @@ class Zero2Training : public Lesson {
   /// optimizer step.
   CommSchedule comm_schedule() const override {
     const std::vector<int64_t> sizes = bucket_sizes(zero.buckets());  // in launch order
-    return {Overlap::backward, {"ring_reduce_scatter"}, {sizes.begin(), sizes.end()}};
+    return {Overlap::backward, {"ring_reduce_scatter"}, {sizes.begin(), sizes.end()},
+            2};  // at most two buckets exist at once (zero.hpp)
   }
   nlohmann::json summary_fields() const override {
     nlohmann::json fields =

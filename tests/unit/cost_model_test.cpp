@@ -220,6 +220,14 @@ TEST_CASE("the two-engine replay: a collective starts when posted and the link i
   REQUIRE(replay_backward_buckets(20.0, {1, 1, 2}, {1, 1, 10}) == Approx(30.0).epsilon(1e-12));
   // Long ones queue on the link: 5-15, 15-25, 25-26; backward itself ended at 20.
   REQUIRE(replay_backward_buckets(20.0, {1, 1, 2}, {10, 10, 1}) == Approx(26.0).epsilon(1e-12));
+  // Two buckets in flight (ZeRO-2): bucket 2's compute waits for collective 0 (ends 15): 15-25,
+  // then its collective 25-26 (the link is free from 25).
+  REQUIRE(replay_backward_buckets(20.0, {1, 1, 2}, {10, 10, 1}, 2) ==
+          Approx(26.0).epsilon(1e-12));
+  // One in flight: each bucket waits for the previous collective: 0-5 c0 5-15; wait 15,
+  // compute 15-20, c1 20-30; wait 30, compute 30-40, c2 40-41.
+  REQUIRE(replay_backward_buckets(20.0, {1, 1, 2}, {10, 10, 1}, 1) ==
+          Approx(41.0).epsilon(1e-12));
   // No communication: the span is backward.
   REQUIRE(replay_backward_buckets(20.0, {1, 3}, {0, 0}) == Approx(20.0).epsilon(1e-12));
   REQUIRE_THROWS_WITH(replay_backward_buckets(20.0, {1, 2}, {1}), Contains("2 sizes but 1"));
