@@ -26,34 +26,29 @@ for chapter in 03_data_parallel 05_ddp_buckets 08_zero3; do
   runs "${chapter}_one_node" "$MPIRUN" -np 4 --oversubscribe "$BIN/ch$chapter" "${flags[@]}"
 done
 
+# across TAG WHAT CHAPTER...: each chapter run on the cluster that is up, compared bit for bit
+# with its one-node run.
+across() {
+  local tag=$1 what=$2 chapter
+  shift 2
+  for chapter in "$@"; do
+    # shellcheck disable=SC2206
+    flags=("${common[@]}" ${extra[$chapter]})
+    runs "${chapter}_$tag" "$CLUSTER_SCRIPT" run -- "$BIN/ch$chapter" "${flags[@]}"
+    echo "== $chapter: $what vs one node"
+    "$COMPARE" "$WORK/${chapter}_one_node.safetensors" "$WORK/${chapter}_$tag.safetensors" \
+      "$WORK/${chapter}_one_node.jsonl" "$WORK/${chapter}_$tag.jsonl" --bitwise
+  done
+}
+
 "$CLUSTER_SCRIPT" up --nodes 4 --slots 1 --bandwidth 8gbit
-for chapter in 03_data_parallel 05_ddp_buckets 08_zero3; do
-  # shellcheck disable=SC2206
-  flags=("${common[@]}" ${extra[$chapter]})
-  runs "${chapter}_4x1" "$CLUSTER_SCRIPT" run -- "$BIN/ch$chapter" "${flags[@]}"
-  echo "== $chapter: 4 nodes x 1 rank vs one node"
-  "$COMPARE" "$WORK/${chapter}_one_node.safetensors" "$WORK/${chapter}_4x1.safetensors" \
-    "$WORK/${chapter}_one_node.jsonl" "$WORK/${chapter}_4x1.jsonl" --bitwise
-done
+across 4x1 "4 nodes x 1 rank" 03_data_parallel 05_ddp_buckets 08_zero3
 "$CLUSTER_SCRIPT" down
 
 "$CLUSTER_SCRIPT" up --nodes 2 --slots 2 --bandwidth 8gbit
-chapter=05_ddp_buckets
-# shellcheck disable=SC2206
-flags=("${common[@]}" ${extra[$chapter]})
-runs "${chapter}_2x2" "$CLUSTER_SCRIPT" run -- "$BIN/ch$chapter" "${flags[@]}"
-echo "== $chapter: 2 nodes x 2 ranks vs one node"
-"$COMPARE" "$WORK/${chapter}_one_node.safetensors" "$WORK/${chapter}_2x2.safetensors" \
-  "$WORK/${chapter}_one_node.jsonl" "$WORK/${chapter}_2x2.jsonl" --bitwise
+across 2x2 "2 nodes x 2 ranks" 05_ddp_buckets
 "$CLUSTER_SCRIPT" down
 
 # --comm-core moves threads between cores; it must not move a number.
 "$CLUSTER_SCRIPT" up --nodes 4 --slots 1 --bandwidth 8gbit --comm-core
-for chapter in 05_ddp_buckets 08_zero3; do
-  # shellcheck disable=SC2206
-  flags=("${common[@]}" ${extra[$chapter]})
-  runs "${chapter}_comm_core" "$CLUSTER_SCRIPT" run -- "$BIN/ch$chapter" "${flags[@]}"
-  echo "== $chapter: 4 nodes x 1 rank with --comm-core vs one node"
-  "$COMPARE" "$WORK/${chapter}_one_node.safetensors" "$WORK/${chapter}_comm_core.safetensors" \
-    "$WORK/${chapter}_one_node.jsonl" "$WORK/${chapter}_comm_core.jsonl" --bitwise
-done
+across comm_core "4 nodes x 1 rank with --comm-core" 05_ddp_buckets 08_zero3
