@@ -5,7 +5,7 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <sstream>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -24,17 +24,32 @@ cpu_set_t comm_cpus_from_env() {
   CPU_ZERO(&set);
   const char* text = std::getenv("RINGZERO_COMM_CPUS");
   if (text == nullptr) return set;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    char* end = nullptr;
-    long cpu = std::strtol(item.c_str(), &end, 10);
-    RZ_CHECK(!item.empty() && *end == '\0' && cpu >= 0 && cpu < CPU_SETSIZE,
-             "RINGZERO_COMM_CPUS='" << text << "': '" << item << "' is not a CPU number; give a "
-                                    << "comma list such as 1 or 2,3, or unset it");
-    CPU_SET(static_cast<int>(cpu), &set);
+  const std::string list = text;
+  RZ_CHECK(!list.empty(), "RINGZERO_COMM_CPUS is set but empty; give a CPU such as 1, or unset it");
+  // A CPU number: digits only (no sign, no blanks), below CPU_SETSIZE.
+  auto cpu_of = [&](const std::string& digits, const std::string& item) {
+    RZ_CHECK(!digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos,
+             "RINGZERO_COMM_CPUS='" << list << "': '" << item << "' is not a CPU number or "
+                                    << "range; give a list such as 1, 2,3 or 0-3, or unset it");
+    RZ_CHECK(digits.size() <= 4 && std::stoi(digits) < CPU_SETSIZE,
+             "RINGZERO_COMM_CPUS='" << list << "': CPU " << digits << " is beyond the "
+                                    << CPU_SETSIZE << " CPUs a CPU set can name; name CPUs that "
+                                    << "exist (0 to nproc - 1)");
+    return std::stoi(digits);
+  };
+  size_t start = 0;
+  while (true) {  // items between commas; every one must be there ("1," and ",1" are refused)
+    const size_t comma = list.find(',', start);
+    const std::string item = list.substr(start, comma == std::string::npos ? comma : comma - start);
+    const size_t dash = item.find('-');
+    const int first = cpu_of(item.substr(0, dash), item);
+    const int last = dash == std::string::npos ? first : cpu_of(item.substr(dash + 1), item);
+    RZ_CHECK(first <= last, "RINGZERO_COMM_CPUS='" << list << "': range '" << item
+                                                   << "' runs backwards; write it low-high");
+    for (int cpu = first; cpu <= last; ++cpu) CPU_SET(cpu, &set);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
   }
-  RZ_CHECK(CPU_COUNT(&set) > 0, "RINGZERO_COMM_CPUS is set but empty; give a CPU such as 1, or unset it");
   return set;
 }
 
@@ -45,8 +60,10 @@ CommThread::CommThread(int wait_sleep_us)
         if (CPU_COUNT(&cpus) > 0) {
           int rc = pthread_setaffinity_np(pthread_self(), sizeof(cpus), &cpus);
           try {  // reported by the first submit() or wait(), like a failed job
-            RZ_CHECK(rc == 0, "RINGZERO_COMM_CPUS: this machine refuses that CPU set (error "
-                                  << rc << "); name CPUs that exist (see nproc), or unset it");
+            RZ_CHECK(rc == 0, "RINGZERO_COMM_CPUS='"
+                                  << std::getenv("RINGZERO_COMM_CPUS")
+                                  << "': this machine refuses that CPU set (" << std::strerror(rc)
+                                  << "); name CPUs that exist (0 to nproc - 1), or unset it");
           } catch (...) {
             std::lock_guard<std::mutex> lock(mutex_);
             error_ = std::current_exception();

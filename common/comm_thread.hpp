@@ -37,7 +37,7 @@
 // blocking socket reads.
 //
 // Pinning (an emulated node's network engine): with RINGZERO_COMM_CPUS=1 in the environment
-// the thread runs only on CPU 1 (a comma list names several), while the rank's main thread keeps
+// the thread runs only on CPU 1 (a list such as 2,3 or 0-3 names several), while the rank's main thread keeps
 // the CPUs it was started on. `scripts/cluster up --comm-core` uses it to give the emulated
 // nodes' communication one core of the machine and their computation the others, as a real
 // node's NIC moves bytes while its cores (or GPU) compute. A bad list is an error at start-up.

@@ -177,8 +177,10 @@ double replay_zero3_prefetch(double forward_ms, double backward_ms,
 StepPrediction predict_step(const Network& net, const TrafficPerStep& traffic, int world_size,
                             double compute_ms, Overlap overlap,
                             const std::vector<std::string>& overlapped_ops, int cores,
-                            const std::vector<double>& sizes, int max_in_flight) {
+                            const std::vector<double>& sizes, int max_in_flight,
+                            int64_t micro_batches) {
   check_network(net);
+  RZ_CHECK(micro_batches >= 1, "predict_step: " << micro_batches << " micro-batches per step");
   RZ_CHECK(world_size >= 1, "predict_step: world_size " << world_size << " < 1");
   RZ_CHECK(cores >= 0, "--net-cores " << cores << " must be >= 0 (0: not given)");
   RZ_CHECK(compute_ms >= 0 && std::isfinite(compute_ms),
@@ -188,7 +190,9 @@ StepPrediction predict_step(const Network& net, const TrafficPerStep& traffic, i
   StepPrediction p;
   p.compute_ms = compute_ms;
   p.overlap = overlap;
-  const double f = overlappable_fraction(overlap);
+  // With K micro-batches, DDP/ZeRO-1/2 communicate during the last one's backward only.
+  const double f = overlappable_fraction(overlap) /
+                   (overlap == Overlap::backward ? static_cast<double>(micro_batches) : 1.0);
   for (const auto& [op, per_rank] : traffic) {
     if (op == "metrics") continue;  // the loss all-reduce is modelled below; reports are not steps
     const double ms = op_time_ms(net, per_rank);
@@ -414,7 +418,15 @@ void add_net_flags(CLI::App& app, NetFlags& flags) {
   app.add_option("--net-cores", flags.cores,
                  "CPU cores the ranks share (the emulated cluster: this machine's); with no more "
                  "cores than ranks, nothing overlaps (default 0: a core to spare per rank)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            const bool digits = !v.empty() && v.size() <= 6 &&
+                                v.find_first_not_of("0123456789") == std::string::npos;
+            return digits ? std::string()
+                          : "'" + v + "' is not a whole number of cores in [0, 999999]; give "
+                                      "e.g. $(nproc), or 0 (a core to spare per rank)";
+          },
+          "CORES"))
       ->group(group);
 }
 
@@ -431,7 +443,7 @@ nlohmann::json report_step_prediction(const NetFlags& flags, const nlohmann::jso
       traffic_per_step(summary.at("comm"),
                        summary.value("steps_run", summary.at("steps").get<int64_t>())),
       world_size, flags.compute_ms, schedule.overlap, schedule.overlapped_ops, flags.cores,
-      schedule.sizes, schedule.max_in_flight);
+      schedule.sizes, schedule.max_in_flight, schedule.micro_batches);
   print0(fmt("network: alpha %.1f us, beta %.3f Gbit/s per link", net.alpha_us,
              net.bandwidth_gbps) +
          (net.fabric_gbps > 0 ? fmt(", fabric %.3f Gbit/s (every link at once)", net.fabric_gbps)
@@ -453,15 +465,15 @@ class CostModelExtension : public Extension {
     RZ_CHECK(!std::isnan(f.bandwidth_gbps) && !std::isnan(f.alpha_us) && !std::isnan(f.compute_ms),
              "--net-bandwidth/--net-alpha-us/--net-compute-ms: nan is not a number; give a "
              "finite value");
-    const bool any = f.enabled() || f.alpha_us != 0 || f.compute_ms >= 0;
+    const bool any = f.enabled() || f.alpha_us != 0 || f.compute_ms >= 0 || f.cores != 0;
     RZ_CHECK(!any || state.chapter.distributed,
              "--net-*: chapter " << state.chapter.name
                                  << " runs on one process, with no communication to predict; the "
                                     "cost model is for chapters 03-08 (docs/cost-model.md). Drop "
                                     "the --net-* flags");
     RZ_CHECK(!any || f.enabled(),
-             "--net-alpha-us/--net-compute-ms need --net-bandwidth (or --net-selftest): the "
-             "cost model predicts nothing without a bandwidth");
+             "--net-alpha-us/--net-compute-ms/--net-cores need --net-bandwidth (or "
+             "--net-selftest): the cost model predicts nothing without a bandwidth");
     RZ_CHECK(f.selftest.empty() || (f.bandwidth_gbps == 0 && f.alpha_us == 0),
              "--net-selftest " << f.selftest
                                << " with --net-bandwidth/--net-alpha-us: give one network, "
@@ -478,8 +490,9 @@ class CostModelExtension : public Extension {
       print0("step time: no prediction (no step ran in this process)");
       return;
     }
-    summary["prediction"] =
-        report_step_prediction(flags_, summary, state.world_size, state.lesson->comm_schedule());
+    CommSchedule schedule = state.lesson->comm_schedule();
+    schedule.micro_batches = state.config.grad_accum_steps;
+    summary["prediction"] = report_step_prediction(flags_, summary, state.world_size, schedule);
   }
 
  private:

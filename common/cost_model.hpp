@@ -100,6 +100,9 @@ struct CommSchedule {
   /// only after bucket b − 2's reduce-scatter has ended (DeepSpeed's double buffer), so the
   /// replay waits for collective c − max_in_flight before computing bucket c.
   int max_in_flight = 0;
+  /// Micro-batches per optimizer step (grad_accum_steps, K): with K > 1 only the last
+  /// micro-batch's backward overlaps (no_sync), 1/K of the step's backward.
+  int64_t micro_batches = 1;
 };
 
 /// "none" | "backward" | "forward_and_backward".
@@ -179,10 +182,13 @@ double op_time_ms(const Network& net, const std::vector<OpTraffic>& per_rank);
 /// calls per step match them (one per size; ZeRO-3: two gathers and one reduce-scatter per
 /// layer), the step is replayed (see the top; `replayed` true), each collective's time being
 /// its operation's α part shared equally and its β part in proportion to its size.
+/// micro_batches K > 1 (gradient accumulation): under Overlap::backward only the last
+/// micro-batch's backward, f/K of compute, can hide communication. Errors: K < 1.
 StepPrediction predict_step(const Network& net, const TrafficPerStep& traffic, int world_size,
                             double compute_ms, Overlap overlap,
                             const std::vector<std::string>& overlapped_ops = {}, int cores = 0,
-                            const std::vector<double>& sizes = {}, int max_in_flight = 0);
+                            const std::vector<double>& sizes = {}, int max_in_flight = 0,
+                            int64_t micro_batches = 1);
 
 /// end_of_run_report's "comm" entries (one per rank: {"rank", "ops": {op: {calls,
 /// messages_sent, bytes_sent, messages_received, bytes_received}}}) divided by `steps`.

@@ -35,8 +35,9 @@ print(f"\ncluster: {config['nodes']} nodes x {config['slots']} slots, links {con
       f"{selftest['bandwidth_bps'] / 1e9:.3f} Gbit/s (median link)"
       + (f", fabric {selftest['fabric_bps'] / 1e9:.3f} Gbit/s (every link at once)"
          if "fabric_bps" in selftest else "")
-      + (f"; communication threads on CPU {config['comm_cpus']}, computation on CPUs "
-         f"{config['compute_cpus']} (--comm-core)" if config.get("comm_cpus") else "")
+      + (f"; communication threads on CPU {config['comm_cpus']}, computation on "
+         f"{'CPU' if config['compute_cpus'].isdigit() else 'CPUs'} {config['compute_cpus']} "
+         f"(--comm-core)" if config.get("comm_cpus") else "")
       + (f"; model: {rows[0]['num_parameters']} parameters" if rows and rows[0]["num_parameters"] else ""))
 head = ["chapter", "measured", "predicted", "meas/pred", "compute", "comm", "overlap", "sent/rank/step"]
 table = []

@@ -82,7 +82,7 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 # RINGZERO_COMM_CPUS (scripts/cluster up --comm-core pins the communication thread with it):
 # a value that is not a CPU list stops the chapter at start-up, naming the value and the fix.
-fails comm_cpus_word "RINGZERO_COMM_CPUS='one'" "comma list such as 1" \
+fails comm_cpus_word "RINGZERO_COMM_CPUS='one'" "a list such as 1, 2,3 or 0-3" \
   -- env RINGZERO_COMM_CPUS=one "$BIN/ch05_ddp_buckets" --model toy --max-steps 1
 fails comm_cpus_empty "RINGZERO_COMM_CPUS is set but empty" "or unset it" \
   -- env RINGZERO_COMM_CPUS= "$BIN/ch05_ddp_buckets" --model toy --max-steps 1

@@ -49,6 +49,22 @@ TEST_CASE("RINGZERO_COMM_CPUS pins the communication thread, not the main thread
   REQUIRE(CPU_EQUAL(&main_before, &main_after));  // the main thread keeps what it had
 }
 
+TEST_CASE("RINGZERO_COMM_CPUS takes ranges as taskset writes them", "[comm_thread]") {
+  const cpu_set_t mine = affinity_of_this_thread();
+  int first = 0;
+  while (!CPU_ISSET(first, &mine)) ++first;  // our lowest CPU
+  const std::string c = std::to_string(first);
+  CommCpus env((c + "-" + c + "," + c).c_str());  // a range of one and the same CPU again
+  cpu_set_t in_job;
+  CPU_ZERO(&in_job);
+  {
+    CommThread thread;
+    thread.wait(thread.submit([&] { in_job = affinity_of_this_thread(); }));
+  }
+  REQUIRE(CPU_COUNT(&in_job) == 1);
+  REQUIRE(CPU_ISSET(first, &in_job));
+}
+
 TEST_CASE("without RINGZERO_COMM_CPUS the thread inherits the main thread's CPUs",
           "[comm_thread]") {
   unsetenv("RINGZERO_COMM_CPUS");
@@ -67,9 +83,19 @@ TEST_CASE("a bad RINGZERO_COMM_CPUS is refused before the thread starts", "[comm
     CommCpus env("one");
     REQUIRE_THROWS_WITH(CommThread(), Contains("RINGZERO_COMM_CPUS='one': 'one' is not a CPU"));
   }
+  // Every item must be there, digits only: no empty item at either end or between, no sign,
+  // no blank (strtol would take " 1" and "+1" and stop at "1 ").
+  for (const char* bad : {"1,,2", "1,", ",1", " 1", "1 ", "+1", "0x1", "1-", "-1-2"}) {
+    CommCpus env(bad);
+    REQUIRE_THROWS_WITH(CommThread(), Contains("is not a CPU number or range"));
+  }
   {
-    CommCpus env("1,,2");
-    REQUIRE_THROWS_WITH(CommThread(), Contains("'' is not a CPU number"));
+    CommCpus env("99999");
+    REQUIRE_THROWS_WITH(CommThread(), Contains("CPU 99999 is beyond the 1024 CPUs"));
+  }
+  {
+    CommCpus env("3-1");
+    REQUIRE_THROWS_WITH(CommThread(), Contains("range '3-1' runs backwards"));
   }
   {
     CommCpus env("");
@@ -84,6 +110,7 @@ TEST_CASE("a bad RINGZERO_COMM_CPUS is refused before the thread starts", "[comm
     // reports it.
     CommCpus env("1000");
     CommThread thread;
-    REQUIRE_THROWS_WITH(thread.wait(thread.submit([] {})), Contains("refuses that CPU set"));
+    REQUIRE_THROWS_WITH(thread.wait(thread.submit([] {})),
+                        Contains("RINGZERO_COMM_CPUS='1000': this machine refuses that CPU set"));
   }
 }

@@ -265,6 +265,14 @@ TEST_CASE("the replay: a large bucket ready at the end of backward hides behind 
   REQUIRE(replay.predicted_ms == Approx(10.0 + 20.0 + last + 0.020).epsilon(1e-9));
   // The closed form takes the mean bucket as the last: far less.
   REQUIRE(closed.predicted_ms < replay.predicted_ms - 10.0);
+  // K = 4 micro-batches: only the last one's backward (20/4 = 5 ms) overlaps; the rest of
+  // compute (25 ms) is serial. The last bucket is ready at the end of it: 25 + 5 + last.
+  const StepPrediction k4 =
+      predict_step(kNet, t, N, 30.0, Overlap::backward, {}, 0, elements, 0, 4);
+  REQUIRE(k4.replayed);
+  REQUIRE(k4.predicted_ms == Approx(25.0 + 5.0 + last + 0.020).epsilon(1e-9));
+  REQUIRE_THROWS_WITH(predict_step(kNet, t, N, 30.0, Overlap::backward, {}, 0, elements, 0, 0),
+                      Contains("0 micro-batches"));
   // Sizes that do not match the counters' calls per step: the closed form.
   const StepPrediction mismatch =
       predict_step(kNet, t, N, 30.0, Overlap::backward, {}, 0, {1000, 301000});
