@@ -226,7 +226,9 @@ refused selftest_zero "selftest file '.*st_zero.json': field bandwidth_bps is 0,
 echo '{"latency_us": 3, "bandwidth_bps": 1e9}' >"$WORK/st.json"
 refused selftest_and_flags "--net-selftest .*st.json with --net-bandwidth/--net-alpha-us: give one network" \
   -- "${C5[@]}" --net-selftest "$WORK/st.json" --net-bandwidth 1 --net-compute-ms 1
-refused alpha_alone "--net-alpha-us/--net-compute-ms need --net-bandwidth" -- "${C5[@]}" --net-alpha-us 10
+refused alpha_alone "--net-alpha-us/--net-compute-ms/--net-cores need --net-bandwidth" -- "${C5[@]}" --net-alpha-us 10
+refused cores_alone "--net-cores need --net-bandwidth" -- "${C5[@]}" --net-cores 4
+refused cores_negative "--net-cores: .-1. is not a whole number of cores" -- "${C5[@]}" "${NET[@]}" --net-cores -1
 refused bw_nan "--net-bandwidth: nan must be a finite number > 0 \(Gbit/s per link and direction\)" \
   -- "${C5[@]}" --net-bandwidth nan --net-compute-ms 1
 refused bw_zero "--net-bandwidth: 0 must be a finite number > 0" -- "${C5[@]}" --net-bandwidth 0 --net-compute-ms 1
