@@ -39,9 +39,10 @@
 //    the ranks share fewer cores than there are ranks plus one (--net-cores; the emulated
 //    cluster puts every node on one machine), the communication thread waits for a time slice
 //    at every ring step, and the step is predicted without overlap (docs/cost-model.md).
-// Leaves out: gradient accumulation's micro-batches in the replay (with K > 1 only the last
-// backward overlaps; the replay needs one collective per size per step, else the closed form is
-// used), contention between flows on a shared link (every schedule here uses each link
+// With K micro-batches per step (gradient accumulation) only the last one's backward overlaps
+// (no_sync): f/K. Leaves out: the replay for ZeRO-3 with K > 1 (it gathers every layer in every
+// micro-batch; the closed form is used), ranks that reach a collective at different times,
+// contention between flows on a shared link (every schedule here uses each link
 // once per direction at a time), TCP's slow start, Open MPI's rendezvous handshake for
 // messages above its eager limit (~2α more per message), and MPI's own collectives
 // (--collectives mpi): the counters see the payload handed to MPI, not the messages it sends.
