@@ -8,7 +8,6 @@
 #include <fstream>
 
 #include "common/check.hpp"
-#include "common/run.hpp"
 
 namespace ringzero {
 
@@ -62,20 +61,22 @@ double overlappable_fraction(Overlap overlap) {
 
 namespace {
 // The busiest rank's α part (messages · α) and β part (bytes / β) of one operation, in ms, and
-// its calls per step.
+// the most calls per step of any rank.
 struct OpParts {
   double alpha_ms = 0, beta_ms = 0, calls = 0;
 };
 OpParts op_parts(const Network& net, const std::vector<OpTraffic>& per_rank) {
   check_network(net);
   OpParts worst;
+  double calls = 0;  // the most calls of any rank
   for (const OpTraffic& t : per_rank) {
     const double messages = std::max(t.messages_sent, t.messages_received);
     const double bytes = std::max(t.bytes_sent, t.bytes_received);
-    const OpParts p{messages * net.alpha_us * 1e-3, bytes * 8.0 / (net.bandwidth_gbps * 1e6),
-                    t.calls};
-    if (p.alpha_ms + p.beta_ms > worst.alpha_ms + worst.beta_ms || worst.calls == 0) worst = p;
+    const OpParts p{messages * net.alpha_us * 1e-3, bytes * 8.0 / (net.bandwidth_gbps * 1e6)};
+    if (p.alpha_ms + p.beta_ms > worst.alpha_ms + worst.beta_ms) worst = p;
+    calls = std::max(calls, t.calls);
   }
+  worst.calls = calls;
   if (net.fabric_gbps > 0) {  // every rank's bytes through the one fabric
     double sent = 0, received = 0;
     for (const OpTraffic& t : per_rank) sent += t.bytes_sent, received += t.bytes_received;
@@ -99,79 +100,11 @@ std::vector<double> per_collective_ms(const std::vector<OpParts>& parts,
   return ms;
 }
 
-void check_sizes(const std::vector<double>& sizes, size_t n, const char* what) {
-  RZ_CHECK(sizes.size() == n, what << ": " << sizes.size() << " sizes but " << n << " times");
-  for (double v : sizes)
-    RZ_CHECK(v > 0 && std::isfinite(v), what << ": a collective of " << v << " elements; sizes "
-                                             << "must be > 0");
-}
 }  // namespace
 
 double op_time_ms(const Network& net, const std::vector<OpTraffic>& per_rank) {
   const OpParts p = op_parts(net, per_rank);
   return p.alpha_ms + p.beta_ms;
-}
-
-int TwoEngineReplay::post(double ms) {
-  const double start = std::max(now_, link_free_);
-  link_free_ = start + ms;
-  ends_.push_back(link_free_);
-  return static_cast<int>(ends_.size()) - 1;
-}
-
-void TwoEngineReplay::wait(int id) {
-  RZ_CHECK(id >= 0 && id < static_cast<int>(ends_.size()), "replay: no collective " << id);
-  now_ = std::max(now_, ends_[static_cast<size_t>(id)]);
-}
-
-double replay_backward_buckets(double backward_ms, const std::vector<double>& sizes,
-                               const std::vector<double>& comm_ms, int max_in_flight) {
-  check_sizes(sizes, comm_ms.size(), "replay_backward_buckets");
-  double total = 0;
-  for (double n : sizes) total += n;
-  TwoEngineReplay r;
-  for (size_t c = 0; c < sizes.size(); ++c) {
-    if (max_in_flight > 0 && c >= static_cast<size_t>(max_in_flight))
-      r.wait(static_cast<int>(c) - max_in_flight);  // its memory is freed for this bucket
-    r.compute(backward_ms * sizes[c] / total);  // the bucket's gradients are written...
-    r.post(comm_ms[c]);                         // ... and its collective is launched
-  }
-  r.wait_all();  // finalize_backward: every bucket's collective has ended
-  return r.now();
-}
-
-double replay_zero3_prefetch(double forward_ms, double backward_ms,
-                             const std::vector<double>& sizes,
-                             const std::vector<double>& gather_ms,
-                             const std::vector<double>& reduce_scatter_ms) {
-  check_sizes(sizes, gather_ms.size(), "replay_zero3_prefetch (gathers)");
-  check_sizes(sizes, reduce_scatter_ms.size(), "replay_zero3_prefetch (reduce-scatters)");
-  const int L = static_cast<int>(sizes.size());
-  double total = 0;
-  for (double n : sizes) total += n;
-  TwoEngineReplay r;
-  std::vector<int> gathered(static_cast<size_t>(L), -1);
-  auto gather = [&](int l) {
-    if (gathered[static_cast<size_t>(l)] < 0)
-      gathered[static_cast<size_t>(l)] = r.post(gather_ms[static_cast<size_t>(l)]);
-    return gathered[static_cast<size_t>(l)];
-  };
-  for (int l = 0; l < L; ++l) {  // pre_forward: wait for l, post l + 1; compute
-    r.wait(gather(l));
-    if (l + 1 < L) gather(l + 1);
-    r.compute(forward_ms * sizes[static_cast<size_t>(l)] / total);
-  }
-  std::fill(gathered.begin(), gathered.end(), -1);  // released after forward: gathered again
-  int pending = -1;                                 // the later layer's reduce-scatter
-  for (int l = L - 1; l >= 0; --l) {
-    r.wait(gather(l));  // pre_backward: wait for l, post l − 1; compute
-    if (l > 0) gather(l - 1);
-    r.compute(backward_ms * sizes[static_cast<size_t>(l)] / total);
-    if (pending >= 0) r.wait(pending);  // post_backward: the later layer's, then this one's
-    pending = r.post(reduce_scatter_ms[static_cast<size_t>(l)]);
-  }
-  r.wait(pending);
-  return r.now();
 }
 
 StepPrediction predict_step(const Network& net, const TrafficPerStep& traffic, int world_size,
@@ -193,9 +126,13 @@ StepPrediction predict_step(const Network& net, const TrafficPerStep& traffic, i
   // With K micro-batches, DDP/ZeRO-1/2 communicate during the last one's backward only.
   const double f = overlappable_fraction(overlap) /
                    (overlap == Overlap::backward ? static_cast<double>(micro_batches) : 1.0);
+  // One pass over the operations: each one's time, and the parts the replay schedules.
+  std::vector<OpParts> overlapped_parts, gather_parts, reduce_scatter_parts;
+  double replayed_comm_ms = 0;  // the operations the replay schedules
   for (const auto& [op, per_rank] : traffic) {
     if (op == "metrics") continue;  // the loss all-reduce is modelled below; reports are not steps
-    const double ms = op_time_ms(net, per_rank);
+    const OpParts parts = op_parts(net, per_rank);
+    const double ms = parts.alpha_ms + parts.beta_ms;
     p.ops_ms.emplace_back(op, ms);
     p.comm_ms += ms;
     const bool overlapped =
@@ -203,9 +140,17 @@ StepPrediction predict_step(const Network& net, const TrafficPerStep& traffic, i
                                                       op) != overlapped_ops.end());
     if (!overlapped) continue;
     p.overlapped_comm_ms += ms;
-    double calls = 0;
-    for (const OpTraffic& t : per_rank) calls = std::max(calls, t.calls);
-    p.collectives = std::max(p.collectives, static_cast<int64_t>(std::llround(calls)));
+    p.collectives = std::max(p.collectives, static_cast<int64_t>(std::llround(parts.calls)));
+    if (overlap == Overlap::backward) {
+      overlapped_parts.push_back(parts);
+      replayed_comm_ms += ms;
+    } else {  // ZeRO-3's prefetch: the gathers and the reduce-scatters, layer by layer
+      const bool gather = op.find("all_gather") != std::string::npos;
+      const bool scatter = op.find("reduce_scatter") != std::string::npos;
+      if (gather) gather_parts.push_back(parts);
+      if (scatter) reduce_scatter_parts.push_back(parts);
+      if (gather || scatter) replayed_comm_ms += ms;
+    }
   }
   if (world_size > 1) {
     const double loss_ms = std::ceil(std::log2(world_size)) * net.alpha_us * 1e-3;
@@ -214,23 +159,6 @@ StepPrediction predict_step(const Network& net, const TrafficPerStep& traffic, i
   }
   p.serial_ms = compute_ms + p.comm_ms;
   // The replay, where the chapter named its collectives and the counters agree with them.
-  std::vector<OpParts> overlapped_parts, gather_parts, reduce_scatter_parts;
-  double replayed_comm_ms = 0;  // the operations the replay schedules
-  for (const auto& [op, per_rank] : traffic) {
-    if (op == "metrics" || f == 0) continue;
-    const OpParts parts = op_parts(net, per_rank);
-    if (overlap == Overlap::forward_and_backward) {
-      const bool gather = op.find("all_gather") != std::string::npos;
-      const bool scatter = op.find("reduce_scatter") != std::string::npos;
-      if (gather) gather_parts.push_back(parts);
-      if (scatter) reduce_scatter_parts.push_back(parts);
-      if (gather || scatter) replayed_comm_ms += parts.alpha_ms + parts.beta_ms;
-    } else if (overlapped_ops.empty() || std::find(overlapped_ops.begin(), overlapped_ops.end(),
-                                                   op) != overlapped_ops.end()) {
-      overlapped_parts.push_back(parts);
-      replayed_comm_ms += parts.alpha_ms + parts.beta_ms;
-    }
-  }
   const double n = static_cast<double>(sizes.size());
   auto calls_are = [](const std::vector<OpParts>& parts, double calls) {
     if (parts.empty()) return false;
@@ -297,6 +225,13 @@ double ring_phase_ms(const Network& net, int world_size, double bytes) {
 
 double ring_all_reduce_ms(const Network& net, int world_size, double bytes) {
   return 2 * ring_phase_ms(net, world_size, bytes);
+}
+
+std::string format_network(const Network& net) {
+  return fmt("network: alpha %.1f us, beta %.3f Gbit/s per link", net.alpha_us,
+             net.bandwidth_gbps) +
+         (net.fabric_gbps > 0 ? fmt(", fabric %.3f Gbit/s (every link at once)", net.fabric_gbps)
+                              : std::string());
 }
 
 std::string format_prediction(const StepPrediction& p, double measured_ms) {
@@ -372,136 +307,6 @@ Network network_from_selftest(const std::string& path) {
     net.fabric_gbps = fabric.get<double>() / 1e9;
   }
   return net;
-}
-
-namespace {
-// A finite number > min (strict) or >= min, with the unit in the message (CLI11's own
-// PositiveNumber prints its range as 309 digits and lets nan through).
-CLI::Validator finite_number(double min, bool strict, const char* unit) {
-  return CLI::Validator(
-      [=](std::string& v) -> std::string {
-        char* end = nullptr;
-        const double x = std::strtod(v.c_str(), &end);
-        const bool ok =
-            end != v.c_str() && *end == '\0' && std::isfinite(x) && (strict ? x > min : x >= min);
-        return ok ? std::string()
-                  : v + " must be a finite number " + (strict ? "> " : ">= ") +
-                        (min == 0 ? "0" : std::to_string(min)) + " (" + unit + ")";
-      },
-      "NUMBER");
-}
-}  // namespace
-
-void add_net_flags(CLI::App& app, NetFlags& flags) {
-  const std::string group = "Cost model (docs/cost-model.md)";
-  app.add_option("--net-alpha-us", flags.alpha_us,
-                 "predict the step on a network of this latency per message, us")
-      ->check(finite_number(0, false, "microseconds per message"))
-      ->group(group);
-  app.add_option("--net-bandwidth", flags.bandwidth_gbps,
-                 "... and this bandwidth per link and direction, Gbit/s")
-      ->check(finite_number(0, true, "Gbit/s per link and direction"))
-      ->group(group);
-  app.add_option("--net-selftest", flags.selftest,
-                 "... or take latency and bandwidth from scripts/cluster selftest's JSON")
-      ->check(CLI::Validator(
-          [](std::string& v) {
-            return v.empty() ? std::string("an empty path; give the selftest's JSON file")
-                             : std::string();
-          },
-          "FILE"))
-      ->group(group);
-  app.add_option("--net-compute-ms", flags.compute_ms,
-                 "compute per step, measured at N = 1 on one rank's share of the batch, ms")
-      ->check(finite_number(0, false, "milliseconds per step"))
-      ->group(group);
-  app.add_option("--net-cores", flags.cores,
-                 "CPU cores the ranks share (the emulated cluster: this machine's); with no more "
-                 "cores than ranks, nothing overlaps (default 0: a core to spare per rank)")
-      ->check(CLI::Validator(
-          [](std::string& v) {
-            const bool digits = !v.empty() && v.size() <= 6 &&
-                                v.find_first_not_of("0123456789") == std::string::npos;
-            return digits ? std::string()
-                          : "'" + v + "' is not a whole number of cores in [0, 999999]; give "
-                                      "e.g. $(nproc), or 0 (a core to spare per rank)";
-          },
-          "CORES"))
-      ->group(group);
-}
-
-nlohmann::json report_step_prediction(const NetFlags& flags, const nlohmann::json& summary,
-                                      int world_size, const CommSchedule& schedule) {
-  if (!flags.enabled() || summary.empty()) return {};
-  RZ_CHECK(flags.compute_ms >= 0,
-           "the cost model needs --net-compute-ms: the step time of this chapter at N = 1 on one "
-           "rank's share of the batch (scripts/run --cluster measures it)");
-  const Network net = flags.selftest.empty() ? Network{flags.alpha_us, flags.bandwidth_gbps}
-                                             : network_from_selftest(flags.selftest);
-  const StepPrediction p = predict_step(
-      net,
-      traffic_per_step(summary.at("comm"),
-                       summary.value("steps_run", summary.at("steps").get<int64_t>())),
-      world_size, flags.compute_ms, schedule.overlap, schedule.overlapped_ops, flags.cores,
-      schedule.sizes, schedule.max_in_flight, schedule.micro_batches);
-  print0(fmt("network: alpha %.1f us, beta %.3f Gbit/s per link", net.alpha_us,
-             net.bandwidth_gbps) +
-         (net.fabric_gbps > 0 ? fmt(", fabric %.3f Gbit/s (every link at once)", net.fabric_gbps)
-                              : std::string()));
-  print0(format_prediction(p, summary.at("ms_per_step").get<double>()));
-  nlohmann::json j = prediction_json(p);
-  j["alpha_us"] = net.alpha_us;
-  j["bandwidth_gbps"] = net.bandwidth_gbps;
-  j["fabric_gbps"] = net.fabric_gbps;
-  return j;
-}
-
-namespace {
-class CostModelExtension : public Extension {
- public:
-  void add_flags(CommandLine& cli) override { add_net_flags(cli.app, flags_); }
-  void validate(const RunState& state) override {
-    const NetFlags& f = flags_;
-    RZ_CHECK(!std::isnan(f.bandwidth_gbps) && !std::isnan(f.alpha_us) && !std::isnan(f.compute_ms),
-             "--net-bandwidth/--net-alpha-us/--net-compute-ms: nan is not a number; give a "
-             "finite value");
-    const bool any = f.enabled() || f.alpha_us != 0 || f.compute_ms >= 0 || f.cores != 0;
-    RZ_CHECK(!any || state.chapter.distributed,
-             "--net-*: chapter " << state.chapter.name
-                                 << " runs on one process, with no communication to predict; the "
-                                    "cost model is for chapters 03-08 (docs/cost-model.md). Drop "
-                                    "the --net-* flags");
-    RZ_CHECK(!any || f.enabled(),
-             "--net-alpha-us/--net-compute-ms/--net-cores need --net-bandwidth (or "
-             "--net-selftest): the cost model predicts nothing without a bandwidth");
-    RZ_CHECK(f.selftest.empty() || (f.bandwidth_gbps == 0 && f.alpha_us == 0),
-             "--net-selftest " << f.selftest
-                               << " with --net-bandwidth/--net-alpha-us: give one network, "
-                                  "the selftest's file or the flags");
-    if (!flags_.enabled()) return;
-    RZ_CHECK(flags_.compute_ms >= 0,
-             "--net-bandwidth/--net-selftest need --net-compute-ms: the step time of this chapter "
-             "at N = 1 on one rank's share of the batch (scripts/run --cluster measures it)");
-    if (!flags_.selftest.empty()) network_from_selftest(flags_.selftest);  // readable, now
-  }
-  void report(RunState& state, nlohmann::json& summary) override {
-    if (!flags_.enabled() || state.comm == nullptr || state.rank != 0) return;
-    if (state.step == state.resumed_step) {  // resumed at the last step: no step to predict
-      print0("step time: no prediction (no step ran in this process)");
-      return;
-    }
-    CommSchedule schedule = state.lesson->comm_schedule();
-    schedule.micro_batches = state.config.grad_accum_steps;
-    summary["prediction"] = report_step_prediction(flags_, summary, state.world_size, schedule);
-  }
-
- private:
-  NetFlags flags_;
-};
-}  // namespace
-
-std::unique_ptr<Extension> cost_model_extension() {
-  return std::make_unique<CostModelExtension>();
 }
 
 }  // namespace ringzero

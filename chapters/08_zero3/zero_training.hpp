@@ -71,7 +71,8 @@ class Zero3Training : public Lesson {
   /// layer computes, forward and backward; without it, every collective is waited for.
   CommSchedule comm_schedule() const override {
     std::vector<double> sizes;  // per layer, in forward order (the cost model replays them)
-    for (const LayerShard& s : zero.layout().layers) sizes.push_back(static_cast<double>(s.padded_size));
+    for (const LayerShard& s : zero.layout().layers)
+      sizes.push_back(static_cast<double>(s.padded_size));
     return {flags_.no_prefetch ? Overlap::none : Overlap::forward_and_backward, {}, sizes};
   }
   nlohmann::json summary_fields() const override {
