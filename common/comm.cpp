@@ -58,6 +58,15 @@ Communicator::Counters& Communicator::counter(const char* op) {
   return counters_[scope_.empty() ? op : scope_];
 }
 
+void Communicator::count_external(const char* op, bool point_to_point, Counters delta) {
+  Counters& c = counter(op);
+  if (!point_to_point || scope_.empty()) c.calls += 1;
+  c.messages_sent += delta.messages_sent;
+  c.bytes_sent += delta.bytes_sent;
+  c.messages_received += delta.messages_received;
+  c.bytes_received += delta.bytes_received;
+}
+
 Communicator::Counters Communicator::recount_as_metrics(
     const std::map<std::string, Counters>& snapshot) {
   Counters moved;

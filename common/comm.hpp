@@ -115,6 +115,11 @@ class Communicator {
   Counters recount_as_metrics(const std::map<std::string, Counters>& snapshot);
   /// Counts one call of `op` (used by the scope owner to count a whole collective as one call).
   void count_call(const std::string& op) { counters_[op].calls += 1; }
+  /// Counts traffic another transport moved for this process (NCCL on GPU buffers,
+  /// common/gpu/nccl_comm.cpp) exactly as this class counts its own: under the open Scope's op,
+  /// else `op`; `point_to_point` calls add no call inside a Scope (the scope owner counts one),
+  /// collectives always add one. Bytes and messages as given.
+  void count_external(const char* op, bool point_to_point, Counters delta);
 
  private:
   Counters& counter(const char* op);

@@ -1,49 +1,129 @@
 #include "device_ext.hpp"
 
+#include <algorithm>
+
 #include "check.hpp"
 
 namespace ringzero {
 
+namespace {
+
+// The flag `name` was given (an option a chapter may not have: false then).
+bool given(CLI::App* app, const std::string& name) {
+  const CLI::Option* option = app ? app->get_option_no_throw(name) : nullptr;
+  return option != nullptr && option->count() > 0;
+}
+
+// What chapter `name`'s step does on the GPU, from its lesson object: the collectives it
+// chose, its buckets (05: the sizes it posts, backward order, tiling the model from its end;
+// 06-07: its padded layout), its layers (08).
+DevicePlan plan_for(const RunState& state) {
+  const std::string number = state.chapter.name.substr(0, 2);
+  Lesson& lesson = *state.lesson;
+  const nlohmann::json fields = lesson.summary_fields();
+  DevicePlan plan;
+  plan.ring = fields.value("collectives", "ring") == "ring";
+  if (number == "03") {
+    plan.kind = DevicePlan::Kind::central;
+  } else if (number == "04") {
+    plan.kind = DevicePlan::Kind::all_reduce;
+  } else if (number == "05") {
+    plan.kind = DevicePlan::Kind::buckets;
+    int64_t end = state.model->num_parameters();
+    for (double size : lesson.comm_schedule().sizes) {
+      const auto n = static_cast<int64_t>(size);
+      plan.ranges.push_back({end - n, n, 0});
+      end -= n;
+    }
+    RZ_CHECK(end == 0, "chapter 05's buckets cover " << state.model->num_parameters() - end
+                                                     << " of " << state.model->num_parameters()
+                                                     << " parameters");
+  } else {
+    RZ_CHECK(number == "06" || number == "07" || number == "08",
+             "--device cuda: chapter " << state.chapter.name << " has no GPU step");
+    plan.kind = DevicePlan::Kind::zero;
+    plan.zero_stage = fields.at("zero_stage").get<int>();
+    const nlohmann::json layout = lesson.training_state(*state.model).layout;
+    const bool layers = plan.zero_stage == 3;
+    for (const auto& r : layout.at(layers ? "layers" : "buckets"))
+      plan.ranges.push_back({r.at("offset").get<int64_t>(),
+                             r.at(layers ? "numel" : "size").get<int64_t>(),
+                             r.at("padding").get<int64_t>()});
+  }
+  return plan;
+}
+
+}  // namespace
+
 void DeviceExtension::add_flags(CommandLine& cli) {
+  app_ = &cli.app;
   cli.app
       .add_option("--device", device_,
-                  "cpu | cuda: where the training step runs (cuda: chapters 01-02, a CUDA build)")
+                  "cpu | cuda: where the training step runs (cuda: a CUDA build and a GPU)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  cli.app
+      .add_option("--gpu-transport", transport_,
+                  "auto | nccl | staged: --device cuda's communication (nccl: one GPU per rank; "
+                  "staged: MPI through pinned host memory, ranks may share a GPU; auto: nccl when "
+                  "every rank has its own GPU; chapters 03-08)")
+      ->check(CLI::IsMember({"auto", "nccl", "staged"}));
 }
 
 void DeviceExtension::validate(const RunState& state) {
-  RZ_CHECK(device_ == "cpu" || !state.chapter.distributed,
-           "--device " << device_ << ": chapter " << state.chapter.name
-                       << " trains on the CPU only so far; chapters 01 and 02 run on cuda "
-                          "(docs/multi-node-gpu.md). Use --device cpu");
+  RZ_CHECK(device_ == "cuda" || transport_ == "auto",
+           "--gpu-transport " << transport_ << " without --device cuda: add --device cuda, or "
+                                               "drop --gpu-transport");
+  RZ_CHECK(transport_ == "auto" || state.chapter.distributed,
+           "--gpu-transport " << transport_ << ": chapter " << state.chapter.name
+                              << " runs one process and communicates nothing; drop "
+                                 "--gpu-transport");
+  if (device_ != "cuda") return;
   // Checked here, before after_setup probes the GPU, so a build or machine without one gives
-  // this message too. The GPU step keeps its weights and AdamW moments in device buffers: a
+  // these messages too. The GPU step keeps its weights and optimizer state in device buffers: a
   // checkpoint would save the stale host copy, and a resume would load into the host after
-  // the trainer copied the fresh weights over.
+  // the GPU copied the fresh weights over.
   const TrainConfig& c = state.config;
-  RZ_CHECK(device_ != "cuda" || (c.checkpoint_dir.empty() && c.resume.empty()),
+  RZ_CHECK(c.checkpoint_dir.empty() && c.resume.empty(),
            "--device cuda with " << (c.resume.empty() ? "--checkpoint-dir " + c.checkpoint_dir
                                                       : "--resume " + c.resume)
                                  << ": the GPU path cannot save or resume its training state yet "
                                     "(checkpoints hold the CPU state only). Drop "
                                     "--checkpoint-dir/--resume, or use --device cpu");
   // The GPU trainer trains fp32 copies of the host weights, which a 16-bit run has released.
-  RZ_CHECK(device_ != "cuda" || c.precision == "fp32",
+  RZ_CHECK(c.precision == "fp32",
            "--device cuda with --precision " << c.precision
                                              << ": the GPU path trains in fp32 only so far. Drop "
                                                 "--precision (or use --precision fp32), or use "
                                                 "--device cpu for 16-bit training");
+  for (const char* flag : {"--trace", "--save-optimizer-state"})
+    RZ_CHECK(!given(app_, flag),
+             "--device cuda with " << flag
+                                   << ": the GPU path does not carry it yet (the CPU lesson's "
+                                      "trace spans and optimizer state do not see the GPU step). Drop "
+                                   << flag << ", or use --device cpu");
 }
 
 void DeviceExtension::after_setup(RunState& state) {
   if (device_ != "cuda") return;
-  trainer_ = make_device_trainer(*state.model, state.config);
-  print0("device " + trainer_->device_name() + " | cuBLAS SGEMM, TF32 off");
+  if (!state.chapter.distributed) {
+    trainer_ = make_device_trainer(*state.model, state.config);
+    print0("device " + trainer_->device_name() + " | cuBLAS SGEMM, TF32 off");
+    return;
+  }
+  DevicePlan plan = plan_for(state);
+  plan.transport = transport_;
+  const TrainingState host = state.lesson->training_state(*state.model);
+  parallel_ = make_device_parallel(*state.model, state.config, *state.comm, plan, host);
+  print0("device " + parallel_->device_name() + " | cuBLAS SGEMM, TF32 off | transport " +
+         parallel_->transport() +
+         (plan.zero_stage == 3 ? " | no prefetch on the GPU yet (each gather is waited for)"
+                               : ""));
 }
 
-// The step of chapters 01-02 (training_loop.hpp, grad_accum.hpp), on the GPU.
 std::optional<double> DeviceExtension::train_step_instead(RunState&, const Step& step) {
+  if (parallel_) return parallel_->train_step(step);
   if (!trainer_) return std::nullopt;
+  // The step of chapters 01-02 (training_loop.hpp, grad_accum.hpp), on the GPU.
   const int64_t K = step.config.grad_accum_steps;
   trainer_->zero_grad();  // once per optimizer step; backward accumulates over the K micro-steps
   double loss_sum = 0;
@@ -58,10 +138,15 @@ std::optional<double> DeviceExtension::train_step_instead(RunState&, const Step&
 
 void DeviceExtension::before_model_read(RunState& state) {
   if (trainer_) trainer_->copy_to_host(*state.model);
+  if (parallel_) parallel_->copy_to_host(*state.model, state.lesson->training_state(*state.model));
 }
 
 void DeviceExtension::report(RunState&, nlohmann::json& summary) {
   if (trainer_) summary["device"] = trainer_->device_name();
+  if (parallel_) {
+    summary["device"] = parallel_->device_name();
+    summary["device_transport"] = parallel_->transport();
+  }
 }
 
 }  // namespace ringzero

@@ -1,16 +1,21 @@
 // device_ext: --device cpu|cuda for every chapter, as a Run extension (common/run.hpp), so it
 // costs no line in any main.cpp.
 //
-// Provides: DeviceExtension. With --device cuda it builds a DeviceTrainer (device_train.hpp)
-// from the model after set-up, runs each optimizer step on the GPU instead of the lesson's
-// train_step (zero_grad; K micro-batches forward and backward with d loss = 1/K; the NaN guard;
-// clipping; the optimizer), and copies the weights back before the driver reads them
-// (evaluation, the report, --save-final). That is the step of chapters 01 and 02 for any K.
-// Errors (at start-up, on every rank, naming the fix): --device cuda in a distributed chapter
-// (03-08 train on the CPU only so far), in a build without CUDA, or with no GPU visible.
-// Leaves out: the distributed chapters on the GPU; other extensions that read the model or the
-// optimizer state after every step (checkpoints) see the host copy, which --device cuda
-// refreshes only before evaluation and the report.
+// Provides: DeviceExtension. With --device cuda it runs each optimizer step on the GPU instead
+// of the lesson's train_step, and copies the weights back before the driver reads them
+// (evaluation, the report, --save-final):
+//   chapters 01-02: a DeviceTrainer (device_train.hpp): zero_grad; K micro-batches forward and
+//     backward with d loss = 1/K; the NaN guard; clipping; the optimizer.
+//   chapters 03-08: a DeviceParallel (common/gpu/device_parallel.cpp) doing the chapter's
+//     communication on device buffers, planned here from the chapter and its lesson object
+//     (--collectives, the buckets, ZeRO's padded layout from the lesson's training_state), over
+//     --gpu-transport nccl (one GPU per rank), staged (MPI through pinned host memory: ranks may
+//     share a GPU) or auto (nccl when every rank has its own GPU). The weights go back into
+//     the lesson's own buffers (its training_state pieces), where its evaluation reads them.
+// Errors (at start-up, on every rank, naming the fix): a build without CUDA, no GPU visible,
+// and flags the GPU path does not carry yet (checkpoints, --precision bf16|fp16, --trace,
+// --save-optimizer-state).
+// Leaves out: the host copy of the optimizer state is never refreshed (hence the refusals).
 #pragma once
 
 #include <memory>
@@ -32,8 +37,10 @@ class DeviceExtension : public Extension {
   void report(RunState& state, nlohmann::json& summary) override;
 
  private:
-  std::string device_ = "cpu";
+  std::string device_ = "cpu", transport_ = "auto";
+  CLI::App* app_ = nullptr;
   std::unique_ptr<DeviceTrainer> trainer_;
+  std::unique_ptr<DeviceParallel> parallel_;
 };
 
 }  // namespace ringzero

@@ -106,6 +106,27 @@ void copy_to_host(void* dst, const void* src, int64_t bytes) {
     CUDA_CALL(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost));
 }
 
+void copy_on_device(void* dst, const void* src, int64_t bytes) {
+  if (bytes > 0)
+    CUDA_CALL(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice));
+}
+
+void* pinned_alloc(int64_t bytes, MemTag tag) {
+  void* p = nullptr;
+  if (bytes == 0) return p;
+  const cudaError_t rc = cudaMallocHost(&p, static_cast<size_t>(bytes));
+  RZ_CHECK(rc == cudaSuccess, "cudaMallocHost of " << bytes << " bytes for " << mem_tag_name(tag)
+                                                   << " failed: " << cudaGetErrorString(rc));
+  Ledger::get().add(tag, bytes);
+  return p;
+}
+
+void pinned_free(void* p, int64_t bytes, MemTag tag) {
+  if (p == nullptr) return;
+  Ledger::get().add(tag, -bytes);
+  cudaFreeHost(p);
+}
+
 void device_synchronize() {
   CUDA_CALL(cudaDeviceSynchronize());
 }

@@ -47,6 +47,13 @@ void* device_alloc(int64_t bytes, MemTag tag);
 void device_free(void* p, int64_t bytes, MemTag tag);
 void copy_to_device(void* dst, const void* src, int64_t bytes);
 void copy_to_host(void* dst, const void* src, int64_t bytes);
+/// Device -> device, `bytes` bytes, in stream order with the kernels (cudaMemcpyAsync on the
+/// default stream).
+void copy_on_device(void* dst, const void* src, int64_t bytes);
+/// Page-locked host memory (cudaMallocHost) for staging copies, counted under `tag` in the
+/// ledger's host column. Errors: allocation failure (names bytes).
+void* pinned_alloc(int64_t bytes, MemTag tag);
+void pinned_free(void* p, int64_t bytes, MemTag tag);
 void device_synchronize();
 
 namespace gpu {
@@ -79,6 +86,8 @@ void sgd_update(float* p, float* buf, const float* g, int64_t n, float lr, float
 double sum_of_squares(const float* g, int64_t n);
 /// g *= coef.
 void scale(float* g, int64_t n, float coef);
+/// dst += src on n elements (the ring's and the central reducer's add, in float32).
+void add(float* dst, const float* src, int64_t n);
 
 // Matrix products, cuBLAS SGEMM on row-major arrays (a row-major (R, C) array is a column-major
 // (C, R) one, so each product is issued transposed).

@@ -1,7 +1,7 @@
 // device_comm: the communicator's interface on float32 DEVICE buffers, two transports.
 //
-// Provides: DeviceComm (point-to-point sendrecv and the collectives all_reduce, reduce_scatter,
-// all_gather, broadcast, with the same shapes and byte counters as Communicator in
+// Provides: DeviceComm (point-to-point send, recv, sendrecv and the collectives all_reduce,
+// reduce_scatter, all_gather, broadcast, with the same shapes as Communicator in
 // common/comm.hpp), and its two implementations:
 //   NcclCommunicator (nccl_comm.hpp): NCCL on one GPU per rank; sendrecv is ncclSend + ncclRecv
 //     inside ncclGroupStart/End (NCCL docs, "Point-to-point communication": a group makes the
@@ -9,12 +9,17 @@
 //   StagedCommunicator (staged_comm.hpp): copy to pinned host memory, the MPI Communicator,
 //     copy back. Slower (two PCIe copies per message) but any number of ranks can share one
 //     GPU, which NCCL refuses (it needs a distinct device per rank).
-// Counters: what each call hands the transport, counted exactly as Communicator counts it:
-// sendrecv counts one message each way of its length; collectives count their payload.
+// Counters: both transports count into the host Communicator's counters (the staged one through
+// the very MPI calls, NCCL through Communicator::count_external), so the end-of-run traffic
+// table of a GPU run reads the same counters, under the same names, as a CPU run: sendrecv counts
+// one message each way of its length; collectives count their payload; a Scope relabels.
+// count_call, Scope and the span form of sendrecv are what chapter 04's ring template
+// (ring.hpp) asks of its communicator, so the ring runs unchanged on device buffers.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 
 #include "common/comm.hpp"
@@ -23,9 +28,17 @@ namespace ringzero {
 
 class DeviceComm {
  public:
+  /// host: the process's MPI communicator (ranks, and the counters this traffic is counted in).
+  explicit DeviceComm(Communicator& host) : host_(host) {}
   virtual ~DeviceComm() = default;
-  virtual int rank() const = 0;
-  virtual int world_size() const = 0;
+  int rank() const { return host_.rank(); }
+  int world_size() const { return host_.world_size(); }
+  Communicator& host() { return host_; }
+
+  /// Sends n floats at device pointer buf to dest; returns when the buffer may be reused.
+  virtual void send(const float* buf, int64_t n, int dest) = 0;
+  /// Receives n floats from src into device pointer buf; returns when they have arrived.
+  virtual void recv(float* buf, int64_t n, int src) = 0;
   /// Sends n_send floats at device pointer send_buf to dest while receiving n_recv floats from
   /// src into recv_buf; returns when both are complete.
   virtual void sendrecv(const float* send_buf, int64_t n_send, int dest, float* recv_buf,
@@ -34,13 +47,37 @@ class DeviceComm {
   virtual void all_reduce(float* buf, int64_t n) = 0;
   /// in: world_size * n floats, out: n floats (block r of the sum lands on rank r).
   virtual void reduce_scatter(const float* in, float* out, int64_t n) = 0;
-  /// in: n floats, out: world_size * n floats (block r from rank r).
+  /// in: n floats, out: world_size * n floats (block r from rank r). in may be out + rank * n.
   virtual void all_gather(const float* in, float* out, int64_t n) = 0;
   virtual void broadcast(float* buf, int64_t n, int root) = 0;
-  /// Per operation: calls, messages and bytes, as Communicator::counters().
-  virtual std::map<std::string, Communicator::Counters> counters() const = 0;
+  /// all_reduce that may return before it completes, once the kernels queued so far (the
+  /// gradients it reads) are done: DDP's bucket all-reduce overlapping backward (NCCL: on a
+  /// communication stream). The default is all_reduce. buf must stay untouched until
+  /// wait_async().
+  virtual void all_reduce_async(float* buf, int64_t n) { all_reduce(buf, n); }
+  /// Returns when every all_reduce_async has completed.
+  virtual void wait_async() {}
   /// "nccl" or "staged-mpi".
   virtual std::string transport() const = 0;
+
+  // What chapter 04's ring template uses (the same names as Communicator's).
+  void sendrecv(std::span<const float> send_buf, int dest, std::span<float> recv_buf, int src) {
+    sendrecv(send_buf.data(), static_cast<int64_t>(send_buf.size()), dest, recv_buf.data(),
+             static_cast<int64_t>(recv_buf.size()), src);
+  }
+  void count_call(const std::string& op) { host_.count_call(op); }
+  /// Attributes the traffic of its lifetime to `op` (Communicator::Scope on the host counters).
+  class Scope : public Communicator::Scope {
+   public:
+    Scope(DeviceComm& comm, std::string op) : Communicator::Scope(comm.host(), std::move(op)) {}
+  };
+  /// Per operation: calls, messages and bytes (the host Communicator's counters()).
+  const std::map<std::string, Communicator::Counters>& counters() const {
+    return host_.counters();
+  }
+
+ private:
+  Communicator& host_;
 };
 
 }  // namespace ringzero

@@ -1,6 +1,7 @@
 // DeviceTrainer on CUDA: the layer loop of Model::forward and Tape::backward, written out over
 // device buffers. See common/device_train.hpp.
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "common/check.hpp"
@@ -14,17 +15,30 @@ namespace {
 
 class CudaTrainer final : public DeviceTrainer {
  public:
-  CudaTrainer(const Model& model, const TrainConfig& config, int device)
+  CudaTrainer(const Model& model, const TrainConfig& config, int device,
+              DeviceTrainerOptions options)
       : config_(config), sizes_(config.layer_sizes()), segments_(parameter_sizes(model)) {
     name_ = require_gpu(device);
     const int64_t psi = model.num_parameters();
-    params_ = DeviceBuffer(psi, MemTag::parameters);
-    grads_ = DeviceBuffer(psi, MemTag::gradients);
-    params_.copy_from_host(model.params_memory.data(), psi);
-    offsets_ = model.offsets();
+    offsets_ = options.offsets.empty() ? model.offsets() : options.offsets;
+    flat_size_ = options.flat_size < 0 ? psi : options.flat_size;
     RZ_CHECK(offsets_.size() == 2 * (sizes_.size() - 1),
              "the device path needs a Linear/ReLU MLP: " << offsets_.size() << " parameters for "
                                                          << sizes_.size() - 1 << " layers");
+    if (options.flat_params) {
+      params_ = DeviceBuffer(flat_size_, MemTag::parameters);
+      // each parameter at its place in the (possibly padded) flat layout; padding stays zero
+      for (size_t p = 0; p < offsets_.size(); ++p) {
+        const Parameter& param = *model.parameters()[p];
+        RZ_CHECK(param.data.numel() == param.numel(),
+                 "the device path needs the whole parameter " << param.name() << " on the host");
+        params_.copy_from_host(param.data.data(), param.numel(), offsets_[p]);
+      }
+    }
+    if (options.flat_grads) grads_ = DeviceBuffer(flat_size_, MemTag::gradients);
+    if (!options.optimizer) return;
+    RZ_CHECK(options.flat_params && options.flat_grads && flat_size_ == psi,
+             "the device trainer's own optimizer needs the flat unpadded buffers");
     if (config.optimizer == "adamw") {
       adamw_ = AdamWOptions{.lr = config.lr, .weight_decay = config.weight_decay};
       exp_avg_ = DeviceBuffer(psi, MemTag::optimizer_state);
@@ -42,14 +56,26 @@ class CudaTrainer final : public DeviceTrainer {
 
   void zero_grad() override { grads_.zero(); }
 
-  double forward_backward(const Batch& batch, float dloss) override {
+  float* params() override { return params_.data(); }
+  float* grads() override { return grads_.data(); }
+  int64_t flat_size() const override { return flat_size_; }
+
+  double forward_backward(const Batch& batch, float dloss, DeviceLayerHooks* hooks) override {
     const int64_t B = batch.x.rows(), L = static_cast<int64_t>(sizes_.size()) - 1;
     allocate(B);
     acts_[0].copy_from_host(batch.x.data(), B * sizes_[0]);
+    // Layer l's weight and bias: the hooks' (ZeRO-3's gathered layer) or the flat buffer's.
+    auto layer_params = [&](int64_t l, bool backward, const float*& w, const float*& b) {
+      const float* p = hooks ? hooks->layer_params(l, backward) : nullptr;
+      w = p ? p : weight(l);
+      b = p ? p + sizes_[l] * sizes_[l + 1] : bias(l);
+      RZ_CHECK(w != nullptr, "layer " << l << ": no parameters on the device");
+    };
     // forward: pre[l] = acts[l] W_lᵀ + b_l; acts[l + 1] = relu(pre[l]) except after the last
     for (int64_t l = 0; l < L; ++l) {
-      gpu::linear_forward(pre_[l].data(), acts_[l].data(), weight(l), bias(l), B, sizes_[l],
-                          sizes_[l + 1]);
+      const float *w = nullptr, *b = nullptr;
+      layer_params(l, false, w, b);
+      gpu::linear_forward(pre_[l].data(), acts_[l].data(), w, b, B, sizes_[l], sizes_[l + 1]);
       if (l + 1 < L) gpu::relu_forward(acts_[l + 1].data(), pre_[l].data(), B * sizes_[l + 1]);
     }
     // loss and its gradient into dpre[L - 1] (zeroed: backward accumulates, as on the CPU)
@@ -81,10 +107,16 @@ class CudaTrainer final : public DeviceTrainer {
     // backward, last layer first
     for (int64_t l = L - 1; l >= 0; --l) {
       float* dinp = l > 0 ? dacts_[l].data() : nullptr;  // no gradient for the input batch
-      gpu::linear_backward(dinp, dweight(l), dbias(l), dpre_[l].data(), acts_[l].data(), weight(l),
-                           B, sizes_[l], sizes_[l + 1]);
+      const float *w = nullptr, *b = nullptr;
+      layer_params(l, true, w, b);
+      float *dw = grads_.data() ? dweight(l) : nullptr, *db = grads_.data() ? dbias(l) : nullptr;
+      if (hooks) hooks->layer_grads(l, dw, db);
+      RZ_CHECK(dw != nullptr && db != nullptr, "layer " << l << ": no gradient buffer on the device");
+      gpu::linear_backward(dinp, dw, db, dpre_[l].data(), acts_[l].data(), w, B, sizes_[l],
+                           sizes_[l + 1]);
       if (l > 0)
         gpu::relu_backward(dpre_[l - 1].data(), dacts_[l].data(), acts_[l].data(), B * sizes_[l]);
+      if (hooks) hooks->after_layer_backward(l);
     }
     return loss;
   }
@@ -122,8 +154,8 @@ class CudaTrainer final : public DeviceTrainer {
   const std::string& device_name() const override { return name_; }
 
  private:
-  float* weight(int64_t l) { return params_.data() + offsets_[2 * l]; }
-  float* bias(int64_t l) { return params_.data() + offsets_[2 * l + 1]; }
+  float* weight(int64_t l) { return params_.data() ? params_.data() + offsets_[2 * l] : nullptr; }
+  float* bias(int64_t l) { return params_.data() ? params_.data() + offsets_[2 * l + 1] : nullptr; }
   float* dweight(int64_t l) { return grads_.data() + offsets_[2 * l]; }
   float* dbias(int64_t l) { return grads_.data() + offsets_[2 * l + 1]; }
 
@@ -155,6 +187,7 @@ class CudaTrainer final : public DeviceTrainer {
 
   TrainConfig config_;
   std::vector<int64_t> sizes_, segments_, offsets_, steps_;
+  int64_t flat_size_ = 0;
   std::string name_;
   DeviceBuffer params_, grads_, exp_avg_, exp_avg_sq_, momentum_buffer_;
   AdamWOptions adamw_;
@@ -169,8 +202,8 @@ class CudaTrainer final : public DeviceTrainer {
 }  // namespace
 
 std::unique_ptr<DeviceTrainer> make_device_trainer(const Model& model, const TrainConfig& config,
-                                                   int device) {
-  return std::make_unique<CudaTrainer>(model, config, device);
+                                                   int device, DeviceTrainerOptions options) {
+  return std::make_unique<CudaTrainer>(model, config, device, std::move(options));
 }
 
 }  // namespace ringzero

@@ -126,6 +126,10 @@ __global__ void scale_kernel(float* g, int64_t n, float coef) {
   RZ_GRID_STRIDE(i, n) g[i] *= coef;
 }
 
+__global__ void add_kernel(float* dst, const float* src, int64_t n) {
+  RZ_GRID_STRIDE(i, n) dst[i] += src[i];
+}
+
 }  // namespace
 
 void relu_forward(float* out, const float* inp, int64_t n) {
@@ -178,6 +182,12 @@ double sum_of_squares(const float* g, int64_t n) {
 void scale(float* g, int64_t n, float coef) {
   scale_kernel<<<blocks_for(n), kThreads>>>(g, n, coef);
   check_launch("scale");
+}
+
+void add(float* dst, const float* src, int64_t n) {
+  if (n == 0) return;
+  add_kernel<<<blocks_for(n), kThreads>>>(dst, src, n);
+  check_launch("add");
 }
 
 }  // namespace ringzero::gpu

@@ -36,8 +36,9 @@ class NcclCommunicator final : public DeviceComm {
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
 
   int device() const { return device_; }
-  int rank() const override { return comm_.rank(); }
-  int world_size() const override { return comm_.world_size(); }
+  void send(const float* buf, int64_t n, int dest) override;
+  void recv(float* buf, int64_t n, int src) override;
+  using DeviceComm::sendrecv;
   void sendrecv(const float* send_buf, int64_t n_send, int dest, float* recv_buf, int64_t n_recv,
                 int src) override;
   /// In-place sum over ranks of n floats at device pointer buf; returns when complete.
@@ -47,8 +48,12 @@ class NcclCommunicator final : public DeviceComm {
   /// in: n floats, out: world_size * n floats (block r from rank r).
   void all_gather(const float* in, float* out, int64_t n) override;
   void broadcast(float* buf, int64_t n, int root) override;
-
-  std::map<std::string, Communicator::Counters> counters() const override { return counters_; }
+  /// ncclAllReduce on the communication stream (non-blocking, created for it) once the
+  /// kernels queued so far on the compute stream are done (an event recorded there, waited
+  /// for on the communication stream): backward's next kernels run while it reduces.
+  void all_reduce_async(float* buf, int64_t n) override;
+  /// Blocks until every all_reduce_async has completed.
+  void wait_async() override;
   std::string transport() const override { return "nccl"; }
 
  private:
@@ -56,8 +61,9 @@ class NcclCommunicator final : public DeviceComm {
   Communicator& comm_;
   int device_ = -1;
   void* nccl_ = nullptr;    // ncclComm_t
-  void* stream_ = nullptr;  // cudaStream_t
-  std::map<std::string, Communicator::Counters> counters_;
+  void* stream_ = nullptr;        // cudaStream_t, blocking: ordered with the compute stream
+  void* async_stream_ = nullptr;  // cudaStream_t, non-blocking: overlaps the compute stream
+  void* ready_ = nullptr;         // cudaEvent_t on the compute stream
 };
 
 }  // namespace ringzero

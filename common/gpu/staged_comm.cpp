@@ -1,25 +1,19 @@
 #include "common/gpu/staged_comm.hpp"
 
-#include <cuda_runtime.h>
-
 #include <span>
 
 #include "common/check.hpp"
+#include "common/gpu/device.hpp"
 #include "common/ledger.hpp"
 
 namespace ringzero {
 
 namespace {
-void check_cuda(cudaError_t rc, const char* call) {
-  RZ_CHECK(rc == cudaSuccess, call << " failed: " << cudaGetErrorString(rc));
-}
-#define CUDA_CALL(...) check_cuda((__VA_ARGS__), #__VA_ARGS__)
-
 void d2h(float* dst, const float* src, int64_t n) {
-  if (n > 0) CUDA_CALL(cudaMemcpy(dst, src, static_cast<size_t>(n) * 4, cudaMemcpyDeviceToHost));
+  if (n > 0) copy_to_host(dst, src, n * 4);
 }
 void h2d(float* dst, const float* src, int64_t n) {
-  if (n > 0) CUDA_CALL(cudaMemcpy(dst, src, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice));
+  if (n > 0) copy_to_device(dst, src, n * 4);
 }
 std::span<float> span(float* p, int64_t n) {
   return {p, static_cast<size_t>(n)};
@@ -27,26 +21,29 @@ std::span<float> span(float* p, int64_t n) {
 }  // namespace
 
 StagedCommunicator::~StagedCommunicator() {
-  if (host_) {
-    Ledger::get().add(MemTag::comm_buffers, -host_size_ * 4);
-    cudaFreeHost(host_);
-  }
+  if (host_) pinned_free(host_, host_size_ * 4, MemTag::comm_buffers);
 }
 
 float* StagedCommunicator::host(int64_t n) {
   if (n > host_size_) {
-    if (host_) {
-      Ledger::get().add(MemTag::comm_buffers, -host_size_ * 4);
-      cudaFreeHost(host_);
-      host_ = nullptr;
-    }
-    const cudaError_t rc = cudaMallocHost(&host_, static_cast<size_t>(n) * 4);
-    RZ_CHECK(rc == cudaSuccess, "cudaMallocHost of " << n * 4 << " bytes (staging buffer) failed: "
-                                                     << cudaGetErrorString(rc));
+    if (host_) pinned_free(host_, host_size_ * 4, MemTag::comm_buffers);
+    host_ = nullptr;
+    host_ = static_cast<float*>(pinned_alloc(n * 4, MemTag::comm_buffers));
     host_size_ = n;
-    Ledger::get().add(MemTag::comm_buffers, n * 4);
   }
   return host_;
+}
+
+void StagedCommunicator::send(const float* buf, int64_t n, int dest) {
+  float* h = host(n);
+  d2h(h, buf, n);
+  comm_.send(span(h, n), dest);
+}
+
+void StagedCommunicator::recv(float* buf, int64_t n, int src) {
+  float* h = host(n);
+  comm_.recv(span(h, n), src);
+  h2d(buf, h, n);
 }
 
 void StagedCommunicator::sendrecv(const float* send_buf, int64_t n_send, int dest, float* recv_buf,

@@ -55,6 +55,19 @@ void copy_to_device(void* dst, const void* src, int64_t bytes) {
 void copy_to_host(void* dst, const void* src, int64_t bytes) {
   if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
 }
+void copy_on_device(void* dst, const void* src, int64_t bytes) {
+  if (bytes > 0) std::memmove(dst, src, static_cast<size_t>(bytes));
+}
+void* pinned_alloc(int64_t bytes, MemTag tag) {
+  if (bytes == 0) return nullptr;
+  Ledger::get().add(tag, bytes);
+  return std::calloc(static_cast<size_t>(bytes), 1);
+}
+void pinned_free(void* p, int64_t bytes, MemTag tag) {
+  if (p == nullptr) return;
+  Ledger::get().add(tag, -bytes);
+  std::free(p);
+}
 void device_synchronize() {}
 
 namespace gpu {
@@ -107,6 +120,9 @@ double sum_of_squares(const float* g, int64_t n) {
 }
 void scale(float* g, int64_t n, float coef) {
   for (int64_t i = 0; i < n; ++i) g[i] *= coef;
+}
+void add(float* dst, const float* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
 // Reference SGEMM, column-major: element (i, j) of X with leading dimension ld is X[i + j ld];

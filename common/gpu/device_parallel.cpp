@@ -1,0 +1,585 @@
+// DeviceParallel: the distributed chapters' optimizer step on a GPU (--device cuda), one class
+// per chapter's idea, on DeviceTrainer (the local forward and backward) and DeviceComm (NCCL,
+// or MPI through pinned host memory). See common/device_train.hpp for the interface.
+//
+// What each chapter does on the device (every collective on device buffers, counted in the host
+// Communicator's counters under the CPU chapter's names, so the traffic table is the same):
+//   03 central     ranks 1..N−1 send their gradient to rank 0, which adds them in rank order,
+//                  divides by N, clips and steps (it alone holds optimizer state) and sends
+//                  the parameters back ("central_reduce", "central_broadcast").
+//   04 all_reduce  each parameter's gradient all-reduced after backward: chapter 04's ring
+//                  (ring.hpp's template over DeviceComm, its hop's add a CUDA kernel), or the
+//                  transport's all-reduce (--collectives mpi: ncclAllReduce on NCCL), then / N.
+//   05 buckets     each bucket all-reduced as soon as backward has written its last gradient
+//                  (the trainer's after_layer_backward hook), on the last micro-step only
+//                  (no_sync): with --collectives mpi on NCCL, ncclAllReduce on a communication
+//                  stream after an event on the compute stream, overlapping the rest of
+//                  backward; the ring runs synchronously inside backward.
+//   06 zero 1      gradients in chapter 06's padded bucket layout; each bucket reduce-scattered
+//                  after backward (in place: chunk r is rank r's shard), / N; AdamW/SGD on the
+//                  shard only (optimizer state Σ s per rank); the parameters all-gathered.
+//   07 zero 2      as 06, but no flat gradient buffer: a bucket's gradient exists from its first
+//                  write in backward to its reduce-scatter (through no_sync when K > 1), then
+//                  its chunk / N is copied into the gradient shard and the bucket is freed.
+//   08 zero 3      only the shards of every layer's parameters and gradients; a layer is
+//                  all-gathered before its forward and again before its backward, its gradient
+//                  reduce-scattered per micro-step and its chunk / N added to the shard; each
+//                  collective first swaps chapter 08's 16-byte desync header (host MPI).
+// --check-collectives (05-07) checks each bucket collective the same way, counted as metrics.
+// Clipping: the global L2 norm from each rank's Σ g² over what it holds (the whole gradient, or
+// its shards), summed over ranks as "metrics". The loss: the mean of every rank's mean, as on
+// the CPU (global_mean), and the same NaN guard.
+// Leaves out: ZeRO-3's prefetch (each gather is waited for before its layer), overlap on the
+// staged transport and for the ring (both synchronous), CUDA-event traces, 16-bit training,
+// checkpoints (DeviceExtension refuses those flags).
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "chapters/04_ring_allreduce/ring.hpp"
+#include "common/check.hpp"
+#include "common/checkpoint.hpp"
+#include "common/collective_check.hpp"
+#include "common/device_train.hpp"
+#include "common/dist_eval.hpp"
+#include "common/finite_check.hpp"
+#include "common/gpu/device.hpp"
+#include "common/gpu/staged_comm.hpp"
+#include "common/lesson.hpp"
+#include "common/optim.hpp"
+#ifdef RINGZERO_NCCL
+#include "common/gpu/nccl_comm.hpp"
+#endif
+
+namespace ringzero {
+
+namespace {
+
+std::span<float> dspan(float* p, int64_t n) {
+  return {p, static_cast<size_t>(n)};
+}
+
+/// The ring's hop add on device buffers (RingAddFp32's twin): dst += src, a CUDA kernel.
+struct DeviceAdd {
+  void operator()(std::span<float> dst, std::span<const float> src) const {
+    gpu::add(dst.data(), src.data(), static_cast<int64_t>(dst.size()));
+  }
+};
+
+/// AdamW or SGD (--optimizer, the run's hyperparameters) over n contiguous device elements,
+/// with its state for those elements only (a shard, or the whole model). Every element steps
+/// together, so one step count serves them all (torch keeps one per parameter, all equal).
+class DeviceOptimizer {
+ public:
+  DeviceOptimizer(const TrainConfig& c, int64_t n) : config_(c), n_(n) {
+    if (c.optimizer == "adamw") {
+      adamw_ = AdamWOptions{.lr = c.lr, .weight_decay = c.weight_decay};
+      exp_avg_ = DeviceBuffer(n, MemTag::optimizer_state);
+      exp_avg_sq_ = DeviceBuffer(n, MemTag::optimizer_state);
+    } else if (c.momentum > 0) {
+      momentum_buffer_ = DeviceBuffer(n, MemTag::optimizer_state);
+    }
+  }
+  void begin_step() { ++step_; }
+  /// Elements [offset, offset + n) of the state update p (n floats) from g (n floats).
+  void update(float* p, const float* g, int64_t offset, int64_t n) {
+    RZ_CHECK(offset >= 0 && offset + n <= n_, "optimizer range " << offset << "+" << n
+                                                                 << " outside " << n_);
+    if (n == 0) return;
+    if (config_.optimizer == "adamw") {
+      const kernels::AdamWStep k = adamw_step_constants(adamw_, step_);
+      gpu::adamw_update(p, exp_avg_.data() + offset, exp_avg_sq_.data() + offset, g, n, k);
+    } else {
+      gpu::sgd_update(p, config_.momentum > 0 ? momentum_buffer_.data() + offset : nullptr, g, n,
+                      config_.lr, config_.momentum, config_.weight_decay, step_ == 1);
+    }
+  }
+
+ private:
+  TrainConfig config_;
+  int64_t n_ = 0, step_ = 0;
+  AdamWOptions adamw_;
+  DeviceBuffer exp_avg_, exp_avg_sq_, momentum_buffer_;
+};
+
+/// The transport every rank agrees on: NCCL where each rank of a node has its own GPU (or when
+/// asked for), else the staged one. Sets `device` to the GPU this rank uses.
+std::unique_ptr<DeviceComm> make_device_comm(Communicator& comm, const std::string& transport,
+                                             int& device) {
+  int visible = 1;
+#ifdef RINGZERO_NCCL
+  std::string why;
+  visible = gpu_device_count(&why);
+  RZ_CHECK(visible > 0, "--device cuda: no CUDA device (" << why
+                                                          << "); run on a machine with an NVIDIA "
+                                                             "GPU and driver, or use --device cpu");
+  // NCCL needs a GPU per rank: does every rank of every node have one?
+  std::vector<double> short_of_gpus{comm.local_rank() >= visible ? 1.0 : 0.0};
+  comm.all_reduce_metrics(short_of_gpus);
+  const bool nccl_fits = short_of_gpus[0] == 0;
+  RZ_CHECK(transport != "nccl" || nccl_fits,
+           "--gpu-transport nccl: rank " << comm.rank() << " is local rank " << comm.local_rank()
+                                         << " but " << visible
+                                         << " GPU(s) are visible, and NCCL needs one GPU per rank; "
+                                            "use --gpu-transport staged (ranks share GPUs) or "
+                                            "fewer ranks per node");
+  if (transport == "nccl" || (transport == "auto" && nccl_fits)) {
+    auto nccl = std::make_unique<NcclCommunicator>(comm);
+    device = nccl->device();
+    return nccl;
+  }
+#else
+  RZ_CHECK(transport != "nccl", "--gpu-transport nccl: this build has no NCCL; use "
+                                "--gpu-transport staged or auto");
+#endif
+  device = comm.local_rank() % visible;
+  return std::make_unique<StagedCommunicator>(comm);
+}
+
+class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks {
+ public:
+  DeviceParallelImpl(const Model& model, const TrainConfig& config, Communicator& comm,
+                     const DevicePlan& plan, const TrainingState& state)
+      : config_(config), comm_(comm), plan_(plan), N_(comm.world_size()), r_(comm.rank()) {
+    int device = 0;
+    dc_ = make_device_comm(comm, plan.transport, device);
+    name_ = require_gpu(device);
+    psi_ = model.num_parameters();
+    sizes_ = config.layer_sizes();
+    const auto& params = model.parameters();
+    offsets_ = model.offsets();
+    for (const Parameter* p : params) numels_.push_back(p->numel());
+    DeviceTrainerOptions options;
+    options.optimizer = false;
+    if (plan.kind == DevicePlan::Kind::central || plan.kind == DevicePlan::Kind::all_reduce ||
+        plan.kind == DevicePlan::Kind::buckets) {
+      if (plan.kind == DevicePlan::Kind::buckets) map_ranges_to_params(/*padded=*/false);
+      trainer_ = make_device_trainer(model, config, device, options);
+      if (plan.kind != DevicePlan::Kind::central || r_ == 0)
+        optimizer_ = std::make_unique<DeviceOptimizer>(config, psi_);
+      int64_t largest = 0;
+      for (int64_t n : numels_) largest = std::max(largest, n);
+      for (const auto& b : plan.ranges) largest = std::max(largest, b.size);
+      // central: one incoming gradient; rings: one incoming chunk of the largest collective
+      scratch_ = DeviceBuffer(plan.kind == DevicePlan::Kind::central ? psi_ : ceil_div(largest, N_),
+                              MemTag::comm_buffers);
+    } else if (plan.zero_stage == 1 || plan.zero_stage == 2) {
+      map_ranges_to_params(/*padded=*/true);
+      options.offsets = padded_param_offsets_;
+      options.flat_size = padded_total_;
+      options.flat_grads = plan.zero_stage == 1;
+      trainer_ = make_device_trainer(model, config, device, options);
+      optimizer_ = std::make_unique<DeviceOptimizer>(config, shard_total_);
+      if (plan.zero_stage == 2) {
+        shard_grads_ = DeviceBuffer(shard_total_, MemTag::gradients);
+        bucket_grads_.resize(plan.ranges.size());
+      }
+      scratch_ = DeviceBuffer(max_shard_, MemTag::comm_buffers);
+    } else {
+      RZ_CHECK(plan.zero_stage == 3, "zero stage " << plan.zero_stage << " has no GPU step");
+      options.flat_params = options.flat_grads = false;
+      for (size_t l = 0; l < plan.ranges.size(); ++l) {
+        const auto& layer = plan.ranges[l];
+        RZ_CHECK(l < sizes_.size() - 1 && layer.offset == offsets_[2 * l] &&
+                     layer.size == numels_[2 * l] + numels_[2 * l + 1] &&
+                     (layer.size + layer.padding) % N_ == 0,
+                 "ZeRO-3 layer " << l << " (offset " << layer.offset << ", " << layer.size
+                                 << " elements) is not the model's layer " << l);
+        layer_shard_offset_.push_back(shard_total_);
+        shard_total_ += (layer.size + layer.padding) / N_;
+        max_shard_ = std::max(max_shard_, (layer.size + layer.padding) / N_);
+      }
+      trainer_ = make_device_trainer(model, config, device, options);
+      shard_params_ = DeviceBuffer(shard_total_, MemTag::parameters);
+      shard_grads_ = DeviceBuffer(shard_total_, MemTag::gradients);
+      optimizer_ = std::make_unique<DeviceOptimizer>(config, shard_total_);
+      scratch_ = DeviceBuffer(max_shard_, MemTag::comm_buffers);
+      for (const StatePiece& piece : state.pieces) {  // this rank's shards, from the host
+        const int64_t l = layer_of_piece(piece);
+        shard_params_.copy_from_host(piece.params.data(), real_of_piece(l, piece),
+                                     layer_shard_offset_[l]);
+      }
+    }
+  }
+
+  double train_step(const Step& step) override {
+    const int64_t K = step.config.grad_accum_steps;
+    const DevicePlan::Kind kind = plan_.kind;
+    const int stage = plan_.zero_stage;
+    if (trainer_->grads()) trainer_->zero_grad();
+    if (shard_grads_.size() > 0) shard_grads_.zero();
+    double loss_sum = 0;
+    for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
+      last_micro_step_ = micro_step + 1 == K;
+      const bool hooked = kind == DevicePlan::Kind::buckets || stage == 2 || stage == 3;
+      if (hooked) begin_backward();
+      loss_sum += trainer_->forward_backward(step.micro_batch(micro_step), 1.0f / K,
+                                             hooked ? this : nullptr);
+      if (hooked) end_backward();
+    }
+    const double loss_value = global_mean(comm_, loss_sum / K);  // equal shares: mean of means
+    check_finite_loss(comm_, loss_sum / K, loss_value, step.step);
+    const float max_norm = step.config.clip_grad_norm;
+    if (optimizer_) optimizer_->begin_step();
+    switch (kind) {
+      case DevicePlan::Kind::central:
+        central_step(max_norm);
+        break;
+      case DevicePlan::Kind::all_reduce:
+        for (size_t p = 0; p < numels_.size(); ++p) all_reduce(offsets_[p], numels_[p]);
+        [[fallthrough]];
+      case DevicePlan::Kind::buckets:  // every bucket was all-reduced during backward
+        dc_->wait_async();
+        gpu::scale(trainer_->grads(), psi_, 1.0f / static_cast<float>(N_));
+        clip({{trainer_->grads(), psi_}}, max_norm, /*sum_over_ranks=*/false);
+        optimizer_->update(trainer_->params(), trainer_->grads(), 0, psi_);
+        break;
+      case DevicePlan::Kind::zero:
+        stage == 3 ? zero3_step(max_norm) : zero12_step(max_norm);
+        break;
+    }
+    device_synchronize();
+    return loss_value;
+  }
+
+  void copy_to_host(Model& model, const TrainingState& state) override {
+    device_synchronize();
+    if (plan_.zero_stage == 3) {  // this rank's shards into the lesson's
+      for (const StatePiece& piece : state.pieces) {
+        const int64_t l = layer_of_piece(piece);
+        shard_params_.copy_to_host(piece.params.data(), real_of_piece(l, piece),
+                                   layer_shard_offset_[l]);
+      }
+      return;
+    }
+    const auto& params = model.parameters();  // every parameter is whole on every rank
+    const std::vector<int64_t>& at = plan_.kind == DevicePlan::Kind::zero ? padded_param_offsets_
+                                                                          : offsets_;
+    for (size_t p = 0; p < params.size(); ++p)
+      if (params[p]->data.data() != nullptr)
+        ringzero::copy_to_host(params[p]->data.data(), trainer_->params() + at[p],
+                               numels_[p] * 4);
+  }
+
+  const std::string& device_name() const override { return name_; }
+  std::string transport() const override { return dc_->transport(); }
+
+  // DeviceLayerHooks ------------------------------------------------------------------------
+
+  const float* layer_params(int64_t l, bool backward) override {
+    if (plan_.zero_stage != 3) return nullptr;
+    gathered_ = DeviceBuffer();  // the previous layer's (cudaFree waits for its kernels)
+    gathered_ = all_gather_layer(l, backward);
+    return gathered_.data();
+  }
+
+  void layer_grads(int64_t l, float*& dweight, float*& dbias) override {
+    if (plan_.zero_stage == 3) {
+      const auto& layer = plan_.ranges[l];
+      layer_grad_ = DeviceBuffer(layer.size + layer.padding, MemTag::gradients);
+      dweight = layer_grad_.data();
+      dbias = dweight + numels_[2 * l];
+    } else if (plan_.zero_stage == 2) {
+      dweight = bucket_grad(2 * l);
+      dbias = bucket_grad(2 * l + 1);
+    }
+  }
+
+  void after_layer_backward(int64_t l) override {
+    if (plan_.zero_stage == 3) {
+      reduce_scatter_layer(l);
+      layer_grad_ = DeviceBuffer();
+      return;
+    }
+    if (!last_micro_step_) return;  // no_sync: buckets accumulate until the last micro-step
+    for (int64_t p : {2 * l + 1, 2 * l}) {
+      const int b = bucket_of_param_[p];
+      if (--remaining_[b] > 0) continue;
+      const auto& bucket = plan_.ranges[b];
+      if (plan_.kind == DevicePlan::Kind::buckets) {
+        check_in_step(b, 3);
+        all_reduce(bucket.offset, bucket.size, /*async=*/true);
+      } else {  // ZeRO-2: reduce-scatter the bucket, keep chunk r / N, free the bucket
+        float* shard = reduce_scatter_bucket(bucket_grads_[b].data(), b);
+        gpu::scale(shard, shard_size_[b], 1.0f / static_cast<float>(N_));
+        copy_on_device(shard_grads_.data() + shard_offset_[b], shard, shard_size_[b] * 4);
+        bucket_grads_[b] = DeviceBuffer();
+      }
+    }
+  }
+
+ private:
+  static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+  void begin_backward() {
+    remaining_ = params_per_range_;
+    if (plan_.zero_stage == 2 && !last_micro_step_) remaining_.assign(remaining_.size(), 1 << 30);
+  }
+  void end_backward() {
+    gathered_ = DeviceBuffer();
+    if (!last_micro_step_) return;
+    for (size_t b = 0; b < remaining_.size(); ++b)
+      RZ_CHECK(remaining_[b] == 0, "bucket " << b << ": backward did not write every gradient");
+  }
+
+  // Buckets (05-07): which parameters each range holds, and the padded layout (06-07).
+  void map_ranges_to_params(bool padded) {
+    const size_t P = numels_.size();
+    bucket_of_param_.assign(P, -1);
+    params_per_range_.assign(plan_.ranges.size(), 0);
+    for (size_t b = 0; b < plan_.ranges.size(); ++b) {
+      const auto& r = plan_.ranges[b];
+      RZ_CHECK(!padded || (r.size + r.padding) % N_ == 0,
+               "bucket " << b << ": " << r.size << " + " << r.padding << " padding is not a "
+                         << "multiple of world_size " << N_);
+      for (size_t p = 0; p < P; ++p)
+        if (offsets_[p] >= r.offset && offsets_[p] < r.offset + r.size) {
+          RZ_CHECK(offsets_[p] + numels_[p] <= r.offset + r.size && bucket_of_param_[p] < 0,
+                   "bucket " << b << " splits or repeats parameter " << p);
+          bucket_of_param_[p] = static_cast<int>(b);
+          ++params_per_range_[b];
+        }
+    }
+    for (size_t p = 0; p < P; ++p)
+      RZ_CHECK(bucket_of_param_[p] >= 0, "parameter " << p << " is in no bucket");
+    if (!padded) return;
+    // The padded flat buffer keeps the model's memory order, each bucket followed by its padding.
+    std::vector<size_t> by_offset(plan_.ranges.size());
+    std::iota(by_offset.begin(), by_offset.end(), 0);
+    std::sort(by_offset.begin(), by_offset.end(), [&](size_t a, size_t b) {
+      return plan_.ranges[a].offset < plan_.ranges[b].offset;
+    });
+    padded_offset_.assign(plan_.ranges.size(), 0);
+    for (size_t b : by_offset) {
+      padded_offset_[b] = padded_total_;
+      padded_total_ += plan_.ranges[b].size + plan_.ranges[b].padding;
+    }
+    for (size_t b = 0; b < plan_.ranges.size(); ++b) {  // shards in plan order
+      shard_size_.push_back((plan_.ranges[b].size + plan_.ranges[b].padding) / N_);
+      shard_offset_.push_back(shard_total_);
+      shard_total_ += shard_size_.back();
+      max_shard_ = std::max(max_shard_, shard_size_.back());
+    }
+    for (size_t p = 0; p < P; ++p) {
+      const int b = bucket_of_param_[p];
+      padded_param_offsets_.push_back(padded_offset_[b] + offsets_[p] - plan_.ranges[b].offset);
+    }
+  }
+
+  // ZeRO-2: parameter p's gradient inside its bucket's buffer, allocated at the first write.
+  float* bucket_grad(int64_t p) {
+    const int b = bucket_of_param_[p];
+    const auto& bucket = plan_.ranges[b];
+    if (bucket_grads_[b].size() == 0)
+      bucket_grads_[b] = DeviceBuffer(bucket.size + bucket.padding, MemTag::gradients);
+    return bucket_grads_[b].data() + offsets_[p] - bucket.offset;
+  }
+
+  // Sum over ranks of n elements at `offset` of the flat gradient, in place (04, 05).
+  void all_reduce(int64_t offset, int64_t n, bool async = false) {
+    float* g = trainer_->grads() + offset;
+    if (plan_.ring) {
+      ring_reduce_scatter_with(*dc_, dspan(g, n), scratch_.span().first(ceil_div(n, N_)),
+                               DeviceAdd{});
+      ring_all_gather_of(*dc_, dspan(g, n));
+    } else if (async) {
+      dc_->all_reduce_async(g, n);
+    } else {
+      dc_->all_reduce(g, n);
+    }
+  }
+
+  // 06-07: reduce-scatters padded bucket b at `bucket` in place; returns this rank's chunk.
+  float* reduce_scatter_bucket(float* bucket, size_t b) {
+    check_in_step(static_cast<int64_t>(b), 2);
+    const int64_t s = shard_size_[b], P = s * N_;
+    float* shard = bucket + r_ * s;
+    if (plan_.ring)
+      ring_reduce_scatter_with(*dc_, dspan(bucket, P), scratch_.span().first(s), DeviceAdd{});
+    else
+      dc_->reduce_scatter(bucket, shard, s);  // in place: NCCL and the staged copy allow it
+    return shard;
+  }
+
+  void central_step(float max_norm) {
+    float* g = trainer_->grads();
+    {  // chapter 03's reduce_to_rank0: ((g0 + g1) + g2) + ... on rank 0
+      dc_->count_call("central_reduce");
+      DeviceComm::Scope scope(*dc_, "central_reduce");
+      if (r_ != 0) {
+        dc_->send(g, psi_, 0);
+      } else {
+        for (int src = 1; src < N_; ++src) {
+          dc_->recv(scratch_.data(), psi_, src);
+          gpu::add(g, scratch_.data(), psi_);
+        }
+      }
+    }
+    if (r_ == 0) {
+      gpu::scale(g, psi_, 1.0f / static_cast<float>(N_));
+      clip({{g, psi_}}, max_norm, /*sum_over_ranks=*/false);
+      optimizer_->update(trainer_->params(), g, 0, psi_);
+    }
+    dc_->count_call("central_broadcast");  // chapter 03's broadcast_from_rank0
+    DeviceComm::Scope scope(*dc_, "central_broadcast");
+    if (r_ == 0) {
+      for (int dest = 1; dest < N_; ++dest) dc_->send(trainer_->params(), psi_, dest);
+    } else {
+      dc_->recv(trainer_->params(), psi_, 0);
+    }
+  }
+
+  void zero12_step(float max_norm) {
+    const auto& ranges = plan_.ranges;
+    std::vector<std::pair<float*, int64_t>> shards;  // this rank's gradient shards
+    for (size_t b = 0; b < ranges.size(); ++b) {
+      float* shard = shard_grads_.data() + (shard_grads_.size() ? shard_offset_[b] : 0);
+      if (plan_.zero_stage == 1) {
+        shard = reduce_scatter_bucket(trainer_->grads() + padded_offset_[b], b);
+        gpu::scale(shard, shard_size_[b], 1.0f / static_cast<float>(N_));
+      }
+      shards.emplace_back(shard, shard_size_[b]);
+    }
+    clip(shards, max_norm, /*sum_over_ranks=*/true);
+    for (size_t b = 0; b < ranges.size(); ++b) {  // padding stays 0: its g, m, v are 0
+      float* p = trainer_->params() + padded_offset_[b] + r_ * shard_size_[b];
+      optimizer_->update(p, shards[b].first, shard_offset_[b], shard_size_[b]);
+    }
+    for (size_t b = 0; b < ranges.size(); ++b) {
+      float* bucket = trainer_->params() + padded_offset_[b];
+      const int64_t s = shard_size_[b];
+      check_in_step(static_cast<int64_t>(b), 4);
+      if (plan_.ring)
+        ring_all_gather_of(*dc_, dspan(bucket, s * N_));
+      else
+        dc_->all_gather(bucket + r_ * s, bucket, s);  // in place
+    }
+  }
+
+  // The collective check before collective `kind` of range `id` (bucket or layer): chapter 08's
+  // desync check, always, counted as "desync_check" (its 16-byte header swap with each ring
+  // neighbour, part of its traffic); chapters 05-07's --check-collectives, counted as "metrics".
+  // Kinds: 0/1 a layer's forward/backward all-gather, 2 a reduce-scatter, 3 an all-reduce,
+  // 4 a bucket's all-gather.
+  void check_in_step(int64_t id, uint32_t kind) {
+    const bool zero3 = plan_.zero_stage == 3;
+    if (!zero3 && !collective_checks_enabled()) return;
+    const auto& range = plan_.ranges[id];
+    const CollectiveHeader mine = {seq_++, static_cast<uint32_t>(id), kind,
+                                   static_cast<uint32_t>(range.size + range.padding)};
+    static const char* what[] = {"forward all-gather", "backward all-gather", "reduce-scatter",
+                                 "all-reduce", "all-gather"};
+    const char* unit = zero3 ? " of layer " : " of bucket ";
+    check_collective(
+        comm_, mine,
+        [unit](const CollectiveHeader& h) {
+          return "collective #" + std::to_string(h.seq) + " (" +
+                 (h.kind < 5 ? what[h.kind] : "unknown") + unit + std::to_string(h.id) + ", " +
+                 std::to_string(h.size) + " elements)";
+        },
+        "Every rank must run the same buckets and layers in the same order",
+        zero3 ? "desync_check" : "metrics");
+  }
+
+  // ZeRO-3: layer l's parameters, gathered from every rank's shard.
+  DeviceBuffer all_gather_layer(int64_t l, bool backward) {
+    check_in_step(l, backward ? 1 : 0);
+    const auto& layer = plan_.ranges[l];
+    const int64_t P = layer.size + layer.padding, s = P / N_;
+    DeviceBuffer full(P, MemTag::comm_buffers);
+    const float* mine = shard_params_.data() + layer_shard_offset_[l];
+    if (plan_.ring) {
+      copy_on_device(full.data() + r_ * s, mine, s * 4);
+      ring_all_gather_of(*dc_, full.span());
+    } else {
+      dc_->all_gather(mine, full.data(), s);
+    }
+    return full;
+  }
+
+  // ZeRO-3: layer l's gradient reduce-scattered; this rank's chunk / N added to its shard.
+  void reduce_scatter_layer(int64_t l) {
+    check_in_step(l, 2);
+    const auto& layer = plan_.ranges[l];
+    const int64_t P = layer.size + layer.padding, s = P / N_;
+    float* chunk = layer_grad_.data() + r_ * s;
+    if (plan_.ring)
+      ring_reduce_scatter_with(*dc_, layer_grad_.span(), scratch_.span().first(s), DeviceAdd{});
+    else
+      dc_->reduce_scatter(layer_grad_.data(), chunk, s);
+    gpu::scale(chunk, s, 1.0f / static_cast<float>(N_));
+    gpu::add(shard_grads_.data() + layer_shard_offset_[l], chunk, s);
+  }
+
+  void zero3_step(float max_norm) {
+    clip({{shard_grads_.data(), shard_total_}}, max_norm, /*sum_over_ranks=*/true);
+    optimizer_->update(shard_params_.data(), shard_grads_.data(), 0, shard_total_);
+  }
+
+  // clip_grad_norm_ over `parts` (device ranges); their Σ g² summed over ranks when sharded.
+  void clip(const std::vector<std::pair<float*, int64_t>>& parts, float max_norm,
+            bool sum_over_ranks) {
+    if (max_norm <= 0) return;
+    std::vector<double> sum{0.0};
+    for (auto [g, n] : parts) sum[0] += gpu::sum_of_squares(g, n);
+    if (sum_over_ranks) comm_.all_reduce_metrics(sum);
+    const float coef = clip_coefficient(std::sqrt(sum[0]), max_norm);
+    if (coef < 1.0f)
+      for (auto [g, n] : parts) gpu::scale(g, n, coef);
+  }
+
+  // ZeRO-3: the layer a host piece (this rank's shard of it) belongs to, and its real elements.
+  int64_t layer_of_piece(const StatePiece& piece) const {
+    for (size_t l = 0; l < plan_.ranges.size(); ++l) {
+      const auto& layer = plan_.ranges[l];
+      const int64_t s = (layer.size + layer.padding) / N_;
+      if (piece.global_offset == layer.offset + r_ * s) return static_cast<int64_t>(l);
+    }
+    RZ_CHECK(false, "no ZeRO-3 layer has this rank's shard at " << piece.global_offset);
+    return -1;
+  }
+  int64_t real_of_piece(int64_t l, const StatePiece& piece) const {
+    const auto& layer = plan_.ranges[l];
+    const int64_t s = (layer.size + layer.padding) / N_;
+    const int64_t real = std::clamp<int64_t>(layer.size - r_ * s, 0, s);
+    return std::min<int64_t>(real, static_cast<int64_t>(piece.params.size()));
+  }
+
+  TrainConfig config_;
+  Communicator& comm_;
+  DevicePlan plan_;
+  int N_, r_;
+  std::string name_;
+  std::unique_ptr<DeviceComm> dc_;
+  std::unique_ptr<DeviceTrainer> trainer_;
+  std::unique_ptr<DeviceOptimizer> optimizer_;
+  int64_t psi_ = 0;
+  std::vector<int64_t> sizes_, offsets_, numels_;
+  DeviceBuffer scratch_;  // one incoming gradient (03) or ring chunk
+  // buckets (05-07)
+  std::vector<int> bucket_of_param_;
+  std::vector<int64_t> params_per_range_, remaining_;
+  bool last_micro_step_ = true;
+  // ZeRO-1/2's padded layout (per range, plan order) and ZeRO-3's layer shards
+  std::vector<int64_t> padded_offset_, padded_param_offsets_, shard_size_, shard_offset_;
+  std::vector<int64_t> layer_shard_offset_;
+  int64_t padded_total_ = 0, shard_total_ = 0, max_shard_ = 0;
+  DeviceBuffer shard_params_, shard_grads_;  // ZeRO-2: shard_grads_; ZeRO-3: both
+  std::vector<DeviceBuffer> bucket_grads_;   // ZeRO-2: buckets alive in backward
+  DeviceBuffer gathered_, layer_grad_;       // ZeRO-3: the layer in flight
+  uint32_t seq_ = 0;                         // collectives checked (check_in_step)
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceParallel> make_device_parallel(const Model& model, const TrainConfig& config,
+                                                     Communicator& comm, const DevicePlan& plan,
+                                                     const TrainingState& state) {
+  return std::make_unique<DeviceParallelImpl>(model, config, comm, plan, state);
+}
+
+}  // namespace ringzero
