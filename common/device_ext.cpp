@@ -70,13 +70,13 @@ void DeviceExtension::add_flags(CommandLine& cli) {
 }
 
 void DeviceExtension::validate(const RunState& state) {
-  RZ_CHECK(device_ == "cuda" || transport_ == "auto",
-           "--gpu-transport " << transport_ << " without --device cuda: add --device cuda, or "
-                                               "drop --gpu-transport");
   RZ_CHECK(transport_ == "auto" || state.chapter.distributed,
            "--gpu-transport " << transport_ << ": chapter " << state.chapter.name
                               << " runs one process and communicates nothing; drop "
                                  "--gpu-transport");
+  RZ_CHECK(device_ == "cuda" || transport_ == "auto",
+           "--gpu-transport " << transport_ << " without --device cuda: add --device cuda, or "
+                                               "drop --gpu-transport");
   if (device_ != "cuda") return;
   // Checked here, before after_setup probes the GPU, so a build or machine without one gives
   // these messages too. The GPU step keeps its weights and optimizer state in device buffers: a

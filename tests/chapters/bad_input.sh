@@ -72,14 +72,26 @@ fails init_from_missing "$WORK/none.safetensors" "--init-from" "no such file on 
 toy=(--model toy --hidden-sizes 32 --lr 1e10 --max-steps 10 --eval-every-epoch 0)
 fails nan_loss_ch01 "loss is inf at step 2" "lower --lr" -- "${CH01[@]}" "${toy[@]}"
 fails nan_loss_ch02 "loss is inf at step 2" "lower --lr" -- "${CH02[@]}" "${toy[@]}" --grad-accum-steps 4
-# --device: an unknown one; cuda where it cannot run (a chapter without a GPU step; with no GPU
-# or no CUDA build, every chapter). On a machine with a GPU, scripts/gpu-check covers cuda.
+# --device: an unknown one; cuda where it cannot run (with no GPU or no CUDA build, every
+# chapter, on every rank); flags the GPU path does not carry; --gpu-transport where it means
+# nothing. On a machine with a GPU, scripts/gpu-check covers cuda.
 fails device_unknown "--device" "tpu" -- "${CH01[@]}" --device tpu
-fails device_cuda_ch03 "chapter 03_data_parallel trains on the CPU only so far" "--device cpu" \
-  -- "$BIN/ch03_data_parallel" --model toy --device cuda --max-steps 1
 if ! nvidia-smi -L >/dev/null 2>&1; then
   fails device_cuda_no_gpu "--device cuda" "--device cpu" -- "${CH01[@]}" --model toy --device cuda --max-steps 1
+  for ch in 03_data_parallel 04_ring_allreduce 05_ddp_buckets 06_zero1 07_zero2 08_zero3; do
+    fails device_cuda_no_gpu_$ch "[rank 1/2]" "--device cuda" "--device cpu" \
+      -- "$MPIRUN" -np 2 --oversubscribe "$BIN/ch$ch" --model toy --device cuda --max-steps 1
+  done
 fi
+fails device_cuda_trace "--device cuda with --trace" "Drop --trace, or use --device cpu" \
+  -- "$BIN/ch05_ddp_buckets" --model toy --device cuda --trace "$WORK/t.json" --max-steps 1
+fails device_cuda_optstate "--device cuda with --save-optimizer-state" "use --device cpu" \
+  -- "$BIN/ch06_zero1" --model toy --device cuda --save-optimizer-state "$WORK/o.st" --max-steps 1
+fails gpu_transport_cpu "--gpu-transport nccl without --device cuda" "add --device cuda" \
+  -- "$BIN/ch04_ring_allreduce" --model toy --gpu-transport nccl --max-steps 1
+fails gpu_transport_ch01 "--gpu-transport staged: chapter 01_training_loop runs one process" \
+  "drop --gpu-transport" -- "${CH01[@]}" --model toy --gpu-transport staged --max-steps 1
+fails gpu_transport_bad "--gpu-transport" "infiniband" -- "${CH01[@]}" --gpu-transport infiniband
 # RINGZERO_COMM_CPUS (scripts/cluster up --comm-core pins the communication thread with it):
 # a value that is not a CPU list stops the chapter at start-up, naming the value and the fix.
 fails comm_cpus_word "RINGZERO_COMM_CPUS='one'" "a list such as 1, 2,3 or 0-3" \
