@@ -43,6 +43,7 @@ DevicePlan plan_for(const RunState& state) {
              "--device cuda: chapter " << state.chapter.name << " has no GPU step");
     plan.kind = DevicePlan::Kind::zero;
     plan.zero_stage = fields.at("zero_stage").get<int>();
+    plan.prefetch = fields.value("prefetch", true);
     const nlohmann::json layout = lesson.training_state(*state.model).layout;
     const bool layers = plan.zero_stage == 3;
     for (const auto& r : layout.at(layers ? "layers" : "buckets"))
@@ -115,9 +116,10 @@ void DeviceExtension::after_setup(RunState& state) {
   const TrainingState host = state.lesson->training_state(*state.model);
   parallel_ = make_device_parallel(*state.model, state.config, *state.comm, plan, host);
   print0("device " + parallel_->device_name() + " | cuBLAS SGEMM, TF32 off | transport " +
-         parallel_->transport() +
-         (plan.zero_stage == 3 ? " | no prefetch on the GPU yet (each gather is waited for)"
-                               : ""));
+         parallel_->transport() + " | " +
+         (parallel_->overlaps() && !plan.ring ? "collectives on a communication stream"
+                                              : "collectives in line with compute") +
+         (parallel_->overlaps() && plan.ring ? " (the ring's hops are host-driven)" : ""));
 }
 
 std::optional<double> DeviceExtension::train_step_instead(RunState&, const Step& step) {

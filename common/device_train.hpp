@@ -106,6 +106,7 @@ struct DevicePlan {
   Kind kind = Kind::all_reduce;
   int zero_stage = 0;  ///< 1, 2, 3 with Kind::zero
   bool ring = true;    ///< chapter 04's ring over sendrecv; false: the transport's collective
+  bool prefetch = true;  ///< 08: gather the next layer while this one computes (--no-prefetch)
   struct Range {
     int64_t offset = 0;   ///< first element in the model's unpadded layout
     int64_t size = 0;     ///< real elements
@@ -131,6 +132,8 @@ class DeviceParallel {
   virtual const std::string& device_name() const = 0;
   /// "nccl" or "staged-mpi".
   virtual std::string transport() const = 0;
+  /// true where collectives can run on a communication stream beside the compute (NCCL).
+  virtual bool overlaps() const = 0;
 };
 
 /// Builds the GPU step of `plan` on GPU comm.local_rank() (staged: GPU local_rank mod the

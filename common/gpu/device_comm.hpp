@@ -50,13 +50,31 @@ class DeviceComm {
   /// in: n floats, out: world_size * n floats (block r from rank r). in may be out + rank * n.
   virtual void all_gather(const float* in, float* out, int64_t n) = 0;
   virtual void broadcast(float* buf, int64_t n, int root) = 0;
-  /// all_reduce that may return before it completes, once the kernels queued so far (the
-  /// gradients it reads) are done: DDP's bucket all-reduce overlapping backward (NCCL: on a
-  /// communication stream). The default is all_reduce. buf must stay untouched until
-  /// wait_async().
-  virtual void all_reduce_async(float* buf, int64_t n) { all_reduce(buf, n); }
-  /// Returns when every all_reduce_async has completed.
+  /// Collectives that may return before they complete (NCCL: queued on the communication
+  /// stream once the kernels queued so far, which write their input, are done); they return a
+  /// ticket for wait(). The defaults run the blocking call and return 0. Their buffers must stay
+  /// untouched until waited for. What DDP's bucket all-reduce overlapping backward and ZeRO-3's
+  /// prefetch use.
+  virtual int64_t all_reduce_async(float* buf, int64_t n) {
+    all_reduce(buf, n);
+    return 0;
+  }
+  virtual int64_t reduce_scatter_async(const float* in, float* out, int64_t n) {
+    reduce_scatter(in, out, n);
+    return 0;
+  }
+  virtual int64_t all_gather_async(const float* in, float* out, int64_t n) {
+    all_gather(in, out, n);
+    return 0;
+  }
+  /// Orders the compute stream after async collective `ticket` (the host does not block):
+  /// kernels queued from now on see its result.
+  virtual void wait(int64_t /*ticket*/) {}
+  /// wait() for every async collective queued so far.
   virtual void wait_async() {}
+  /// true when the async collectives can overlap the compute stream (NCCL), false when they
+  /// are the blocking calls (the staged transport).
+  virtual bool overlaps() const { return false; }
   /// "nccl" or "staged-mpi".
   virtual std::string transport() const = 0;
 

@@ -12,26 +12,33 @@
 //                  transport's all-reduce (--collectives mpi: ncclAllReduce on NCCL), then / N.
 //   05 buckets     each bucket all-reduced as soon as backward has written its last gradient
 //                  (the trainer's after_layer_backward hook), on the last micro-step only
-//                  (no_sync): with --collectives mpi on NCCL, ncclAllReduce on a communication
-//                  stream after an event on the compute stream, overlapping the rest of
-//                  backward; the ring runs synchronously inside backward.
+//                  (no_sync), then / N.
 //   06 zero 1      gradients in chapter 06's padded bucket layout; each bucket reduce-scattered
-//                  after backward (in place: chunk r is rank r's shard), / N; AdamW/SGD on the
-//                  shard only (optimizer state Σ s per rank); the parameters all-gathered.
-//   07 zero 2      as 06, but no flat gradient buffer: a bucket's gradient exists from its first
-//                  write in backward to its reduce-scatter (through no_sync when K > 1), then
-//                  its chunk / N is copied into the gradient shard and the bucket is freed.
+//                  as backward completes it (in place: chunk r is rank r's shard), / N; AdamW or
+//                  SGD on the shard only (optimizer state Σ s per rank); parameters all-gathered.
+//   07 zero 2      as 06, but no flat gradient buffer: a bucket's gradient lives in one of two
+//                  reused buffers from its first write to its reduce-scatter, whose chunk / N
+//                  goes to the gradient shard before the buffer is taken again (with K > 1 every
+//                  bucket has its own and accumulates through no_sync, as chapter 07).
 //   08 zero 3      only the shards of every layer's parameters and gradients; a layer is
-//                  all-gathered before its forward and again before its backward, its gradient
-//                  reduce-scattered per micro-step and its chunk / N added to the shard; each
-//                  collective first swaps chapter 08's 16-byte desync header (host MPI).
+//                  all-gathered before its forward and again before its backward (prefetch: the
+//                  next one's gather is posted as a layer starts), its gradient reduce-scattered
+//                  per micro-step and its chunk / N added to the shard; two gather and two
+//                  gradient buffers; each collective first swaps chapter 08's 16-byte desync
+//                  header (host MPI).
+// Overlap (--collectives mpi, i.e. the transport's collectives, on NCCL): every collective is
+// queued on the NCCL communicator's one communication stream after an event recorded on the
+// compute stream (it reads finished gradients); the compute stream waits for a collective's
+// event only where its result is used (DeviceComm::wait), so buckets reduce while backward goes
+// on and the next layer is gathered while this one computes. The ring (--collectives ring, the
+// CPU chapters' default) is host-driven hop by hop and the staged transport is blocking: both
+// run in line with compute.
 // --check-collectives (05-07) checks each bucket collective the same way, counted as metrics.
 // Clipping: the global L2 norm from each rank's Σ g² over what it holds (the whole gradient, or
 // its shards), summed over ranks as "metrics". The loss: the mean of every rank's mean, as on
 // the CPU (global_mean), and the same NaN guard.
-// Leaves out: ZeRO-3's prefetch (each gather is waited for before its layer), overlap on the
-// staged transport and for the ring (both synchronous), CUDA-event traces, 16-bit training,
-// checkpoints (DeviceExtension refuses those flags).
+// Leaves out: overlap on the staged transport and for the ring, CUDA-event traces, 16-bit
+// training, checkpoints (DeviceExtension refuses those flags), unused parameters.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -176,8 +183,14 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
       optimizer_ = std::make_unique<DeviceOptimizer>(config, shard_total_);
       if (plan.zero_stage == 2) {
         shard_grads_ = DeviceBuffer(shard_total_, MemTag::gradients);
-        bucket_grads_.resize(plan.ranges.size());
+        // Two buckets' memory, reused (DeepSpeed's double-buffered reduce bucket); with K > 1
+        // every bucket lives through no_sync and accumulates, as in chapter 07.
+        const size_t slots = config.grad_accum_steps > 1 ? plan.ranges.size() : 2;
+        for (size_t i = 0; i < std::min(slots, plan.ranges.size()); ++i)
+          bucket_pool_.emplace_back(max_shard_ * N_, MemTag::gradients);
+        slot_owner_.assign(bucket_pool_.size(), -1);
       }
+      ticket_.assign(plan.ranges.size(), -1);
       scratch_ = DeviceBuffer(max_shard_, MemTag::comm_buffers);
     } else {
       RZ_CHECK(plan.zero_stage == 3, "zero stage " << plan.zero_stage << " has no GPU step");
@@ -198,6 +211,15 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
       shard_grads_ = DeviceBuffer(shard_total_, MemTag::gradients);
       optimizer_ = std::make_unique<DeviceOptimizer>(config, shard_total_);
       scratch_ = DeviceBuffer(max_shard_, MemTag::comm_buffers);
+      // Two layers in flight: the one computing and the one being gathered (prefetch), and two
+      // layer gradients: the one backward writes and the one being reduce-scattered.
+      for (int i = 0; i < 2; ++i) {
+        gather_buf_[i] = DeviceBuffer(max_shard_ * N_, MemTag::comm_buffers);
+        grad_buf_[i] = DeviceBuffer(max_shard_ * N_, MemTag::comm_buffers);
+      }
+      const auto L = static_cast<int64_t>(plan.ranges.size());
+      for (int64_t l = 0; l < L; ++l) gather_order_.push_back({l, false});
+      for (int64_t l = L - 1; l >= 0; --l) gather_order_.push_back({l, true});
       for (const StatePiece& piece : state.pieces) {  // this rank's shards, from the host
         const int64_t l = layer_of_piece(piece);
         shard_params_.copy_from_host(piece.params.data(), real_of_piece(l, piece),
@@ -215,7 +237,7 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
     double loss_sum = 0;
     for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
       last_micro_step_ = micro_step + 1 == K;
-      const bool hooked = kind == DevicePlan::Kind::buckets || stage == 2 || stage == 3;
+      const bool hooked = kind == DevicePlan::Kind::buckets || kind == DevicePlan::Kind::zero;
       if (hooked) begin_backward();
       loss_sum += trainer_->forward_backward(step.micro_batch(micro_step), 1.0f / K,
                                              hooked ? this : nullptr);
@@ -267,21 +289,31 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
 
   const std::string& device_name() const override { return name_; }
   std::string transport() const override { return dc_->transport(); }
+  bool overlaps() const override { return dc_->overlaps(); }
 
   // DeviceLayerHooks ------------------------------------------------------------------------
 
   const float* layer_params(int64_t l, bool backward) override {
     if (plan_.zero_stage != 3) return nullptr;
-    gathered_ = DeviceBuffer();  // the previous layer's (cudaFree waits for its kernels)
-    gathered_ = all_gather_layer(l, backward);
-    return gathered_.data();
+    const size_t i = next_gather_++;
+    RZ_CHECK(i < gather_order_.size() && gather_order_[i].layer == l &&
+                 gather_order_[i].backward == backward,
+             "ZeRO-3 on the GPU: layer " << l << (backward ? " backward" : " forward")
+                                         << " out of the forward-then-backward order");
+    if (posted_gathers_ <= i) post_gather(i);
+    dc_->wait(gather_ticket_[i % 2]);  // the compute stream waits; the host goes on
+    // Prefetch: the next layer's gather runs on the communication stream while this one
+    // computes (its buffer's last reader, layer i - 1, was queued before: the event orders it).
+    if (plan_.prefetch && i + 1 < gather_order_.size()) post_gather(i + 1);
+    return gather_buf_[i % 2].data();
   }
 
   void layer_grads(int64_t l, float*& dweight, float*& dbias) override {
     if (plan_.zero_stage == 3) {
-      const auto& layer = plan_.ranges[l];
-      layer_grad_ = DeviceBuffer(layer.size + layer.padding, MemTag::gradients);
-      dweight = layer_grad_.data();
+      const int slot = static_cast<int>(l % 2);
+      finish_layer_reduce(slot);  // layer l + 2's reduce-scatter read this buffer
+      grad_buf_[slot].zero();
+      dweight = grad_buf_[slot].data();
       dbias = dweight + numels_[2 * l];
     } else if (plan_.zero_stage == 2) {
       dweight = bucket_grad(2 * l);
@@ -291,8 +323,7 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
 
   void after_layer_backward(int64_t l) override {
     if (plan_.zero_stage == 3) {
-      reduce_scatter_layer(l);
-      layer_grad_ = DeviceBuffer();
+      post_layer_reduce(l);
       return;
     }
     if (!last_micro_step_) return;  // no_sync: buckets accumulate until the last micro-step
@@ -303,11 +334,10 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
       if (plan_.kind == DevicePlan::Kind::buckets) {
         check_in_step(b, 3);
         all_reduce(bucket.offset, bucket.size, /*async=*/true);
-      } else {  // ZeRO-2: reduce-scatter the bucket, keep chunk r / N, free the bucket
-        float* shard = reduce_scatter_bucket(bucket_grads_[b].data(), b);
-        gpu::scale(shard, shard_size_[b], 1.0f / static_cast<float>(N_));
-        copy_on_device(shard_grads_.data() + shard_offset_[b], shard, shard_size_[b] * 4);
-        bucket_grads_[b] = DeviceBuffer();
+      } else {  // ZeRO-1: the flat gradient's bucket; ZeRO-2: the bucket's own buffer
+        float* g = plan_.zero_stage == 1 ? trainer_->grads() + padded_offset_[b]
+                                         : bucket_pool_[slot_of(b)].data();
+        ticket_[b] = reduce_scatter_bucket(g, b);
       }
     }
   }
@@ -317,13 +347,19 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
 
   void begin_backward() {
     remaining_ = params_per_range_;
-    if (plan_.zero_stage == 2 && !last_micro_step_) remaining_.assign(remaining_.size(), 1 << 30);
+    next_gather_ = posted_gathers_ = 0;
   }
   void end_backward() {
-    gathered_ = DeviceBuffer();
+    if (plan_.zero_stage == 3) {
+      finish_layer_reduce(0);
+      finish_layer_reduce(1);
+      return;
+    }
     if (!last_micro_step_) return;
     for (size_t b = 0; b < remaining_.size(); ++b)
       RZ_CHECK(remaining_[b] == 0, "bucket " << b << ": backward did not write every gradient");
+    if (plan_.zero_stage == 2)
+      for (size_t b = 0; b < plan_.ranges.size(); ++b) finish_bucket(static_cast<int>(b));
   }
 
   // Buckets (05-07): which parameters each range holds, and the padded layout (06-07).
@@ -370,13 +406,33 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
     }
   }
 
-  // ZeRO-2: parameter p's gradient inside its bucket's buffer, allocated at the first write.
+  // ZeRO-2: bucket b's buffer in the pool; parameter p's gradient in it. The buffer is taken at
+  // the bucket's first write of the step: the bucket that held it before is finished first.
+  int slot_of(int b) const { return b % static_cast<int>(bucket_pool_.size()); }
   float* bucket_grad(int64_t p) {
-    const int b = bucket_of_param_[p];
-    const auto& bucket = plan_.ranges[b];
-    if (bucket_grads_[b].size() == 0)
-      bucket_grads_[b] = DeviceBuffer(bucket.size + bucket.padding, MemTag::gradients);
-    return bucket_grads_[b].data() + offsets_[p] - bucket.offset;
+    const int b = bucket_of_param_[p], slot = slot_of(b);
+    if (slot_owner_[slot] != b) {
+      if (slot_owner_[slot] >= 0) {
+        RZ_CHECK(ticket_[slot_owner_[slot]] >= 0,
+                 "ZeRO-2 on the GPU: bucket " << b << " needs the memory of bucket "
+                                              << slot_owner_[slot] << ", not reduced yet");
+        finish_bucket(slot_owner_[slot]);
+      }
+      bucket_pool_[slot].zero();
+      slot_owner_[slot] = b;
+    }
+    return bucket_pool_[slot].data() + offsets_[p] - plan_.ranges[b].offset;
+  }
+  // ZeRO-2: once bucket b's reduce-scatter is done, its chunk / N into the gradient shard.
+  void finish_bucket(int b) {
+    if (ticket_[b] < 0) return;
+    const int slot = slot_of(b);
+    dc_->wait(ticket_[b]);
+    float* chunk = bucket_pool_[slot].data() + r_ * shard_size_[b];
+    gpu::scale(chunk, shard_size_[b], 1.0f / static_cast<float>(N_));
+    copy_on_device(shard_grads_.data() + shard_offset_[b], chunk, shard_size_[b] * 4);
+    ticket_[b] = -1;
+    slot_owner_[slot] = -1;
   }
 
   // Sum over ranks of n elements at `offset` of the flat gradient, in place (04, 05).
@@ -393,16 +449,14 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
     }
   }
 
-  // 06-07: reduce-scatters padded bucket b at `bucket` in place; returns this rank's chunk.
-  float* reduce_scatter_bucket(float* bucket, size_t b) {
-    check_in_step(static_cast<int64_t>(b), 2);
+  // 06-07: reduce-scatters padded bucket b at `bucket` in place (chunk r becomes this rank's
+  // shard of the sum); returns the ticket to wait for (the ring: done on return).
+  int64_t reduce_scatter_bucket(float* bucket, int b) {
+    check_in_step(b, 2);
     const int64_t s = shard_size_[b], P = s * N_;
-    float* shard = bucket + r_ * s;
-    if (plan_.ring)
-      ring_reduce_scatter_with(*dc_, dspan(bucket, P), scratch_.span().first(s), DeviceAdd{});
-    else
-      dc_->reduce_scatter(bucket, shard, s);  // in place: NCCL and the staged copy allow it
-    return shard;
+    if (!plan_.ring) return dc_->reduce_scatter_async(bucket, bucket + r_ * s, s);  // in place
+    ring_reduce_scatter_with(*dc_, dspan(bucket, P), scratch_.span().first(s), DeviceAdd{});
+    return 0;
   }
 
   void central_step(float max_norm) {
@@ -435,12 +489,15 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
 
   void zero12_step(float max_norm) {
     const auto& ranges = plan_.ranges;
+    dc_->wait_async();  // every bucket's reduce-scatter (ZeRO-2: finished in end_backward)
     std::vector<std::pair<float*, int64_t>> shards;  // this rank's gradient shards
     for (size_t b = 0; b < ranges.size(); ++b) {
-      float* shard = shard_grads_.data() + (shard_grads_.size() ? shard_offset_[b] : 0);
+      float* shard;
       if (plan_.zero_stage == 1) {
-        shard = reduce_scatter_bucket(trainer_->grads() + padded_offset_[b], b);
+        shard = trainer_->grads() + padded_offset_[b] + r_ * shard_size_[b];
         gpu::scale(shard, shard_size_[b], 1.0f / static_cast<float>(N_));
+      } else {
+        shard = shard_grads_.data() + shard_offset_[b];
       }
       shards.emplace_back(shard, shard_size_[b]);
     }
@@ -456,8 +513,9 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
       if (plan_.ring)
         ring_all_gather_of(*dc_, dspan(bucket, s * N_));
       else
-        dc_->all_gather(bucket + r_ * s, bucket, s);  // in place
+        dc_->all_gather_async(bucket + r_ * s, bucket, s);  // in place
     }
+    dc_->wait_async();
   }
 
   // The collective check before collective `kind` of range `id` (bucket or layer): chapter 08's
@@ -485,34 +543,51 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
         zero3 ? "desync_check" : "metrics");
   }
 
-  // ZeRO-3: layer l's parameters, gathered from every rank's shard.
-  DeviceBuffer all_gather_layer(int64_t l, bool backward) {
+  // ZeRO-3: gather i of the micro-step (gather_order_) into buffer i % 2, from every rank's shard
+  // of its layer; the ring is done on return, NCCL's all-gather is queued (ticket).
+  void post_gather(size_t i) {
+    const auto [l, backward] = gather_order_[i];
     check_in_step(l, backward ? 1 : 0);
     const auto& layer = plan_.ranges[l];
-    const int64_t P = layer.size + layer.padding, s = P / N_;
-    DeviceBuffer full(P, MemTag::comm_buffers);
+    const int64_t s = (layer.size + layer.padding) / N_;
+    float* full = gather_buf_[i % 2].data();
     const float* mine = shard_params_.data() + layer_shard_offset_[l];
     if (plan_.ring) {
-      copy_on_device(full.data() + r_ * s, mine, s * 4);
-      ring_all_gather_of(*dc_, full.span());
+      copy_on_device(full + r_ * s, mine, s * 4);
+      ring_all_gather_of(*dc_, dspan(full, s * N_));
+      gather_ticket_[i % 2] = 0;
     } else {
-      dc_->all_gather(mine, full.data(), s);
+      gather_ticket_[i % 2] = dc_->all_gather_async(mine, full, s);
     }
-    return full;
+    posted_gathers_ = i + 1;
   }
 
-  // ZeRO-3: layer l's gradient reduce-scattered; this rank's chunk / N added to its shard.
-  void reduce_scatter_layer(int64_t l) {
+  // ZeRO-3: layer l's gradient (buffer l % 2) reduce-scattered in place; finished later.
+  void post_layer_reduce(int64_t l) {
     check_in_step(l, 2);
     const auto& layer = plan_.ranges[l];
-    const int64_t P = layer.size + layer.padding, s = P / N_;
-    float* chunk = layer_grad_.data() + r_ * s;
+    const int64_t s = (layer.size + layer.padding) / N_;
+    const int slot = static_cast<int>(l % 2);
+    float* full = grad_buf_[slot].data();
+    int64_t ticket = 0;
     if (plan_.ring)
-      ring_reduce_scatter_with(*dc_, layer_grad_.span(), scratch_.span().first(s), DeviceAdd{});
+      ring_reduce_scatter_with(*dc_, dspan(full, s * N_), scratch_.span().first(s), DeviceAdd{});
     else
-      dc_->reduce_scatter(layer_grad_.data(), chunk, s);
+      ticket = dc_->reduce_scatter_async(full, full + r_ * s, s);
+    reduce_pending_[slot] = {l, ticket};
+  }
+
+  // ZeRO-3: once the reduce-scatter in grad buffer `slot` is done, its chunk / N into the shard.
+  void finish_layer_reduce(int slot) {
+    const auto [l, ticket] = reduce_pending_[slot];
+    if (l < 0) return;
+    dc_->wait(ticket);
+    const auto& layer = plan_.ranges[l];
+    const int64_t s = (layer.size + layer.padding) / N_;
+    float* chunk = grad_buf_[slot].data() + r_ * s;
     gpu::scale(chunk, s, 1.0f / static_cast<float>(N_));
     gpu::add(shard_grads_.data() + layer_shard_offset_[l], chunk, s);
+    reduce_pending_[slot] = {-1, 0};
   }
 
   void zero3_step(float max_norm) {
@@ -569,8 +644,19 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
   std::vector<int64_t> layer_shard_offset_;
   int64_t padded_total_ = 0, shard_total_ = 0, max_shard_ = 0;
   DeviceBuffer shard_params_, shard_grads_;  // ZeRO-2: shard_grads_; ZeRO-3: both
-  std::vector<DeviceBuffer> bucket_grads_;   // ZeRO-2: buckets alive in backward
-  DeviceBuffer gathered_, layer_grad_;       // ZeRO-3: the layer in flight
+  std::vector<int64_t> ticket_;              // ZeRO-1/2: each bucket's reduce-scatter (-1: none)
+  std::vector<DeviceBuffer> bucket_pool_;    // ZeRO-2: the buckets' memory
+  std::vector<int> slot_owner_;              // ZeRO-2: the bucket in each pool slot (-1: free)
+  // ZeRO-3: the micro-step's gathers in order, the two gather and two gradient buffers
+  struct Gather {
+    int64_t layer;
+    bool backward;
+  };
+  std::vector<Gather> gather_order_;
+  size_t next_gather_ = 0, posted_gathers_ = 0;
+  DeviceBuffer gather_buf_[2], grad_buf_[2];
+  int64_t gather_ticket_[2] = {0, 0};
+  std::pair<int64_t, int64_t> reduce_pending_[2] = {{-1, 0}, {-1, 0}};  // (layer, ticket)
   uint32_t seq_ = 0;                         // collectives checked (check_in_step)
 };
 

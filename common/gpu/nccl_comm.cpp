@@ -54,27 +54,58 @@ NcclCommunicator::NcclCommunicator(Communicator& comm) : DeviceComm(comm), comm_
   ncclComm_t nccl;
   NCCL_CALL(ncclCommInitRank(&nccl, comm.world_size(), id, comm.rank()));
   nccl_ = nccl;
-  // A blocking stream (not cudaStreamNonBlocking): it waits for the kernels already queued on
-  // the legacy default stream, where common/gpu/kernels.cu runs, so a gradient is complete
-  // before NCCL reads it.
+  // Non-blocking: the communication stream neither waits for the legacy default stream (where
+  // common/gpu/kernels.cu runs) nor makes it wait; the order is the events' (CUDA programming
+  // guide, "Implicit synchronization"; cudaStreamWaitEvent).
   cudaStream_t stream;
-  CUDA_CALL(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
+  CUDA_CALL(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   stream_ = stream;
-  // The overlap stream does NOT wait implicitly for the compute stream (nor it for this one):
-  // the order is the event's (CUDA programming guide, "Implicit synchronization").
-  cudaStream_t async_stream;
-  CUDA_CALL(cudaStreamCreateWithFlags(&async_stream, cudaStreamNonBlocking));
-  async_stream_ = async_stream;
-  cudaEvent_t ready;
-  CUDA_CALL(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-  ready_ = ready;
+  cudaEvent_t event;
+  CUDA_CALL(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  ready_ = event;
+  for (void*& done : done_) {
+    CUDA_CALL(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    done = event;
+  }
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  if (stream_) cudaStreamSynchronize(as_stream(stream_));
   if (nccl_) ncclCommDestroy(as_comm(nccl_));
   if (stream_) cudaStreamDestroy(as_stream(stream_));
-  if (async_stream_) cudaStreamDestroy(as_stream(async_stream_));
   if (ready_) cudaEventDestroy(static_cast<cudaEvent_t>(ready_));
+  for (void* done : done_)
+    if (done) cudaEventDestroy(static_cast<cudaEvent_t>(done));
+}
+
+void NcclCommunicator::after_compute() {
+  auto ready = static_cast<cudaEvent_t>(ready_);
+  CUDA_CALL(cudaEventRecord(ready, cudaStreamLegacy));
+  CUDA_CALL(cudaStreamWaitEvent(as_stream(stream_), ready, 0));
+}
+
+int64_t NcclCommunicator::issued() {
+  // A ticket's event is reused kTickets tickets later: if the ticket it held was never waited
+  // for, the host waits for it here (then no wait for it, or any before it, is needed).
+  auto& slot = done_[tickets_ % kTickets];
+  if (tickets_ - waited_ >= kTickets) {
+    CUDA_CALL(cudaEventSynchronize(static_cast<cudaEvent_t>(slot)));
+    waited_ = tickets_ - kTickets + 1;
+  }
+  CUDA_CALL(cudaEventRecord(static_cast<cudaEvent_t>(slot), as_stream(stream_)));
+  return tickets_++;
+}
+
+void NcclCommunicator::wait(int64_t ticket) {
+  RZ_CHECK(ticket >= 0 && ticket < tickets_, "wait: ticket " << ticket << " was never issued");
+  if (ticket < waited_) return;
+  CUDA_CALL(cudaStreamWaitEvent(cudaStreamLegacy,
+                                static_cast<cudaEvent_t>(done_[ticket % kTickets]), 0));
+  waited_ = ticket + 1;  // one stream: every ticket before it completes first
+}
+
+void NcclCommunicator::wait_async() {
+  if (tickets_ > waited_) wait(tickets_ - 1);
 }
 
 void NcclCommunicator::synchronize() {
@@ -82,6 +113,7 @@ void NcclCommunicator::synchronize() {
 }
 
 void NcclCommunicator::send(const float* buf, int64_t n, int dest) {
+  after_compute();
   comm_.count_external("send", true,
                        {0, static_cast<int64_t>(split_count(n).size()), n * 4, 0, 0});
   if (n > 0)
@@ -91,6 +123,7 @@ void NcclCommunicator::send(const float* buf, int64_t n, int dest) {
 }
 
 void NcclCommunicator::recv(float* buf, int64_t n, int src) {
+  after_compute();
   comm_.count_external("recv", true,
                        {0, 0, 0, static_cast<int64_t>(split_count(n).size()), n * 4});
   if (n > 0)
@@ -101,6 +134,7 @@ void NcclCommunicator::recv(float* buf, int64_t n, int src) {
 
 void NcclCommunicator::sendrecv(const float* send_buf, int64_t n_send, int dest, float* recv_buf,
                                 int64_t n_recv, int src) {
+  after_compute();
   // Messages as Communicator counts them (one per INT_MAX piece, none for an empty side).
   comm_.count_external("sendrecv", true,
                        {0, static_cast<int64_t>(split_count(n_send).size()), n_send * 4,
@@ -119,6 +153,7 @@ void NcclCommunicator::sendrecv(const float* send_buf, int64_t n_send, int dest,
 }
 
 void NcclCommunicator::all_reduce(float* buf, int64_t n) {
+  after_compute();
   comm_.count_external("all_reduce", false, {0, 0, n * 4, 0, n * 4});
   // NCCL counts are size_t: no INT_MAX split is needed, unlike MPI.
   NCCL_CALL(ncclAllReduce(buf, buf, static_cast<size_t>(n), ncclFloat32, ncclSum, as_comm(nccl_),
@@ -127,6 +162,7 @@ void NcclCommunicator::all_reduce(float* buf, int64_t n) {
 }
 
 void NcclCommunicator::reduce_scatter(const float* in, float* out, int64_t n) {
+  after_compute();
   comm_.count_external("reduce_scatter", false,
                        {0, 0, n * (comm_.world_size() - 1) * 4, 0, n * 4});
   NCCL_CALL(ncclReduceScatter(in, out, static_cast<size_t>(n), ncclFloat32, ncclSum, as_comm(nccl_),
@@ -135,6 +171,7 @@ void NcclCommunicator::reduce_scatter(const float* in, float* out, int64_t n) {
 }
 
 void NcclCommunicator::all_gather(const float* in, float* out, int64_t n) {
+  after_compute();
   comm_.count_external("all_gather", false,
                        {0, 0, n * 4, 0, n * (comm_.world_size() - 1) * 4});
   NCCL_CALL(ncclAllGather(in, out, static_cast<size_t>(n), ncclFloat32, as_comm(nccl_),
@@ -143,6 +180,7 @@ void NcclCommunicator::all_gather(const float* in, float* out, int64_t n) {
 }
 
 void NcclCommunicator::broadcast(float* buf, int64_t n, int root) {
+  after_compute();
   const bool root_rank = comm_.rank() == root;
   comm_.count_external("broadcast", false,
                        {0, 0, root_rank ? n * 4 : 0, 0, root_rank ? 0 : n * 4});
@@ -151,17 +189,30 @@ void NcclCommunicator::broadcast(float* buf, int64_t n, int root) {
   synchronize();
 }
 
-void NcclCommunicator::all_reduce_async(float* buf, int64_t n) {
+int64_t NcclCommunicator::all_reduce_async(float* buf, int64_t n) {
+  after_compute();
   comm_.count_external("all_reduce", false, {0, 0, n * 4, 0, n * 4});
-  auto ready = static_cast<cudaEvent_t>(ready_);
-  CUDA_CALL(cudaEventRecord(ready, cudaStreamLegacy));  // after the gradients' kernels
-  CUDA_CALL(cudaStreamWaitEvent(as_stream(async_stream_), ready, 0));
   NCCL_CALL(ncclAllReduce(buf, buf, static_cast<size_t>(n), ncclFloat32, ncclSum, as_comm(nccl_),
-                          as_stream(async_stream_)));
+                          as_stream(stream_)));
+  return issued();
 }
 
-void NcclCommunicator::wait_async() {
-  CUDA_CALL(cudaStreamSynchronize(as_stream(async_stream_)));
+int64_t NcclCommunicator::reduce_scatter_async(const float* in, float* out, int64_t n) {
+  after_compute();
+  comm_.count_external("reduce_scatter", false,
+                       {0, 0, n * (comm_.world_size() - 1) * 4, 0, n * 4});
+  NCCL_CALL(ncclReduceScatter(in, out, static_cast<size_t>(n), ncclFloat32, ncclSum, as_comm(nccl_),
+                              as_stream(stream_)));
+  return issued();
+}
+
+int64_t NcclCommunicator::all_gather_async(const float* in, float* out, int64_t n) {
+  after_compute();
+  comm_.count_external("all_gather", false,
+                       {0, 0, n * 4, 0, n * (comm_.world_size() - 1) * 4});
+  NCCL_CALL(ncclAllGather(in, out, static_cast<size_t>(n), ncclFloat32, as_comm(nccl_),
+                          as_stream(stream_)));
+  return issued();
 }
 
 }  // namespace ringzero

@@ -9,8 +9,12 @@
 // process"); sendrecv as ncclSend + ncclRecv in one group (what chapter 04's ring needs);
 // all_reduce, reduce_scatter, all_gather, broadcast on float32 device pointers, with 64-bit
 // counts, and byte counters exactly like Communicator's (payload handed to NCCL; its ring/tree
-// is internal).
-// Leaves out: multiple devices per process, streams other than one per communicator.
+// is internal), counted in the host Communicator's counters; async variants for overlap.
+// Streams: every call is queued on one non-blocking communication stream after an event recorded
+// on the compute stream (the legacy default stream, where the kernels run), so it reads finished
+// gradients; the blocking calls then wait for the stream, the async ones return a ticket whose
+// event the compute stream can wait for (cudaStreamWaitEvent: the host does not block).
+// Leaves out: multiple devices per process, more than one communication stream.
 #pragma once
 
 #include <cstdint>
@@ -48,22 +52,30 @@ class NcclCommunicator final : public DeviceComm {
   /// in: n floats, out: world_size * n floats (block r from rank r).
   void all_gather(const float* in, float* out, int64_t n) override;
   void broadcast(float* buf, int64_t n, int root) override;
-  /// ncclAllReduce on the communication stream (non-blocking, created for it) once the
-  /// kernels queued so far on the compute stream are done (an event recorded there, waited
-  /// for on the communication stream): backward's next kernels run while it reduces.
-  void all_reduce_async(float* buf, int64_t n) override;
-  /// Blocks until every all_reduce_async has completed.
+  /// The collectives above, queued on the communication stream without waiting (see
+  /// DeviceComm); each records an event there, which wait() makes the compute stream wait for.
+  int64_t all_reduce_async(float* buf, int64_t n) override;
+  int64_t reduce_scatter_async(const float* in, float* out, int64_t n) override;
+  int64_t all_gather_async(const float* in, float* out, int64_t n) override;
+  void wait(int64_t ticket) override;
   void wait_async() override;
+  bool overlaps() const override { return true; }
   std::string transport() const override { return "nccl"; }
 
  private:
+  void after_compute();           // the comm stream waits for the kernels queued so far
+  int64_t issued();               // records the ticket's event after the op just queued
   void synchronize();
   Communicator& comm_;
   int device_ = -1;
   void* nccl_ = nullptr;    // ncclComm_t
-  void* stream_ = nullptr;        // cudaStream_t, blocking: ordered with the compute stream
-  void* async_stream_ = nullptr;  // cudaStream_t, non-blocking: overlaps the compute stream
-  void* ready_ = nullptr;         // cudaEvent_t on the compute stream
+  // Every NCCL call is queued on ONE stream, so they run in the order they were issued, the same
+  // on every rank (two NCCL operations of one communicator on two streams may deadlock).
+  void* stream_ = nullptr;  // cudaStream_t, non-blocking: overlaps the compute stream
+  void* ready_ = nullptr;   // cudaEvent_t recorded on the compute stream before each call
+  static constexpr int kTickets = 64;  // events for outstanding async collectives
+  void* done_[kTickets] = {};         // cudaEvent_t per ticket, recorded on stream_
+  int64_t tickets_ = 0, waited_ = 0;  // tickets issued; all below waited_ are waited for
 };
 
 }  // namespace ringzero

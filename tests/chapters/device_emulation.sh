@@ -43,8 +43,14 @@ for np in 1 2 3 4; do
   pairs 07_zero2 $np "${common[@]}" --bucket-cap-mb 0.5 --grad-accum-steps 2
   pairs 08_zero3 $np "${common[@]}" --grad-accum-steps 2
 done
+# The transport's collectives (the async calls: on NCCL they overlap), ZeRO-2 with K = 1 (two
+# bucket buffers reused), ZeRO-3 without prefetch.
+pairs 05_ddp_buckets 3 "${common[@]}" --collectives mpi --bucket-cap-mb 0.5
 pairs 06_zero1 3 "${common[@]}" --collectives mpi --clip-grad-norm 0.5
+pairs 07_zero2 3 "${common[@]}" --bucket-cap-mb 0.5
+pairs 07_zero2 2 "${common[@]}" --collectives mpi --bucket-cap-mb 0.5
 pairs 08_zero3 3 "${common[@]}" --collectives mpi
+pairs 08_zero3 2 "${common[@]}" --no-prefetch
 
 # ZeRO-3's evaluation reads the lesson's shards, which the GPU path writes back: the test loss
 # after an epoch equals the CPU's to float32 rounding.
