@@ -105,6 +105,8 @@ class Communicator {
   };
 
   const std::map<std::string, Counters>& counters() const { return counters_; }
+  /// The op the open Scope attributes traffic to ("" when none is open).
+  const std::string& scope() const { return scope_; }
   /// Sum over every operation except "metrics": the training traffic.
   Counters training_traffic() const;
   void reset_counters() { counters_.clear(); }

@@ -13,8 +13,8 @@
 //     share a GPU) or auto (nccl when every rank has its own GPU). The weights go back into
 //     the lesson's own buffers (its training_state pieces), where its evaluation reads them.
 // Errors (at start-up, on every rank, naming the fix): a build without CUDA, no GPU visible,
-// and flags the GPU path does not carry yet (checkpoints, --precision bf16|fp16, --trace,
-// --save-optimizer-state).
+// and flags the GPU path does not carry yet (checkpoints, --precision bf16|fp16,
+// --save-optimizer-state). --trace records the GPU's two streams (device_parallel.cpp).
 // Leaves out: the host copy of the optimizer state is never refreshed (hence the refusals).
 #pragma once
 

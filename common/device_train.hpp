@@ -43,6 +43,8 @@ class DeviceLayerHooks {
   /// Before layer l's forward (backward = false) or backward (true): where its weight is read
   /// from, followed by its bias (ZeRO-3 gathers the layer here).
   virtual const float* layer_params(int64_t /*l*/, bool /*backward*/) { return nullptr; }
+  /// After layer l's forward kernels are queued.
+  virtual void after_layer_forward(int64_t /*l*/) {}
   /// Where layer l's weight and bias gradients accumulate (+=) during its backward.
   virtual void layer_grads(int64_t /*l*/, float*& /*dweight*/, float*& /*dbias*/) {}
   /// After layer l's backward kernels are queued (its gradients complete in stream order).

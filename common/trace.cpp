@@ -1,5 +1,6 @@
 #include "trace.hpp"
 
+#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <utility>
@@ -88,7 +89,17 @@ nlohmann::json Tracer::chrome_events(int pid) const {
                  {"pid", pid},
                  {"tid", kCommTrack},
                  {"args", {{"name", "comm thread"}}}});
-  for (const TraceEvent& e : events()) {
+  const std::vector<TraceEvent> recorded = events();
+  for (const auto& [track, name] : {std::pair{kGpuComputeTrack, "GPU compute stream"},
+                                    std::pair{kGpuCommTrack, "GPU communication stream"}})
+    if (std::any_of(recorded.begin(), recorded.end(),
+                    [track](const TraceEvent& e) { return e.track == track; }))
+      out.push_back({{"name", "thread_name"},
+                     {"ph", "M"},
+                     {"pid", pid},
+                     {"tid", track},
+                     {"args", {{"name", name}}}});
+  for (const TraceEvent& e : recorded) {
     nlohmann::json j = {
         {"name", e.name}, {"cat", e.cat}, {"pid", pid}, {"tid", e.track}, {"ts", e.ts}};
     if (e.dur < 0) {

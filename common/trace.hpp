@@ -44,6 +44,8 @@ class Tracer {
  public:
   static constexpr int kMainTrack = 0;  ///< forward, backward, optimizer step
   static constexpr int kCommTrack = 1;  ///< the communication thread's collectives
+  static constexpr int kGpuComputeTrack = 2;  ///< --device cuda: the GPU's compute stream
+  static constexpr int kGpuCommTrack = 3;     ///< --device cuda: the GPU's communication stream
 
   /// A disabled tracer records nothing (each call costs one atomic load).
   explicit Tracer(bool enabled = false);
@@ -83,7 +85,8 @@ class Tracer {
   std::vector<TraceEvent> events() const;
   void clear();
   /// This process's events as Chrome trace events with pid = `pid`, plus the process and
-  /// track names ("rank 0", "main thread", "comm thread").
+  /// track names ("rank 0", "main thread", "comm thread"; the GPU streams' where they hold
+  /// events).
   nlohmann::json chrome_events(int pid) const;
 
  private:

@@ -8,11 +8,13 @@
 // CUBLAS_DEFAULT_MATH never uses TF32 tensor cores; CUBLAS_TF32_TENSOR_OP_MATH does).
 // Everything runs on one stream, the legacy default stream, so kernels run in launch order;
 // host reads (a loss, a norm) synchronise.
-// Built only with -DRINGZERO_CUDA=ON. Leaves out: streams for overlap, multi-GPU per process.
+// Built only with -DRINGZERO_CUDA=ON. The communication stream is NCCL's (nccl_comm.hpp).
+// Leaves out: multi-GPU per process.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/kernels.hpp"
 #include "common/ledger.hpp"
@@ -55,6 +57,27 @@ void copy_on_device(void* dst, const void* src, int64_t bytes);
 void* pinned_alloc(int64_t bytes, MemTag tag);
 void pinned_free(void* p, int64_t bytes, MemTag tag);
 void device_synchronize();
+
+/// Timing marks on the GPU's streams, for --trace (CUDA events with timing, cudaEventRecord /
+/// cudaEventElapsedTime; the CPU emulation: the host clock at the call, its work being
+/// synchronous). Not thread-safe.
+class DeviceClock {
+ public:
+  DeviceClock() = default;
+  ~DeviceClock();
+  DeviceClock(const DeviceClock&) = delete;
+  DeviceClock& operator=(const DeviceClock&) = delete;
+  /// Records a mark after the work queued so far on `stream` (null: the compute stream, the
+  /// legacy default stream; else a cudaStream_t); returns its index (0, 1, ...).
+  int mark(void* stream = nullptr);
+  /// Waits for every mark and returns their times in microseconds after mark 0; forgets them.
+  std::vector<double> resolve();
+
+ private:
+  std::vector<void*> events_;  // cudaEvent_t, created once and reused
+  std::vector<double> host_us_;
+  int used_ = 0;
+};
 
 namespace gpu {
 

@@ -21,10 +21,19 @@
 #include <map>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/comm.hpp"
+#include "common/gpu/device.hpp"
 
 namespace ringzero {
+
+/// A collective's interval on the communication stream: marks of a DeviceClock.
+struct DeviceSpan {
+  std::string name;  ///< the op, or the open Scope's ("ring_reduce_scatter")
+  int begin = 0, end = 0;
+};
 
 class DeviceComm {
  public:
@@ -89,13 +98,30 @@ class DeviceComm {
    public:
     Scope(DeviceComm& comm, std::string op) : Communicator::Scope(comm.host(), std::move(op)) {}
   };
+  /// --trace: while a clock is set, every call records a DeviceSpan of marks on the stream it
+  /// runs on (null: stop).
+  void set_clock(DeviceClock* clock) { clock_ = clock; }
+  /// The spans recorded since the last take_spans().
+  std::vector<DeviceSpan> take_spans() { return std::exchange(spans_, {}); }
   /// Per operation: calls, messages and bytes (the host Communicator's counters()).
   const std::map<std::string, Communicator::Counters>& counters() const {
     return host_.counters();
   }
 
+ protected:
+  /// Implementations call these around each call they queue: a mark on `stream` before (-1
+  /// without a clock) and the span after.
+  int begin_span(void* stream) { return clock_ ? clock_->mark(stream) : -1; }
+  void end_span(const char* op, int begin, void* stream) {
+    if (begin < 0) return;
+    const std::string& scope = host_.scope();
+    spans_.push_back({scope.empty() ? op : scope, begin, clock_->mark(stream)});
+  }
+
  private:
   Communicator& host_;
+  DeviceClock* clock_ = nullptr;
+  std::vector<DeviceSpan> spans_;
 };
 
 }  // namespace ringzero

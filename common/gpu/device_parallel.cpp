@@ -37,7 +37,11 @@
 // Clipping: the global L2 norm from each rank's Σ g² over what it holds (the whole gradient, or
 // its shards), summed over ranks as "metrics". The loss: the mean of every rank's mean, as on
 // the CPU (global_mean), and the same NaN guard.
-// Leaves out: overlap on the staged transport and for the ring, CUDA-event traces, 16-bit
+// --trace: CUDA events (DeviceClock) on both streams during the traced steps: each layer's
+// forward and backward and the optimizer step on the compute stream's track, every collective on
+// the communication stream's (Tracer::kGpuComputeTrack, kGpuCommTrack), aligned to the host
+// clock by a mark recorded while the GPU is idle at the step's start.
+// Leaves out: overlap on the staged transport and for the ring, 16-bit
 // training, checkpoints (DeviceExtension refuses those flags), unused parameters.
 #include <algorithm>
 #include <cmath>
@@ -185,9 +189,12 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
         shard_grads_ = DeviceBuffer(shard_total_, MemTag::gradients);
         // Two buckets' memory, reused (DeepSpeed's double-buffered reduce bucket); with K > 1
         // every bucket lives through no_sync and accumulates, as in chapter 07.
-        const size_t slots = config.grad_accum_steps > 1 ? plan.ranges.size() : 2;
-        for (size_t i = 0; i < std::min(slots, plan.ranges.size()); ++i)
-          bucket_pool_.emplace_back(max_shard_ * N_, MemTag::gradients);
+        const size_t slots =
+            std::min(config.grad_accum_steps > 1 ? plan.ranges.size() : 2, plan.ranges.size());
+        std::vector<int64_t> slot_size(slots, 0);  // slot j holds buckets j, j + slots, ...
+        for (size_t b = 0; b < plan.ranges.size(); ++b)
+          slot_size[b % slots] = std::max(slot_size[b % slots], shard_size_[b] * N_);
+        for (int64_t n : slot_size) bucket_pool_.emplace_back(n, MemTag::gradients);
         slot_owner_.assign(bucket_pool_.size(), -1);
       }
       ticket_.assign(plan.ranges.size(), -1);
@@ -229,6 +236,7 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
   }
 
   double train_step(const Step& step) override {
+    if (step.tracer.enabled()) begin_trace(step.tracer);
     const int64_t K = step.config.grad_accum_steps;
     const DevicePlan::Kind kind = plan_.kind;
     const int stage = plan_.zero_stage;
@@ -237,15 +245,14 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
     double loss_sum = 0;
     for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
       last_micro_step_ = micro_step + 1 == K;
-      const bool hooked = kind == DevicePlan::Kind::buckets || kind == DevicePlan::Kind::zero;
-      if (hooked) begin_backward();
-      loss_sum += trainer_->forward_backward(step.micro_batch(micro_step), 1.0f / K,
-                                             hooked ? this : nullptr);
-      if (hooked) end_backward();
+      begin_backward();
+      loss_sum += trainer_->forward_backward(step.micro_batch(micro_step), 1.0f / K, this);
+      end_backward();
     }
     const double loss_value = global_mean(comm_, loss_sum / K);  // equal shares: mean of means
     check_finite_loss(comm_, loss_sum / K, loss_value, step.step);
     const float max_norm = step.config.clip_grad_norm;
+    const int step_mark = clock_mark();
     if (optimizer_) optimizer_->begin_step();
     switch (kind) {
       case DevicePlan::Kind::central:
@@ -264,7 +271,11 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
         stage == 3 ? zero3_step(max_norm) : zero12_step(max_norm);
         break;
     }
+    compute_span(kind == DevicePlan::Kind::zero ? "optimizer step (shard) + all-gather"
+                                                : "all-reduce wait + optimizer step",
+                 step_mark);
     device_synchronize();
+    if (tracer_) end_trace();
     return loss_value;
   }
 
@@ -294,6 +305,15 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
   // DeviceLayerHooks ------------------------------------------------------------------------
 
   const float* layer_params(int64_t l, bool backward) override {
+    const float* p = zero3_layer_params(l, backward);
+    layer_mark_ = clock_mark();  // after the gather's wait: the layer's kernels start here
+    return p;
+  }
+  void after_layer_forward(int64_t l) override {
+    compute_span("forward " + std::to_string(l), layer_mark_);
+  }
+
+  const float* zero3_layer_params(int64_t l, bool backward) {
     if (plan_.zero_stage != 3) return nullptr;
     const size_t i = next_gather_++;
     RZ_CHECK(i < gather_order_.size() && gather_order_[i].layer == l &&
@@ -322,6 +342,9 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
   }
 
   void after_layer_backward(int64_t l) override {
+    compute_span("backward " + std::to_string(l), layer_mark_);
+    if (plan_.kind == DevicePlan::Kind::central || plan_.kind == DevicePlan::Kind::all_reduce)
+      return;
     if (plan_.zero_stage == 3) {
       post_layer_reduce(l);
       return;
@@ -343,6 +366,31 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
   }
 
  private:
+  // --trace: a DeviceClock while the tracer records; spans of both streams into its tracks.
+  void begin_trace(Tracer& tracer) {
+    device_synchronize();  // the GPU idles: mark 0 completes at once, at about origin_us_
+    tracer_ = &tracer;
+    origin_us_ = tracer.now_us();
+    clock_.mark();
+    dc_->set_clock(&clock_);
+  }
+  int clock_mark() { return tracer_ ? clock_.mark() : -1; }
+  void compute_span(std::string name, int begin) {
+    if (tracer_ && begin >= 0) compute_spans_.push_back({std::move(name), begin, clock_.mark()});
+  }
+  void end_trace() {
+    dc_->set_clock(nullptr);
+    const std::vector<double> us = clock_.resolve();
+    for (const DeviceSpan& s : compute_spans_)
+      tracer_->complete(s.name, "gpu", Tracer::kGpuComputeTrack, origin_us_ + us[s.begin],
+                        us[s.end] - us[s.begin]);
+    for (const DeviceSpan& s : dc_->take_spans())
+      tracer_->complete(s.name, "gpu", Tracer::kGpuCommTrack, origin_us_ + us[s.begin],
+                        us[s.end] - us[s.begin], {{"transport", dc_->transport()}});
+    compute_spans_.clear();
+    tracer_ = nullptr;
+  }
+
   static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
   void begin_backward() {
@@ -658,6 +706,12 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
   int64_t gather_ticket_[2] = {0, 0};
   std::pair<int64_t, int64_t> reduce_pending_[2] = {{-1, 0}, {-1, 0}};  // (layer, ticket)
   uint32_t seq_ = 0;                         // collectives checked (check_in_step)
+  // --trace
+  DeviceClock clock_;
+  Tracer* tracer_ = nullptr;
+  double origin_us_ = 0;
+  int layer_mark_ = -1;
+  std::vector<DeviceSpan> compute_spans_;
 };
 
 }  // namespace

@@ -77,6 +77,7 @@ class CudaTrainer final : public DeviceTrainer {
       layer_params(l, false, w, b);
       gpu::linear_forward(pre_[l].data(), acts_[l].data(), w, b, B, sizes_[l], sizes_[l + 1]);
       if (l + 1 < L) gpu::relu_forward(acts_[l + 1].data(), pre_[l].data(), B * sizes_[l + 1]);
+      if (hooks) hooks->after_layer_forward(l);
     }
     // loss and its gradient into dpre[L - 1] (zeroed: backward accumulates, as on the CPU)
     for (auto& d : dpre_) d.zero();

@@ -114,27 +114,32 @@ void NcclCommunicator::synchronize() {
 
 void NcclCommunicator::send(const float* buf, int64_t n, int dest) {
   after_compute();
+  const int mark = begin_span(stream_);
   comm_.count_external("send", true,
                        {0, static_cast<int64_t>(split_count(n).size()), n * 4, 0, 0});
   if (n > 0)
     NCCL_CALL(ncclSend(buf, static_cast<size_t>(n), ncclFloat32, dest, as_comm(nccl_),
                        as_stream(stream_)));
+  end_span("send", mark, stream_);
   synchronize();
 }
 
 void NcclCommunicator::recv(float* buf, int64_t n, int src) {
   after_compute();
+  const int mark = begin_span(stream_);
   comm_.count_external("recv", true,
                        {0, 0, 0, static_cast<int64_t>(split_count(n).size()), n * 4});
   if (n > 0)
     NCCL_CALL(ncclRecv(buf, static_cast<size_t>(n), ncclFloat32, src, as_comm(nccl_),
                        as_stream(stream_)));
+  end_span("recv", mark, stream_);
   synchronize();
 }
 
 void NcclCommunicator::sendrecv(const float* send_buf, int64_t n_send, int dest, float* recv_buf,
                                 int64_t n_recv, int src) {
   after_compute();
+  const int mark = begin_span(stream_);
   // Messages as Communicator counts them (one per INT_MAX piece, none for an empty side).
   comm_.count_external("sendrecv", true,
                        {0, static_cast<int64_t>(split_count(n_send).size()), n_send * 4,
@@ -149,69 +154,84 @@ void NcclCommunicator::sendrecv(const float* send_buf, int64_t n_send, int dest,
     NCCL_CALL(ncclRecv(recv_buf, static_cast<size_t>(n_recv), ncclFloat32, src, as_comm(nccl_),
                        as_stream(stream_)));
   NCCL_CALL(ncclGroupEnd());
+  end_span("sendrecv", mark, stream_);
   synchronize();
 }
 
 void NcclCommunicator::all_reduce(float* buf, int64_t n) {
   after_compute();
+  const int mark = begin_span(stream_);
   comm_.count_external("all_reduce", false, {0, 0, n * 4, 0, n * 4});
   // NCCL counts are size_t: no INT_MAX split is needed, unlike MPI.
   NCCL_CALL(ncclAllReduce(buf, buf, static_cast<size_t>(n), ncclFloat32, ncclSum, as_comm(nccl_),
                           as_stream(stream_)));
+  end_span("all_reduce", mark, stream_);
   synchronize();
 }
 
 void NcclCommunicator::reduce_scatter(const float* in, float* out, int64_t n) {
   after_compute();
+  const int mark = begin_span(stream_);
   comm_.count_external("reduce_scatter", false,
                        {0, 0, n * (comm_.world_size() - 1) * 4, 0, n * 4});
   NCCL_CALL(ncclReduceScatter(in, out, static_cast<size_t>(n), ncclFloat32, ncclSum, as_comm(nccl_),
                               as_stream(stream_)));
+  end_span("reduce_scatter", mark, stream_);
   synchronize();
 }
 
 void NcclCommunicator::all_gather(const float* in, float* out, int64_t n) {
   after_compute();
+  const int mark = begin_span(stream_);
   comm_.count_external("all_gather", false,
                        {0, 0, n * 4, 0, n * (comm_.world_size() - 1) * 4});
   NCCL_CALL(ncclAllGather(in, out, static_cast<size_t>(n), ncclFloat32, as_comm(nccl_),
                           as_stream(stream_)));
+  end_span("all_gather", mark, stream_);
   synchronize();
 }
 
 void NcclCommunicator::broadcast(float* buf, int64_t n, int root) {
   after_compute();
+  const int mark = begin_span(stream_);
   const bool root_rank = comm_.rank() == root;
   comm_.count_external("broadcast", false,
                        {0, 0, root_rank ? n * 4 : 0, 0, root_rank ? 0 : n * 4});
   NCCL_CALL(ncclBroadcast(buf, buf, static_cast<size_t>(n), ncclFloat32, root, as_comm(nccl_),
                           as_stream(stream_)));
+  end_span("broadcast", mark, stream_);
   synchronize();
 }
 
 int64_t NcclCommunicator::all_reduce_async(float* buf, int64_t n) {
   after_compute();
+  const int mark = begin_span(stream_);
   comm_.count_external("all_reduce", false, {0, 0, n * 4, 0, n * 4});
   NCCL_CALL(ncclAllReduce(buf, buf, static_cast<size_t>(n), ncclFloat32, ncclSum, as_comm(nccl_),
                           as_stream(stream_)));
+  end_span("all_reduce", mark, stream_);
   return issued();
 }
 
 int64_t NcclCommunicator::reduce_scatter_async(const float* in, float* out, int64_t n) {
   after_compute();
+  const int mark = begin_span(stream_);
   comm_.count_external("reduce_scatter", false,
                        {0, 0, n * (comm_.world_size() - 1) * 4, 0, n * 4});
   NCCL_CALL(ncclReduceScatter(in, out, static_cast<size_t>(n), ncclFloat32, ncclSum, as_comm(nccl_),
                               as_stream(stream_)));
+  end_span("reduce_scatter", mark, stream_);
   return issued();
 }
 
 int64_t NcclCommunicator::all_gather_async(const float* in, float* out, int64_t n) {
   after_compute();
+  const int mark = begin_span(stream_);
   comm_.count_external("all_gather", false,
                        {0, 0, n * 4, 0, n * (comm_.world_size() - 1) * 4});
   NCCL_CALL(ncclAllGather(in, out, static_cast<size_t>(n), ncclFloat32, as_comm(nccl_),
                           as_stream(stream_)));
+  end_span("all_gather", mark, stream_);
   return issued();
 }
 

@@ -83,9 +83,7 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
       -- "$MPIRUN" -np 2 --oversubscribe "$BIN/ch$ch" --model toy --device cuda --max-steps 1
   done
 fi
-fails device_cuda_trace "--device cuda with --trace" "Drop --trace, or use --device cpu" \
-  -- "$BIN/ch05_ddp_buckets" --model toy --device cuda --trace "$WORK/t.json" --max-steps 1
-fails device_cuda_optstate "--device cuda with --save-optimizer-state" "use --device cpu" \
+fails device_cuda_optstate "--device cuda with --save-optimizer-state" "Drop --save-optimizer-state, or use --device cpu" \
   -- "$BIN/ch06_zero1" --model toy --device cuda --save-optimizer-state "$WORK/o.st" --max-steps 1
 fails gpu_transport_cpu "--gpu-transport nccl without --device cuda" "add --device cuda" \
   -- "$BIN/ch04_ring_allreduce" --model toy --gpu-transport nccl --max-steps 1

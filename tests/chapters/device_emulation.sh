@@ -63,6 +63,36 @@ assert b["device_transport"] == "staged-mpi", b
 print("ok: ZeRO-3 test loss on the GPU path", b["test_loss"], "CPU", a["test_loss"])
 PY
 
+# --trace: the GPU path's spans of both streams (DeviceClock marks; here the host clock), on
+# tracks "GPU compute stream" (each layer's forward and backward, the optimizer step) and "GPU
+# communication stream" (every collective, named as the counters name it), per rank.
+for ch in 05_ddp_buckets 08_zero3; do
+  timeout 120 "$MPIRUN" -np 2 --oversubscribe "$BIN/$EMUL/emul_ch$ch" --model mlp --global-batch-size 48 \
+    --max-steps 3 --eval-every-epoch 0 --device cuda --trace "$WORK/trace_$ch.json" --trace-steps 2 \
+    >"$WORK/trace_$ch.log" 2>&1 || { cat "$WORK/trace_$ch.log"; exit 1; }
+  python3 - "$WORK/trace_$ch.json" "$ch" <<'PY'
+import json, sys
+events = json.load(open(sys.argv[1]))["traceEvents"]
+names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+spans = [e for e in events if e.get("ph") == "X" and e["cat"] == "gpu"]
+for rank in (0, 1):
+    assert names[(rank, 2)] == "GPU compute stream" and names[(rank, 3)] == "GPU communication stream", names
+    compute = [e for e in spans if e["pid"] == rank and e["tid"] == 2]
+    comm = [e for e in spans if e["pid"] == rank and e["tid"] == 3]
+    layers = 3  # the MLP's Linear layers
+    fwd = [e for e in compute if e["name"].startswith("forward ")]
+    bwd = [e for e in compute if e["name"].startswith("backward ")]
+    assert len(fwd) == len(bwd) == 2 * layers, (len(fwd), len(bwd))  # 2 traced steps
+    assert all(e["dur"] >= 0 for e in spans)
+    ops = {e["name"] for e in comm}
+    want = {"ring_reduce_scatter", "ring_all_gather"}
+    assert want <= ops, ops
+    if sys.argv[2].startswith("08"):  # per layer: 2 gathers + 1 reduce-scatter, 2 steps
+        assert len(comm) == 2 * 3 * layers, len(comm)
+print("ok:", sys.argv[2], "trace has both GPU streams on both ranks")
+PY
+done
+
 # The ToyModel: MSE, SGD with momentum, clipping, through ZeRO-1's shards and chapter 05's buckets.
 start_point toy_start --model toy --seed 5
 toy=(--model toy --global-batch-size 48 --max-steps 6 --seed 5 --optimizer sgd --momentum 0.9
