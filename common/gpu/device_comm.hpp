@@ -29,6 +29,14 @@
 
 namespace ringzero {
 
+/// Chapter 04's ring hop add on device buffers (ring.hpp's RingAddFp32, as a CUDA kernel):
+/// dst += src in float32. With it ring_reduce_scatter_with runs on a DeviceComm.
+struct DeviceAdd {
+  void operator()(std::span<float> dst, std::span<const float> src) const {
+    gpu::add(dst.data(), src.data(), static_cast<int64_t>(dst.size()));
+  }
+};
+
 /// A collective's interval on the communication stream: marks of a DeviceClock.
 struct DeviceSpan {
   std::string name;  ///< the op, or the open Scope's ("ring_reduce_scatter")

@@ -74,13 +74,6 @@ std::span<float> dspan(float* p, int64_t n) {
   return {p, static_cast<size_t>(n)};
 }
 
-/// The ring's hop add on device buffers (RingAddFp32's twin): dst += src, a CUDA kernel.
-struct DeviceAdd {
-  void operator()(std::span<float> dst, std::span<const float> src) const {
-    gpu::add(dst.data(), src.data(), static_cast<int64_t>(dst.size()));
-  }
-};
-
 /// AdamW or SGD (--optimizer, the run's hyperparameters) over n contiguous device elements,
 /// with its state for those elements only (a shard, or the whole model). Every element steps
 /// together, so one step count serves them all (torch keeps one per parameter, all equal).

@@ -3,13 +3,15 @@
 //   mpirun -np 1 build-cuda/tests/gpu_comm_check --transport nccl     (one rank per GPU)
 //   mpirun -np 2 build-cuda/tests/gpu_comm_check --transport staged   (ranks may share a GPU)
 //
-// 1. Chapter 04's ring all-reduce (reduce-scatter then all-gather, N-1 sendrecv hops each, chunk
-//    r of rank r's result complete after the first half) over DeviceComm::sendrecv, on integer-
-//    valued floats (exact in float32 below 2^24, so every summation order gives the same bits):
-//    the result must equal the exact sum, and the counters must show 2(N-1)/N · S bytes sent
-//    per rank, as on the CPU (docs/memory.md).
+// 1. Chapter 04's ring all-reduce, ring.hpp's own templates (reduce-scatter then all-gather,
+//    N-1 sendrecv hops each) over DeviceComm with DeviceAdd (a CUDA kernel) as the hop's add, on
+//    integer-valued floats (exact in float32 below 2^24, so every summation order gives the same
+//    bits): the result must equal the exact sum, and the counters must show the bytes the CPU
+//    ring sends (ring.hpp's ring_reduce_scatter_sent + ring_all_gather_sent).
 // 2. all_reduce, reduce_scatter, all_gather: exact sums again.
-// 3. all_reduce bus bandwidth (nccl-tests definitions: busbw = S / t · 2(N-1)/N).
+// 3. The async calls in place, as chapters 05-08 use them (reduce-scatter into chunk r of its
+//    input, all-gather from chunk r, all-reduce), each waited for on the compute stream.
+// 4. all_reduce bus bandwidth (nccl-tests definitions: busbw = S / t · 2(N-1)/N).
 // Exits 77 on every rank when a rank has no GPU to use (nccl: one per rank; staged: any).
 #include <cuda_runtime.h>
 
@@ -19,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "chapters/04_ring_allreduce/ring.hpp"
 #include "common/check.hpp"
 #include "common/gpu/device.hpp"
 #include "common/gpu/nccl_comm.hpp"
@@ -33,34 +36,6 @@ float value(int rank, int64_t i) {
 }
 float expected(int world_size, int64_t i) {
   return static_cast<float>(world_size * (world_size + 1) / 2 * (i % 7));
-}
-
-// The ring of chapter 04 (ring.hpp) on device pointers: chunk c = [c n/N, (c+1) n/N), the last
-// takes the remainder. Reduce-scatter: at hop s rank r sends chunk (r - s) and adds the chunk
-// (r - s - 1) it receives; all-gather: sends chunk (r + 1 - s), overwrites chunk (r - s).
-void ring_all_reduce(DeviceComm& comm, float* buf, int64_t n, DeviceBuffer& tmp) {
-  const int N = comm.world_size(), r = comm.rank();
-  if (N == 1) return;
-  auto begin = [&](int c) { return n / N * c; };
-  auto size = [&](int c) { return c == N - 1 ? n - n / N * (N - 1) : n / N; };
-  auto mod = [&](int x) { return ((x % N) + N) % N; };
-  const int right = mod(r + 1), left = mod(r - 1);
-  std::vector<float> a, b;
-  for (int s = 0; s < N - 1; ++s) {
-    const int send = mod(r - s), recv = mod(r - s - 1);
-    comm.sendrecv(buf + begin(send), size(send), right, tmp.data(), size(recv), left);
-    // add on the host copy: the test checks the transport, not a kernel
-    a.resize(size(recv));
-    b.resize(size(recv));
-    ringzero::copy_to_host(a.data(), buf + begin(recv), size(recv) * 4);
-    ringzero::copy_to_host(b.data(), tmp.data(), size(recv) * 4);
-    for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
-    copy_to_device(buf + begin(recv), a.data(), size(recv) * 4);
-  }
-  for (int s = 0; s < N - 1; ++s) {
-    const int send = mod(r + 1 - s), recv = mod(r - s);
-    comm.sendrecv(buf + begin(send), size(send), right, buf + begin(recv), size(recv), left);
-  }
 }
 
 }  // namespace
@@ -102,22 +77,21 @@ int main(int argc, char** argv) {
       // 1. the ring, with the counters of exactly this call
       in.copy_from_host(host.data(), n * N);
       const auto before = dc->counters();
-      ring_all_reduce(*dc, in.data(), n * N, tmp);
+      // chapter 04's ring itself (ring.hpp's templates), its hop add a CUDA kernel
+      const std::span<float> buf(in.data(), static_cast<size_t>(n * N));
+      ring_reduce_scatter_with(*dc, buf, tmp.span(), DeviceAdd{});
+      ring_all_gather_of(*dc, buf);
       const auto after = dc->counters();
       auto sent = [](const std::map<std::string, Communicator::Counters>& m) {
         int64_t s = 0;
         for (auto& [op, c] : m) s += op == "metrics" ? 0 : c.bytes_sent;
         return s;
       };
-      const int64_t S = n * N * 4, got = sent(after) - sent(before);
-      // 2(N-1) chunks of S/N bytes (the last chunk of each rank's turn may be longer): the
-      // exact number is Σ over the hops of the sent chunks' sizes.
-      int64_t want = 0;
-      for (int s = 0; s < N - 1; ++s) {
-        const auto sz = [&](int c) { return c == N - 1 ? n * N - n * N / N * (N - 1) : n * N / N; };
-        want += 4 * (sz(((r - s) % N + N) % N) + sz(((r + 1 - s) % N + N) % N));
-      }
-      RZ_CHECK(got == want, "ring bytes sent " << got << " != " << want << " (S = " << S << ")");
+      const int64_t got = sent(after) - sent(before);
+      // what the CPU ring sends: every chunk but one per phase (ring.hpp's traffic formulas)
+      const int64_t want = 4 * (ring_reduce_scatter_sent(n * N, N, r) +
+                                ring_all_gather_sent(n * N, N, r));
+      RZ_CHECK(got == want, "ring bytes sent " << got << " != " << want);
       in.copy_to_host(back.data(), n * N);
       for (int64_t i = 0; i < n * N; ++i)
         RZ_CHECK(back[i] == expected(N, i),
@@ -137,6 +111,18 @@ int main(int argc, char** argv) {
       in.copy_to_host(back.data(), n * N);
       for (int64_t i = 0; i < n * N; ++i)
         RZ_CHECK(back[i] == expected(N, i), "all_gather element " << i << ": " << back[i]);
+      // 3. the async calls in place, as the chapters use them: reduce-scatter into chunk r of
+      // its own input, all-gather from chunk r, all-reduce; waited for on the compute stream
+      in.copy_from_host(host.data(), n * N);
+      dc->wait(dc->reduce_scatter_async(in.data(), in.data() + r * n, n));
+      dc->wait(dc->all_gather_async(in.data() + r * n, in.data(), n));
+      const int64_t t = dc->all_reduce_async(in.data(), n * N);  // Σ over ranks of the sums
+      dc->wait(t);
+      in.copy_to_host(back.data(), n * N);
+      for (int64_t i = 0; i < n * N; ++i)
+        RZ_CHECK(back[i] == N * expected(N, i),
+                 "async in-place reduce_scatter + all_gather + all_reduce element " << i << ": "
+                                                                                    << back[i]);
     }
     print0("PASS: " + dc->transport() + " on " + std::to_string(N) +
            " rank(s): ring all-reduce over sendrecv, all_reduce, reduce_scatter, all_gather "
