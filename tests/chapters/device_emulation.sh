@@ -94,9 +94,12 @@ PY
 done
 
 # The ToyModel: MSE, SGD with momentum, clipping, through ZeRO-1's shards and chapter 05's buckets.
+# lr 1e-2: the clipped steps must move the weights far more than one float32 ulp of their
+# values (~2e-9 here, where the two paths' updates round apart on a few thousand elements);
+# at lr 1e-3 the movement was 8.8e-4 and those ulps alone came to 9.8e-5 of it.
 start_point toy_start --model toy --seed 5
 toy=(--model toy --global-batch-size 48 --max-steps 6 --seed 5 --optimizer sgd --momentum 0.9
-     --weight-decay 0 --clip-grad-norm 0.1 --eval-every-epoch 0)
+     --weight-decay 0 --clip-grad-norm 0.1 --lr 1e-2 --eval-every-epoch 0)
 for ch in 05_ddp_buckets 06_zero1; do
   run cpu_toy_$ch 3 ch$ch "${toy[@]}"
   run gpu_toy_$ch 3 $EMUL/emul_ch$ch "${toy[@]}" --device cuda
