@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/check.hpp"
 #include "common/comm.hpp"
 #include "common/gpu/device.hpp"
 
@@ -69,24 +70,25 @@ class DeviceComm {
   virtual void broadcast(float* buf, int64_t n, int root) = 0;
   /// Collectives that may return before they complete (NCCL: queued on the communication
   /// stream once the kernels queued so far, which write their input, are done); they return a
-  /// ticket for wait(). The defaults run the blocking call and return 0. Their buffers must stay
+  /// ticket (1, 2, ...) for wait(). The defaults run the blocking call. Their buffers must stay
   /// untouched until waited for. What DDP's bucket all-reduce overlapping backward and ZeRO-3's
-  /// prefetch use.
+  /// prefetch use. Ticket 0 stands for a collective that was blocking (chapter 04's ring):
+  /// waiting for it does nothing.
   virtual int64_t all_reduce_async(float* buf, int64_t n) {
     all_reduce(buf, n);
-    return 0;
+    return issue_ticket();
   }
   virtual int64_t reduce_scatter_async(const float* in, float* out, int64_t n) {
     reduce_scatter(in, out, n);
-    return 0;
+    return issue_ticket();
   }
   virtual int64_t all_gather_async(const float* in, float* out, int64_t n) {
     all_gather(in, out, n);
-    return 0;
+    return issue_ticket();
   }
   /// Orders the compute stream after async collective `ticket` (the host does not block):
-  /// kernels queued from now on see its result.
-  virtual void wait(int64_t /*ticket*/) {}
+  /// kernels queued from now on see its result. Errors: a ticket never issued.
+  virtual void wait(int64_t ticket) { check_ticket(ticket); }
   /// wait() for every async collective queued so far.
   virtual void wait_async() {}
   /// true when the async collectives can overlap the compute stream (NCCL), false when they
@@ -117,6 +119,12 @@ class DeviceComm {
   }
 
  protected:
+  /// The next ticket (1, 2, ...), and the check that `ticket` is 0 or was issued.
+  int64_t issue_ticket() { return ++tickets_; }
+  int64_t tickets() const { return tickets_; }
+  void check_ticket(int64_t ticket) const {
+    RZ_CHECK(ticket >= 0 && ticket <= tickets_, "wait: ticket " << ticket << " was never issued");
+  }
   /// Implementations call these around each call they queue: a mark on `stream` before (-1
   /// without a clock) and the span after.
   int begin_span(void* stream) { return clock_ ? clock_->mark(stream) : -1; }
@@ -130,6 +138,7 @@ class DeviceComm {
   Communicator& host_;
   DeviceClock* clock_ = nullptr;
   std::vector<DeviceSpan> spans_;
+  int64_t tickets_ = 0;  // the last ticket issued
 };
 
 }  // namespace ringzero

@@ -77,17 +77,29 @@ __global__ void sum_kernel(double* partials, int64_t n, Term term) {
   if (threadIdx.x == 0) partials[blockIdx.x] = s[0];
 }
 
+// The partials live in one buffer allocated once: a cudaMalloc/cudaFree per reduction would
+// synchronise the whole device (the communication stream too) twice per call.
+double* partials_buffer() {
+  static double* partials = [] {
+    double* p = nullptr;
+    RZ_CHECK(cudaMalloc(&p, 1024 * sizeof(double)) == cudaSuccess,
+             "cudaMalloc of " << 1024 * sizeof(double) << " bytes for reductions failed");
+    return p;
+  }();
+  return partials;
+}
+
 template <typename Term>
 double reduce_sum(int64_t n, Term term) {
   const int blocks = n / kThreads + 1 < 1024 ? static_cast<int>(n / kThreads + 1) : 1024;
-  double* partials = nullptr;
-  RZ_CHECK(cudaMalloc(&partials, blocks * sizeof(double)) == cudaSuccess,
-           "cudaMalloc of " << blocks * sizeof(double) << " bytes for a reduction failed");
+  double* partials = partials_buffer();
   sum_kernel<<<blocks, kThreads>>>(partials, n, term);
   check_launch("sum");
   std::vector<double> host(static_cast<size_t>(blocks));
-  cudaMemcpy(host.data(), partials, host.size() * sizeof(double), cudaMemcpyDeviceToHost);
-  cudaFree(partials);
+  const cudaError_t rc =
+      cudaMemcpy(host.data(), partials, host.size() * sizeof(double), cudaMemcpyDeviceToHost);
+  RZ_CHECK(rc == cudaSuccess, "reading a reduction's partial sums failed: "
+                                  << cudaGetErrorString(rc));
   double total = 0.0;
   for (double x : host) total += x;
   return total;

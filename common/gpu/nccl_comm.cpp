@@ -85,31 +85,33 @@ void NcclCommunicator::after_compute() {
 }
 
 int64_t NcclCommunicator::issued() {
+  const int64_t ticket = issue_ticket();
   // A ticket's event is reused kTickets tickets later: if the ticket it held was never waited
   // for, the host waits for it here (then no wait for it, or any before it, is needed).
-  auto& slot = done_[tickets_ % kTickets];
-  if (tickets_ - waited_ >= kTickets) {
+  auto& slot = done_[ticket % kTickets];
+  if (ticket - waited_ >= kTickets) {
     CUDA_CALL(cudaEventSynchronize(static_cast<cudaEvent_t>(slot)));
-    waited_ = tickets_ - kTickets + 1;
+    waited_ = ticket - kTickets + 1;
   }
   CUDA_CALL(cudaEventRecord(static_cast<cudaEvent_t>(slot), as_stream(stream_)));
-  return tickets_++;
+  return ticket;
 }
 
 void NcclCommunicator::wait(int64_t ticket) {
-  RZ_CHECK(ticket >= 0 && ticket < tickets_, "wait: ticket " << ticket << " was never issued");
-  if (ticket < waited_) return;
+  check_ticket(ticket);
+  if (ticket < waited_) return;  // ticket 0 (a blocking call) or one already waited for
   CUDA_CALL(cudaStreamWaitEvent(cudaStreamLegacy,
                                 static_cast<cudaEvent_t>(done_[ticket % kTickets]), 0));
   waited_ = ticket + 1;  // one stream: every ticket before it completes first
 }
 
 void NcclCommunicator::wait_async() {
-  if (tickets_ > waited_) wait(tickets_ - 1);
+  if (tickets() >= waited_) wait(tickets());
 }
 
 void NcclCommunicator::synchronize() {
   CUDA_CALL(cudaStreamSynchronize(as_stream(stream_)));
+  waited_ = tickets() + 1;  // everything queued is done
 }
 
 void NcclCommunicator::send(const float* buf, int64_t n, int dest) {
@@ -159,35 +161,17 @@ void NcclCommunicator::sendrecv(const float* send_buf, int64_t n_send, int dest,
 }
 
 void NcclCommunicator::all_reduce(float* buf, int64_t n) {
-  after_compute();
-  const int mark = begin_span(stream_);
-  comm_.count_external("all_reduce", false, {0, 0, n * 4, 0, n * 4});
-  // NCCL counts are size_t: no INT_MAX split is needed, unlike MPI.
-  NCCL_CALL(ncclAllReduce(buf, buf, static_cast<size_t>(n), ncclFloat32, ncclSum, as_comm(nccl_),
-                          as_stream(stream_)));
-  end_span("all_reduce", mark, stream_);
+  all_reduce_async(buf, n);
   synchronize();
 }
 
 void NcclCommunicator::reduce_scatter(const float* in, float* out, int64_t n) {
-  after_compute();
-  const int mark = begin_span(stream_);
-  comm_.count_external("reduce_scatter", false,
-                       {0, 0, n * (comm_.world_size() - 1) * 4, 0, n * 4});
-  NCCL_CALL(ncclReduceScatter(in, out, static_cast<size_t>(n), ncclFloat32, ncclSum, as_comm(nccl_),
-                              as_stream(stream_)));
-  end_span("reduce_scatter", mark, stream_);
+  reduce_scatter_async(in, out, n);
   synchronize();
 }
 
 void NcclCommunicator::all_gather(const float* in, float* out, int64_t n) {
-  after_compute();
-  const int mark = begin_span(stream_);
-  comm_.count_external("all_gather", false,
-                       {0, 0, n * 4, 0, n * (comm_.world_size() - 1) * 4});
-  NCCL_CALL(ncclAllGather(in, out, static_cast<size_t>(n), ncclFloat32, as_comm(nccl_),
-                          as_stream(stream_)));
-  end_span("all_gather", mark, stream_);
+  all_gather_async(in, out, n);
   synchronize();
 }
 
@@ -203,6 +187,8 @@ void NcclCommunicator::broadcast(float* buf, int64_t n, int root) {
   synchronize();
 }
 
+// The blocking collectives above are these and a wait for the stream. NCCL counts are size_t:
+// no INT_MAX split is needed, unlike MPI.
 int64_t NcclCommunicator::all_reduce_async(float* buf, int64_t n) {
   after_compute();
   const int mark = begin_span(stream_);

@@ -73,9 +73,9 @@ class NcclCommunicator final : public DeviceComm {
   // on every rank (two NCCL operations of one communicator on two streams may deadlock).
   void* stream_ = nullptr;  // cudaStream_t, non-blocking: overlaps the compute stream
   void* ready_ = nullptr;   // cudaEvent_t recorded on the compute stream before each call
-  static constexpr int kTickets = 64;  // events for outstanding async collectives
-  void* done_[kTickets] = {};         // cudaEvent_t per ticket, recorded on stream_
-  int64_t tickets_ = 0, waited_ = 0;  // tickets issued; all below waited_ are waited for
+  static constexpr int kTickets = 256;  // events for outstanding async collectives
+  void* done_[kTickets] = {};          // cudaEvent_t per ticket, recorded on stream_
+  int64_t waited_ = 1;                 // no wait is needed for tickets below it (0: blocking)
 };
 
 }  // namespace ringzero
