@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "check.hpp"
+#include "collectives.hpp"
 
 namespace ringzero {
 
@@ -68,6 +69,15 @@ void DeviceExtension::add_flags(CommandLine& cli) {
                   "staged: MPI through pinned host memory, ranks may share a GPU; auto: nccl when "
                   "every rank has its own GPU; chapters 03-08)")
       ->check(CLI::IsMember({"auto", "nccl", "staged"}));
+  // Before the lesson's run_instead (chapter 04's benchmark runs instead of training, ahead of
+  // validate): the benchmark measures host buffers, not the GPU.
+  cli.app.parse_complete_callback([this] {
+    if (device_ == "cuda" && given(app_, "--bench-allreduce"))
+      throw CLI::ValidationError(
+          "--device cuda with --bench-allreduce: the benchmark measures host buffers (ours vs "
+          "MPI_Allreduce); NCCL's bus bandwidth on the GPU is build-cuda/tests/gpu_nccl_check "
+          "(scripts/gpu-check). Drop --device cuda");
+  });
 }
 
 void DeviceExtension::validate(const RunState& state) {
@@ -78,6 +88,11 @@ void DeviceExtension::validate(const RunState& state) {
   RZ_CHECK(device_ == "cuda" || transport_ == "auto",
            "--gpu-transport " << transport_ << " without --device cuda: add --device cuda, or "
                                                "drop --gpu-transport");
+  RZ_CHECK(!collectives_nccl_requested() || (device_ == "cuda" && transport_ != "staged"),
+           "--collectives nccl"
+               << (device_ == "cuda" ? " with --gpu-transport staged" : " without --device cuda")
+               << ": NCCL's collectives run on GPU buffers over the NCCL transport; add --device "
+                  "cuda (with --gpu-transport nccl or auto), or use --collectives mpi");
   if (device_ != "cuda") return;
   // Checked here, before after_setup probes the GPU, so a build or machine without one gives
   // these messages too. The GPU step keeps its weights and optimizer state in device buffers: a
@@ -96,6 +111,10 @@ void DeviceExtension::validate(const RunState& state) {
                                              << ": the GPU path trains in fp32 only so far. Drop "
                                                 "--precision (or use --precision fp32), or use "
                                                 "--device cpu for 16-bit training");
+  RZ_CHECK(!given(app_, "--find-unused-parameters"),
+           "--device cuda with --find-unused-parameters: the GPU step runs the model's every "
+           "layer and has no unused-parameter pass. Drop --find-unused-parameters, or use "
+           "--device cpu");
   RZ_CHECK(!given(app_, "--save-optimizer-state"),
            "--device cuda with --save-optimizer-state: the GPU path keeps the optimizer state "
            "on the GPU and does not write it back yet. Drop --save-optimizer-state, or use "
@@ -111,6 +130,7 @@ void DeviceExtension::after_setup(RunState& state) {
   }
   DevicePlan plan = plan_for(state);
   plan.transport = transport_;
+  plan.nccl_collectives = collectives_nccl_requested();
   const TrainingState host = state.lesson->training_state(*state.model);
   parallel_ = make_device_parallel(*state.model, state.config, *state.comm, plan, host);
   print0("device " + parallel_->device_name() + " | cuBLAS SGEMM, TF32 off | transport " +
@@ -142,11 +162,17 @@ void DeviceExtension::before_model_read(RunState& state) {
 }
 
 void DeviceExtension::report(RunState&, nlohmann::json& summary) {
-  if (trainer_) summary["device"] = trainer_->device_name();
-  if (parallel_) {
-    summary["device"] = parallel_->device_name();
-    summary["device_transport"] = parallel_->transport();
-  }
+  if (!trainer_ && !parallel_) return;
+  summary["device"] = trainer_ ? trainer_->device_name() : parallel_->device_name();
+  if (parallel_) summary["device_transport"] = parallel_->transport();
+  // model_states_bytes_per_rank is the host's (the lesson's CPU buffers, idle in a GPU run);
+  // the GPU's is the device column's, the largest over ranks.
+  double device_states = 0;
+  if (summary.contains("ledger"))
+    for (const auto& ledger : summary["ledger"])
+      if (ledger.contains("device"))
+        device_states = std::max(device_states, ledger["device"].value("model_states_peak", 0.0));
+  summary["device_model_states_bytes_per_rank"] = device_states;
 }
 
 }  // namespace ringzero

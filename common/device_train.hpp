@@ -108,6 +108,7 @@ struct DevicePlan {
   Kind kind = Kind::all_reduce;
   int zero_stage = 0;  ///< 1, 2, 3 with Kind::zero
   bool ring = true;    ///< chapter 04's ring over sendrecv; false: the transport's collective
+  bool nccl_collectives = false;  ///< --collectives nccl: the transport must be NCCL
   bool prefetch = true;  ///< 08: gather the next layer while this one computes (--no-prefetch)
   struct Range {
     int64_t offset = 0;   ///< first element in the model's unpadded layout

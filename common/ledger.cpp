@@ -39,12 +39,18 @@ void Ledger::add(MemTag tag, int64_t bytes) {
   model_states_peak_ = std::max(model_states_peak_, model_states_current());
 }
 
+int64_t Ledger::device_model_states_current() const {
+  return device_current(MemTag::parameters) + device_current(MemTag::gradients) +
+         device_current(MemTag::optimizer_state) + device_current(MemTag::padding);
+}
+
 void Ledger::add_device(MemTag tag, int64_t bytes) {
   int i = static_cast<int>(tag);
   device_current_[i] += bytes;
   device_peak_[i] = std::max(device_peak_[i], device_current_[i]);
   device_total_ += bytes;
   device_total_peak_ = std::max(device_total_peak_, device_total_);
+  device_model_states_peak_ = std::max(device_model_states_peak_, device_model_states_current());
 }
 
 void Ledger::reset_peaks() {
@@ -53,6 +59,7 @@ void Ledger::reset_peaks() {
   model_states_peak_ = model_states_current();
   device_peak_ = device_current_;
   device_total_peak_ = device_total_;
+  device_model_states_peak_ = device_model_states_current();
 }
 
 namespace {

@@ -56,11 +56,14 @@ class Ledger {
   int64_t device_current(MemTag tag) const { return device_current_[static_cast<int>(tag)]; }
   int64_t device_peak(MemTag tag) const { return device_peak_[static_cast<int>(tag)]; }
   int64_t device_total_peak() const { return device_total_peak_; }
+  /// The device column's parameters + gradients + optimizer_state + padding, and its peak.
+  int64_t device_model_states_current() const;
+  int64_t device_model_states_peak() const { return device_model_states_peak_; }
 
  private:
   std::array<int64_t, kNumMemTags> current_{}, peak_{};
   std::array<int64_t, kNumMemTags> device_current_{}, device_peak_{};
-  int64_t device_total_ = 0, device_total_peak_ = 0;
+  int64_t device_total_ = 0, device_total_peak_ = 0, device_model_states_peak_ = 0;
   int64_t total_ = 0, total_peak_ = 0, model_states_peak_ = 0;
 };
 

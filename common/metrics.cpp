@@ -103,6 +103,7 @@ nlohmann::json ledger_json() {
       d[mem_tag_name(tag)] = {{"current", l.device_current(tag)}, {"peak", l.device_peak(tag)}};
     }
     d["total_peak"] = l.device_total_peak();
+    d["model_states_peak"] = l.device_model_states_peak();
     j["device"] = d;
   }
   return j;

@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "chapters/04_ring_allreduce/ring.hpp"
+#include "chapters/06_zero1/sharded_clip.hpp"
 #include "common/check.hpp"
 #include "common/checkpoint.hpp"
 #include "common/collective_check.hpp"
@@ -113,7 +114,7 @@ class DeviceOptimizer {
 /// The transport every rank agrees on: NCCL where each rank of a node has its own GPU (or when
 /// asked for), else the staged one. Sets `device` to the GPU this rank uses.
 std::unique_ptr<DeviceComm> make_device_comm(Communicator& comm, const std::string& transport,
-                                             int& device) {
+                                             bool need_nccl, int& device) {
   int visible = 1;
 #ifdef RINGZERO_NCCL
   std::string why;
@@ -131,14 +132,22 @@ std::unique_ptr<DeviceComm> make_device_comm(Communicator& comm, const std::stri
                                          << " GPU(s) are visible, and NCCL needs one GPU per rank; "
                                             "use --gpu-transport staged (ranks share GPUs) or "
                                             "fewer ranks per node");
+  RZ_CHECK(!need_nccl || nccl_fits,
+           "--collectives nccl: rank " << comm.rank() << " is local rank " << comm.local_rank()
+                                       << " but " << visible
+                                       << " GPU(s) are visible, and NCCL needs one GPU per rank; "
+                                          "use --collectives mpi with --gpu-transport staged, or "
+                                          "fewer ranks per node");
   if (transport == "nccl" || (transport == "auto" && nccl_fits)) {
     auto nccl = std::make_unique<NcclCommunicator>(comm);
     device = nccl->device();
     return nccl;
   }
 #else
-  RZ_CHECK(transport != "nccl", "--gpu-transport nccl: this build has no NCCL; use "
-                                "--gpu-transport staged or auto");
+  RZ_CHECK(transport != "nccl" && !need_nccl,
+           (need_nccl ? "--collectives nccl" : "--gpu-transport nccl")
+               << ": this build has no NCCL; use --gpu-transport staged or auto, and --collectives "
+                  "ring or mpi");
 #endif
   device = comm.local_rank() % visible;
   return std::make_unique<StagedCommunicator>(comm);
@@ -150,7 +159,7 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
                      const DevicePlan& plan, const TrainingState& state)
       : config_(config), comm_(comm), plan_(plan), N_(comm.world_size()), r_(comm.rank()) {
     int device = 0;
-    dc_ = make_device_comm(comm, plan.transport, device);
+    dc_ = make_device_comm(comm, plan.transport, plan.nccl_collectives, device);
     name_ = require_gpu(device);
     psi_ = model.num_parameters();
     sizes_ = config.layer_sizes();
@@ -550,7 +559,6 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
     for (size_t b = 0; b < ranges.size(); ++b) {
       float* bucket = trainer_->params() + padded_offset_[b];
       const int64_t s = shard_size_[b];
-      check_in_step(static_cast<int64_t>(b), 4);
       if (plan_.ring)
         ring_all_gather_of(*dc_, dspan(bucket, s * N_));
       else
@@ -562,8 +570,8 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
   // The collective check before collective `kind` of range `id` (bucket or layer): chapter 08's
   // desync check, always, counted as "desync_check" (its 16-byte header swap with each ring
   // neighbour, part of its traffic); chapters 05-07's --check-collectives, counted as "metrics".
-  // Kinds: 0/1 a layer's forward/backward all-gather, 2 a reduce-scatter, 3 an all-reduce,
-  // 4 a bucket's all-gather.
+  // Kinds: 0/1 a layer's forward/backward all-gather, 2 a reduce-scatter, 3 an all-reduce (a
+  // bucket is checked once, before its first collective, as on the CPU).
   void check_in_step(int64_t id, uint32_t kind) {
     const bool zero3 = plan_.zero_stage == 3;
     if (!zero3 && !collective_checks_enabled()) return;
@@ -571,13 +579,13 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
     const CollectiveHeader mine = {seq_++, static_cast<uint32_t>(id), kind,
                                    static_cast<uint32_t>(range.size + range.padding)};
     static const char* what[] = {"forward all-gather", "backward all-gather", "reduce-scatter",
-                                 "all-reduce", "all-gather"};
+                                 "all-reduce"};
     const char* unit = zero3 ? " of layer " : " of bucket ";
     check_collective(
         comm_, mine,
         [unit](const CollectiveHeader& h) {
           return "collective #" + std::to_string(h.seq) + " (" +
-                 (h.kind < 5 ? what[h.kind] : "unknown") + unit + std::to_string(h.id) + ", " +
+                 (h.kind < 4 ? what[h.kind] : "unknown") + unit + std::to_string(h.id) + ", " +
                  std::to_string(h.size) + " elements)";
         },
         "Every rank must run the same buckets and layers in the same order",
@@ -640,10 +648,15 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
   void clip(const std::vector<std::pair<float*, int64_t>>& parts, float max_norm,
             bool sum_over_ranks) {
     if (max_norm <= 0) return;
-    std::vector<double> sum{0.0};
-    for (auto [g, n] : parts) sum[0] += gpu::sum_of_squares(g, n);
-    if (sum_over_ranks) comm_.all_reduce_metrics(sum);
-    const float coef = clip_coefficient(std::sqrt(sum[0]), max_norm);
+    double local = 0.0;
+    for (auto [g, n] : parts) local += gpu::sum_of_squares(g, n);
+    double norm = std::sqrt(local);
+    if (sum_over_ranks) {  // chapter 06's: one slot per rank, added in rank order on every rank
+      std::vector<double> sums(static_cast<size_t>(N_), 0.0);
+      sums[static_cast<size_t>(r_)] = local;
+      norm = sum_in_rank_order(comm_, sums);
+    }
+    const float coef = clip_coefficient(norm, max_norm);
     if (coef < 1.0f)
       for (auto [g, n] : parts) gpu::scale(g, n, coef);
   }

@@ -90,6 +90,14 @@ fails gpu_transport_cpu "--gpu-transport nccl without --device cuda" "add --devi
 fails gpu_transport_ch01 "--gpu-transport staged: chapter 01_training_loop runs one process" \
   "drop --gpu-transport" -- "${CH01[@]}" --model toy --gpu-transport staged --max-steps 1
 fails gpu_transport_bad "--gpu-transport" "infiniband" -- "${CH01[@]}" --gpu-transport infiniband
+fails device_cuda_bench "--device cuda with --bench-allreduce" "Drop --device cuda" \
+  -- "$MPIRUN" -np 2 --oversubscribe "$BIN/ch04_ring_allreduce" --device cuda --bench-allreduce
+fails device_cuda_unused "--device cuda with --find-unused-parameters" "use --device cpu" \
+  -- "$BIN/ch05_ddp_buckets" --model toy --device cuda --find-unused-parameters --max-steps 1
+fails collectives_nccl_cpu "--collectives nccl without --device cuda" "or use --collectives mpi" \
+  -- "$BIN/ch05_ddp_buckets" --model toy --collectives nccl --max-steps 1
+fails collectives_nccl_staged "--collectives nccl with --gpu-transport staged" "add --device cuda" \
+  -- "$BIN/ch08_zero3" --model toy --collectives nccl --device cuda --gpu-transport staged --max-steps 1
 # RINGZERO_COMM_CPUS (scripts/cluster up --comm-core pins the communication thread with it):
 # a value that is not a CPU list stops the chapter at start-up, naming the value and the fix.
 fails comm_cpus_word "RINGZERO_COMM_CPUS='one'" "a list such as 1, 2,3 or 0-3" \

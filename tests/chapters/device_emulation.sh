@@ -19,6 +19,13 @@
 source "$(dirname "$0")/lib.bash"
 EMUL=../emul
 
+# metrics_sent NAME: every rank's bytes under "metrics" (whole run), space-separated.
+metrics_sent() {
+  python3 -c '
+import json, sys
+s = [json.loads(l) for l in open(sys.argv[1]) if "\"summary\"" in l][-1]
+print(" ".join(str(c["ops"].get("metrics", {}).get("bytes_sent", 0)) for c in s["comm"]))' "$WORK/$1.jsonl"
+}
 start_point start --model mlp --seed 3
 pairs() {  # pairs CHAPTER NP ARGS...: the CPU run and the emulated GPU run, AdamW and SGD
   local ch=$1 np=$2; shift 2
@@ -29,6 +36,7 @@ pairs() {  # pairs CHAPTER NP ARGS...: the CPU run and the emulated GPU run, Ada
   run gpu_${name}_sgd $np $EMUL/emul_ch$ch "$@" "${sgd[@]}" --device cuda
   close cpu_$name gpu_$name start 8
   expect_eq "$(sent gpu_$name)" "$(sent cpu_$name)" "$ch np $np: the GPU path sends the CPU's bytes on every rank"
+  expect_eq "$(metrics_sent gpu_$name)" "$(metrics_sent cpu_$name)" "$ch np $np: and the CPU's metrics bytes (loss, NaN guard, clipping, collective checks)"
   grep -q "transport staged-mpi" "$WORK/gpu_$name.log" || { echo "FAILED: no transport line"; exit 1; }
 }
 common=(--model mlp --global-batch-size 48 --max-steps 8 --eval-every-epoch 0 --seed 3)
@@ -51,6 +59,18 @@ pairs 07_zero2 3 "${common[@]}" --bucket-cap-mb 0.5
 pairs 07_zero2 2 "${common[@]}" --collectives mpi --bucket-cap-mb 0.5
 pairs 08_zero3 3 "${common[@]}" --collectives mpi
 pairs 08_zero3 2 "${common[@]}" --no-prefetch
+
+# The GPU's model states (the ledger's device column): ZeRO-3 keeps 4 + 4 + 8 bytes per element
+# of each rank's layer shards, s_l = ceil(Ψ_l / N), and nothing else (gathered layers and layer
+# gradients are comm_buffers); the summary's device_model_states_bytes_per_rank says so.
+check_summaries <<'PY'
+import math
+s = summary("gpu_08_n3")
+sizes = [784, 512, 512, 10]  # the MLP
+shard = sum(math.ceil((sizes[l] * sizes[l + 1] + sizes[l + 1]) / 3) for l in range(3))
+assert s["device_model_states_bytes_per_rank"] == 16 * shard, (s["device_model_states_bytes_per_rank"], 16 * shard)
+print("ok: ZeRO-3 device model states", s["device_model_states_bytes_per_rank"], "= 16 x", shard)
+PY
 
 # ZeRO-3's evaluation reads the lesson's shards, which the GPU path writes back: the test loss
 # after an epoch equals the CPU's to float32 rounding.
