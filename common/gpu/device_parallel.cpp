@@ -157,7 +157,7 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
  public:
   DeviceParallelImpl(const Model& model, const TrainConfig& config, Communicator& comm,
                      const DevicePlan& plan, const TrainingState& state)
-      : config_(config), comm_(comm), plan_(plan), N_(comm.world_size()), r_(comm.rank()) {
+      : comm_(comm), plan_(plan), N_(comm.world_size()), r_(comm.rank()) {
     int device = 0;
     dc_ = make_device_comm(comm, plan.transport, plan.nccl_collectives, device);
     name_ = require_gpu(device);
@@ -275,7 +275,7 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
     }
     compute_span(kind == DevicePlan::Kind::zero ? "optimizer step (shard) + all-gather"
                                                 : "all-reduce wait + optimizer step",
-                 step_mark);
+                 -1, step_mark);
     device_synchronize();
     if (tracer_) end_trace();
     return loss_value;
@@ -312,7 +312,7 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
     return p;
   }
   void after_layer_forward(int64_t l) override {
-    compute_span("forward " + std::to_string(l), layer_mark_);
+    compute_span("forward ", l, layer_mark_);
   }
 
   const float* zero3_layer_params(int64_t l, bool backward) {
@@ -344,7 +344,7 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
   }
 
   void after_layer_backward(int64_t l) override {
-    compute_span("backward " + std::to_string(l), layer_mark_);
+    compute_span("backward ", l, layer_mark_);
     if (plan_.kind == DevicePlan::Kind::central || plan_.kind == DevicePlan::Kind::all_reduce)
       return;
     if (plan_.zero_stage == 3) {
@@ -377,8 +377,11 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
     dc_->set_clock(&clock_);
   }
   int clock_mark() { return tracer_ ? clock_.mark() : -1; }
-  void compute_span(std::string name, int begin) {
-    if (tracer_ && begin >= 0) compute_spans_.push_back({std::move(name), begin, clock_.mark()});
+  // A span named `what` (+ the layer, if >= 0) from mark `begin` to now; nothing untraced.
+  void compute_span(const char* what, int64_t layer, int begin) {
+    if (!tracer_ || begin < 0) return;
+    compute_spans_.push_back(
+        {what + (layer >= 0 ? std::to_string(layer) : ""), begin, clock_.mark()});
   }
   void end_trace() {
     dc_->set_clock(nullptr);
@@ -678,7 +681,6 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
     return std::min<int64_t>(real, static_cast<int64_t>(piece.params.size()));
   }
 
-  TrainConfig config_;
   Communicator& comm_;
   DevicePlan plan_;
   int N_, r_;
