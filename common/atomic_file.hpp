@@ -11,12 +11,18 @@
 // should keep its 900 steps, which a rename at the end would lose. So the file is appended to,
 // one whole record per write(2), and a failed or short write is cut back (ftruncate) to the last
 // whole record before the run stops: a crash or a full disk leaves a valid prefix of records.
+// What stands at a path is checked first (resolve_output, check_input_file): a symlink is
+// followed to the file it names and never replaced by a regular file; a character device
+// (/dev/null, a terminal) is written through, without a rename; a directory, FIFO, socket or
+// block device is refused, naming it (a FIFO would block the run forever: no reader opens it).
 // Leaves out: Windows, network file systems whose rename is not atomic.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace ringzero {
 
@@ -63,14 +69,43 @@ class RecordFile {
 
  private:
   int fd_ = -1;
+  bool device_ = false;  ///< a character device (/dev/null): written through, never cut back
   std::string path_, flag_;
   int64_t size_ = 0, records_ = 0;
 };
 
 /// Checks before training that `path` (given by `flag`, e.g. "--save-final") can be written:
-/// not a directory, and its directory accepts a new file (one is created and removed again).
-/// An empty path is accepted (the output is off). Errors name the flag, the path, the OS
-/// reason and the fix.
+/// resolve_output accepts it, and the directory of the file it names accepts a new file (one is
+/// created and removed again). An empty path is accepted (the output is off). Errors name the
+/// flag, the path, the OS reason and the fix.
 void check_output_path(const std::string& flag, const std::string& path);
+
+/// "a directory", "a FIFO (named pipe)", "a socket", "a block device", "a character device",
+/// "a regular file", "a dangling symbolic link" (a link to nothing, or a loop) for what stands
+/// at `path` (symlinks followed), or "" when nothing does.
+std::string file_kind(const std::string& path);
+
+/// Where an output given as `path` lands. Symlinks are followed: `path` is the file the link
+/// names, existing or not yet (so the rename replaces or creates that file, and the link
+/// stays). `device` is true for a character device (/dev/null, /dev/tty): written through
+/// with write(2), no temporary file and no rename. Errors (naming `flag`, the path and what
+/// stands there): a directory, FIFO, socket or block device, a loop of symlinks.
+struct OutputTarget {
+  std::string path;
+  bool device = false;
+};
+OutputTarget resolve_output(const std::string& flag, const std::string& path);
+
+/// Refuses two outputs (flag, path) that land on the same file (after resolve_output: a
+/// symlink and its target are one file), naming both flags and the file, before any is
+/// written: the later write would silently replace the earlier one. Empty paths and
+/// character devices (--metrics /dev/null --trace /dev/null) are not compared.
+void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs);
+
+/// Checks that `path` (described by `what`, e.g. "--init-from" or "dataset file") is a
+/// regular file, at once: a missing path is named as missing, a directory, FIFO, device or
+/// socket as what it is (a FIFO would block the read forever, a directory fails later with a
+/// misleading message). `fix` ends the message.
+void check_input_file(const std::string& what, const std::string& path, const std::string& fix);
 
 }  // namespace ringzero

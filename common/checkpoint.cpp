@@ -58,6 +58,9 @@ Checkpointer::Checkpointer(const TrainConfig& c, Communicator* comm) : config_(c
   RZ_CHECK(c.checkpoint_every == 0 || !c.checkpoint_dir.empty(),
            "--checkpoint-every " << c.checkpoint_every
                                  << " needs --checkpoint-dir D (where to write them)");
+  RZ_CHECK(c.keep_checkpoints == 0 || !c.checkpoint_dir.empty(),
+           "--keep-checkpoints " << c.keep_checkpoints
+                                 << " needs --checkpoint-dir D (the checkpoints it keeps)");
   RZ_CHECK(c.resume.empty() || c.init_from.empty(),
            "--resume " << c.resume << " and --init-from " << c.init_from
                        << " both set the parameters; give one of them");
@@ -70,6 +73,7 @@ TrainPosition Checkpointer::resume(TrainingState& state, int64_t steps_per_epoch
   const nlohmann::json& m = ck.manifest;
   const std::string mpath = (fs::path(dir) / kManifest).string();
   check_resume_fits(m, config_, *state.model, mpath);  // flags, model layout (checkpoint_guard)
+  check_finite_state(ck, mpath);
   const Model& model = *state.model;
   const auto& params = model.parameters();
   const auto& tensors = m.at("tensors");
@@ -263,7 +267,7 @@ void Checkpointer::save(const TrainingState& state, const TrainPosition& pos,
     m["files"] = nlohmann::json::array();
     for (const auto& r : records)
       if (r != "null") m["files"].push_back(nlohmann::json::parse(r));
-    write_atomically((dir / kManifest).string(), m.dump(2) + "\n", false);  // the commit
+    write_atomically((dir / kManifest).string(), seal_manifest(m), false);  // the commit
     print0("checkpoint " + dir.string() + " committed (step " + std::to_string(pos.step) + ")");
     // Keep the newest K committed checkpoints; drop older ones and older interrupted writes.
     std::vector<std::pair<int64_t, fs::path>> committed, interrupted;

@@ -42,7 +42,8 @@ namespace ringzero {
 class Communicator;
 
 /// The checkpoint format this binary writes and the only one it reads.
-inline constexpr int kCheckpointFormatVersion = 1;
+/// 2: the manifest carries its own CRC-32 (field manifest_crc32).
+inline constexpr int kCheckpointFormatVersion = 2;
 
 /// One optimizer's share of the training state on this rank: `optimizer` updates `params`,
 /// which are elements [global_offset, global_offset + params.size()) of the model's unpadded
@@ -101,6 +102,12 @@ std::string resolve_checkpoint(const std::string& path);
 /// manifest's size and CRC-32, each field covered exactly once. Errors name the file and field.
 CheckpointData read_checkpoint(const std::string& dir);
 
+/// read_checkpoint with the manifest's text given (`text`, as read from dir/manifest.json):
+/// the JSON (each key once), the format version, the manifest's own CRC-32
+/// (checkpoint_format.hpp: seal_manifest), every field's type and range, then each file it
+/// lists, every range checked before a byte is copied. tests/fuzz/fuzz_manifest.cpp feeds it.
+CheckpointData read_checkpoint_manifest(const std::string& text, const std::string& dir);
+
 /// The full model as one state dict with PyTorch names; with optimizer = true, the optimizer
 /// state too, as "<name>.exp_avg", "<name>.exp_avg_sq", "<name>.step" (or ".momentum_buffer").
 std::map<std::string, NamedTensor> consolidated_state_dict(const CheckpointData& ckpt,
@@ -115,6 +122,14 @@ void write_replicated_checkpoint(const CheckpointData& ckpt, const std::string& 
 /// (A local writer; common/ may gain a shared one, see docs/checkpoints.md.)
 void atomic_write_file(const std::string& path, const std::string& bytes);
 
+/// Refuses an output (`flag` `path`, e.g. --save-final) that would land inside a committed
+/// checkpoint (a directory holding a manifest: only the checkpointer writes there, and a file
+/// added to it would be pruned with it or mistaken for one of its shards), that is
+/// `checkpoint_dir` itself, or that takes a step directory's name in it (a later save would
+/// fail there). Errors name the flag, the path and the checkpoint.
+void check_outside_checkpoints(const std::string& flag, const std::string& path,
+                               const std::string& checkpoint_dir);
+
 /// --checkpoint-dir / --checkpoint-every / --keep-checkpoints / --resume for one run.
 class Checkpointer {
  public:
@@ -127,10 +142,12 @@ class Checkpointer {
   /// state into `state` and returns the position to continue from. Without: {0, 1, 0}.
   TrainPosition resume(TrainingState& state, int64_t steps_per_epoch);
 
-  /// Rank 0, before the first step, after resume(): --checkpoint-dir D is created if missing
-  /// and must accept a new file; it must hold no committed checkpoint unless this run resumed
-  /// from one in D (then every checkpoint in D is of this run's lineage, and pruning them is
-  /// safe). Errors name D, the newest checkpoint found and the fix (--resume D, another D).
+  /// Collective, before the first step, after resume(): on every rank (each writes its own
+  /// shard there, and with node-local directories each sees its own D), --checkpoint-dir D is
+  /// created if missing and must accept a new file; it must hold no committed checkpoint unless
+  /// this run resumed from one in D (then every checkpoint in D is of this run's lineage, and
+  /// pruning them is safe). One rank's failure stops every rank (check_on_every_rank), naming
+  /// the rank, D, the newest checkpoint found and the fix (--resume D, another D).
   void check_checkpoint_dir();
 
   /// Collective; call after every optimizer step: saves when `step` is a multiple of
@@ -147,6 +164,8 @@ class Checkpointer {
   int rank_ = 0, world_size_ = 1;
   int64_t last_saved_ = -1;
   std::string resumed_dir_;  ///< the checkpoint resume() loaded, or ""
+
+  void check_checkpoint_dir_here();  ///< this rank's part of check_checkpoint_dir
 };
 
 /// The flags that give the saved state its meaning; a resume with any other value is refused.

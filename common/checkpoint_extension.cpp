@@ -45,8 +45,8 @@ class CheckpointExtension : public Extension {
     if (!run.config.resume.empty() && pos.step == run.steps)
       print0(
           "note: the checkpoint is at this run's last step: no step is trained; its state is "
-          "written out (--save-final, --save-optimizer-state), and the summary's losses are "
-          "null (none was measured)");
+          "written out (--save-final, --save-optimizer-state) and evaluated (unless "
+          "--eval-every-epoch 0), and the summary's final loss is null (no step was measured)");
     // The driver derives epoch and position from the step count (every epoch has per_epoch
     // steps); the manifest's must agree.
     RZ_CHECK((pos.epoch - 1) * per_epoch + pos.t == pos.step,

@@ -22,6 +22,7 @@
 
 #include "atomic_file.hpp"
 #include "check.hpp"
+#include "checkpoint.hpp"
 #include "config.hpp"
 #include "nn.hpp"
 #include "optim.hpp"
@@ -109,6 +110,17 @@ inline bool kill_hook(int64_t step, int rank) {
   return std::sscanf(env, "%lld:%d", &s, &r) == 2 && s == step && r == rank;
 }
 
+// The manifest's own checksum (format version 2): field "manifest_crc32" holds 8 hex digits,
+// the CRC-32 of the manifest's text with those 8 digits written as "00000000". Computed over
+// the text, not over a re-serialisation of the JSON, so that any tool can check or re-seal a
+// manifest (tests/chapters/lib.bash: reseal_manifest) and the value does not depend on how a
+// JSON library prints numbers. seal_manifest returns the text to write; check_manifest_seal
+// refuses a text whose field is missing, given twice or malformed, or whose CRC differs (an
+// edited step count, flag or range), naming `mpath`, both values and the fix.
+inline constexpr const char* kSealField = "manifest_crc32";
+std::string seal_manifest(nlohmann::json manifest);
+void check_manifest_seal(const std::string& text, const std::string& mpath);
+
 inline std::string json_str(const nlohmann::json& j) {
   return j.is_string() ? j.get<std::string>() : j.dump();
 }
@@ -125,5 +137,9 @@ inline std::string json_str(const nlohmann::json& j) {
 void check_resume_fits(const nlohmann::json& m, const TrainConfig& config, const Model& model,
                        const std::string& mpath);
 void check_same_data(const nlohmann::json& m, const nlohmann::json& now, const std::string& mpath);
+// check_finite_state: every value of every field the checkpoint `ck` holds is finite; a NaN or
+// infinity (a checkpoint saved after the run that wrote it had diverged) is refused naming the
+// field, the tensor and the index, instead of being reported as a divergence of this run.
+void check_finite_state(const CheckpointData& ck, const std::string& mpath);
 
 }  // namespace ringzero::checkpoint_format

@@ -9,12 +9,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 
 #include "check.hpp"
 #include "checkpoint.hpp"
 #include "checkpoint_format.hpp"
+#include "dist_config.hpp"
 
 namespace fs = std::filesystem;
 
@@ -74,12 +76,54 @@ void check_same_data(const nlohmann::json& m, const nlohmann::json& now, const s
                           "--data/--data-dir, or start a new run (--init-from for its weights)");
 }
 
+void check_finite_state(const CheckpointData& ck, const std::string& mpath) {
+  for (const auto& [field, values] : ck.fields) {
+    const auto bad = std::find_if(values.begin(), values.end(),
+                                  [](float v) { return !std::isfinite(v); });
+    if (bad == values.end()) continue;
+    const int64_t i = bad - values.begin();
+    std::string where = "element " + std::to_string(i);
+    for (const auto& t : ck.manifest.at("tensors")) {
+      const int64_t off = t.at("offset").get<int64_t>(), n = t.at("numel").get<int64_t>();
+      if (i >= off && i < off + n)
+        where = t.at("name").get<std::string>() + "[" + std::to_string(i - off) + "]";
+    }
+    RZ_CHECK(false, mpath << ": the checkpoint's " << field << " hold " << *bad << " at " << where
+                          << ": it was saved after the run that wrote it had diverged (its CRCs "
+                             "are intact, so this is what it computed). Resume from an earlier "
+                             "checkpoint, with a lower --lr or --clip-grad-norm");
+  }
+}
+
 }  // namespace checkpoint_format
 
 using namespace checkpoint_format;
 
+void check_outside_checkpoints(const std::string& flag, const std::string& path,
+                               const std::string& checkpoint_dir) {
+  if (path.empty()) return;
+  const OutputTarget target = resolve_output(flag, path);
+  if (target.device) return;
+  const fs::path out = fs::weakly_canonical(fs::absolute(target.path));
+  RZ_CHECK(!fs::exists(out.parent_path() / kManifest),
+           flag << " " << path << " is inside the committed checkpoint " << out.parent_path().string()
+                << ", where only the checkpointer writes (it would be pruned with it, or replace "
+                   "one of its files); write it elsewhere");
+  if (checkpoint_dir.empty()) return;
+  const fs::path ck = fs::weakly_canonical(fs::absolute(checkpoint_dir));
+  RZ_CHECK(out != ck, flag << " " << path << " is the --checkpoint-dir " << checkpoint_dir
+                           << "; give the output its own file");
+  RZ_CHECK(out.parent_path() != ck || step_of_dir_name(out.filename().string()) < 0,
+           flag << " " << path << " takes the name of a checkpoint step directory in --checkpoint-dir "
+                << checkpoint_dir << " (a later save would fail there); give another file name");
+}
+
 void Checkpointer::check_checkpoint_dir() {
-  if (config_.checkpoint_dir.empty() || rank_ != 0) return;
+  if (config_.checkpoint_dir.empty()) return;
+  check_on_every_rank(comm_, [&] { check_checkpoint_dir_here(); });
+}
+
+void Checkpointer::check_checkpoint_dir_here() {
   const fs::path d = config_.checkpoint_dir;
   // Writable, now: not after the last step (F2's lost run). Created if missing.
   std::error_code ec;
@@ -88,7 +132,9 @@ void Checkpointer::check_checkpoint_dir() {
            "--checkpoint-dir " << config_.checkpoint_dir << ": cannot create the directory ("
                                << (ec ? ec.message() : "a file of that name exists")
                                << "); give a directory in a writable place");
-  const std::string probe = (d / (".write-test." + std::to_string(::getpid()))).string();
+  // Named by rank and pid: ranks on several nodes may share D.
+  const std::string probe =
+      (d / (".write-test." + std::to_string(rank_) + "." + std::to_string(::getpid()))).string();
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
   RZ_CHECK(fd >= 0, "--checkpoint-dir " << config_.checkpoint_dir << " is not writable ("
                                         << std::strerror(errno) << "); give a writable directory");

@@ -2,6 +2,8 @@
 // read_checkpoint: every file named in the manifest, its size and CRC-32, the flags that must
 // match), and consolidating it into one replicated state (consolidated_state_dict,
 // write_replicated_checkpoint). Split from checkpoint.cpp, which writes them (Checkpointer).
+#include <cctype>
+#include <cstdio>
 #include <filesystem>
 
 #include "checkpoint.hpp"
@@ -88,6 +90,11 @@ void check_manifest_fields(const nlohmann::json& m, const std::string& mpath) {
     const std::string where = "files[" + std::to_string(i) + "].";
     if (!r.is_object()) fail_field("files[" + std::to_string(i) + "]", "an object");
     string(r, "file", where);
+    // A name in the checkpoint's directory: never a path that leaves it.
+    const std::string name = r["file"].get<std::string>();
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+        name.find('\0') != std::string::npos)
+      fail_field(where + "file", "a file name inside the checkpoint directory");
     string(r, "kind", where);
     const int64_t b = integer(r, "bytes", where, 0);
     if (!r.contains("crc32") || !r["crc32"].is_number_unsigned() ||
@@ -119,6 +126,96 @@ void check_manifest_fields(const nlohmann::json& m, const std::string& mpath) {
                     "from another checkpoint");
 }
 
+// Where the 8 hex digits of field manifest_crc32 start in a manifest's text, or npos when the
+// field is missing, given twice or not "XXXXXXXX". JSON escapes a quote inside a string, so the
+// key in quotes can only be a key.
+size_t seal_digits_at(const std::string& text) {
+  const std::string key = std::string("\"") + kSealField + "\"";
+  const size_t k = text.find(key);
+  if (k == std::string::npos || text.find(key, k + 1) != std::string::npos) return std::string::npos;
+  size_t i = k + key.size();
+  auto skip_space = [&] {
+    while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  };
+  skip_space();
+  if (i >= text.size() || text[i] != ':') return std::string::npos;
+  ++i;
+  skip_space();
+  if (i + 10 > text.size() || text[i] != '"' || text[i + 9] != '"') return std::string::npos;
+  for (size_t j = i + 1; j < i + 9; ++j)
+    if (!std::isxdigit(static_cast<unsigned char>(text[j]))) return std::string::npos;
+  return i + 1;
+}
+
+// One record of the manifest's field files: its file is read (a regular file of the recorded
+// size and CRC-32) and its values copied into ck.fields, every range checked against the model
+// and the file's tensors BEFORE a byte is copied; `covered` counts the files holding each element.
+void copy_file_record(const nlohmann::json& rec, CheckpointData& ck,
+                      const std::vector<std::string>& fields, std::vector<int64_t>& covered) {
+  const nlohmann::json& m = ck.manifest;
+  const int64_t psi = static_cast<int64_t>(covered.size());
+  const std::string name = rec.at("file").get<std::string>();
+  const std::string path = (fs::path(ck.dir) / name).string();
+  RZ_CHECK(!file_kind(path).empty(), path << ": missing; " << kManifest << " lists it (rank "
+                                          << rec.value("rank", 0)
+                                          << "). The checkpoint is incomplete: resume from another");
+  check_input_file("checkpoint file", path, "a checkpoint's files are. Resume from another");
+  const auto size = static_cast<int64_t>(fs::file_size(path));
+  RZ_CHECK(size == rec.at("bytes").get<int64_t>(),
+           path << ": " << size << " bytes, but " << kManifest << " field files[" << name
+                << "].bytes says " << rec.at("bytes").get<int64_t>()
+                << " (a partial or replaced shard). Resume from another checkpoint");
+  const std::string bytes = read_file(path);
+  RZ_CHECK(crc32_of(bytes) == rec.at("crc32").get<uint32_t>(),
+           path << ": CRC-32 " << crc32_of(bytes) << " differs from " << kManifest
+                << " field files[" << name << "].crc32 = " << rec.at("crc32").get<uint32_t>()
+                << " (corrupted). Resume from another checkpoint");
+  const auto tensors = load_safetensors(path);
+  auto get = [&](const std::string& key, int64_t numel) -> const std::vector<float>& {
+    auto it = tensors.find(key);
+    RZ_CHECK(it != tensors.end(), path << ": no tensor " << key << ", which " << kManifest
+                                       << " field fields promises");
+    RZ_CHECK(static_cast<int64_t>(it->second.values.size()) == numel,
+             path << ": tensor " << key << " has " << it->second.values.size() << " elements, "
+                  << kManifest << " says " << numel);
+    return it->second.values;
+  };
+  // [begin, begin + n) within the model's psi elements (written so that nothing overflows).
+  auto check_range = [&](int64_t begin, int64_t n) {
+    RZ_CHECK(begin >= 0 && n >= 0 && n <= psi && begin <= psi - n,
+             path << ": range [" << begin << ", " << begin << " + " << n << ") outside the model's "
+                  << psi << " elements; " << kManifest << " is damaged. Resume from another");
+    for (int64_t i = begin; i < begin + n; ++i) covered[i]++;
+  };
+  if (rec.at("kind") == "state_dict") {
+    for (const auto& t : m.at("tensors")) {
+      const int64_t off = t.at("offset").get<int64_t>(), n = t.at("numel").get<int64_t>();
+      check_range(off, n);
+      for (const auto& f : fields) {
+        const auto& v = get(tensor_key(t.at("name").get<std::string>(), f), n);
+        std::copy(v.begin(), v.end(), ck.fields[f].begin() + off);
+      }
+    }
+    return;
+  }
+  int64_t local = 0;  // elements in the file's flat tensors: every run checked first
+  for (const auto& run : rec.at("runs")) {
+    const int64_t g = run.at(0), l = run.at(1), n = run.at(2);
+    check_range(g, n);
+    RZ_CHECK(l == local, path << ": run " << run.dump() << " starts at " << l << " in the file; "
+                              << "runs tile the file's tensors in order, so it must start at "
+                              << local << ". " << kManifest << " is damaged");
+    local += n;  // <= psi per run, and at most psi in all (each element once, checked later)
+    RZ_CHECK(local <= psi, path << ": runs hold more than the model's " << psi << " elements");
+  }
+  for (const auto& f : fields) {
+    const auto& v = get(f, local);
+    for (const auto& run : rec.at("runs"))
+      std::copy_n(v.begin() + run.at(1).get<int64_t>(), run.at(2).get<int64_t>(),
+                  ck.fields[f].begin() + run.at(0).get<int64_t>());
+  }
+}
+
 }  // namespace
 
 std::string resolve_checkpoint(const std::string& path) {
@@ -146,20 +243,48 @@ std::string resolve_checkpoint(const std::string& path) {
   return (fs::path(path) / step_dir_name(best)).string();
 }
 
+std::string checkpoint_format::seal_manifest(nlohmann::json manifest) {
+  manifest[kSealField] = "00000000";
+  std::string text = manifest.dump(2) + "\n";
+  const size_t at = seal_digits_at(text);
+  char hex[9];
+  std::snprintf(hex, sizeof hex, "%08x", crc32_of(text));
+  text.replace(at, 8, hex);
+  return text;
+}
+
+void checkpoint_format::check_manifest_seal(const std::string& text, const std::string& mpath) {
+  const size_t at = seal_digits_at(text);
+  RZ_CHECK(at != std::string::npos,
+           mpath << ": field " << kSealField << " (8 hex digits, the manifest's own CRC-32) is "
+                 << "missing, malformed or given twice; the manifest is damaged. Resume from "
+                    "another checkpoint");
+  std::string zeroed = text;
+  zeroed.replace(at, 8, "00000000");
+  char hex[9];
+  std::snprintf(hex, sizeof hex, "%08x", crc32_of(zeroed));
+  RZ_CHECK(text.compare(at, 8, hex) == 0,
+           mpath << ": field " << kSealField << " is " << text.substr(at, 8)
+                 << ", but the manifest's text has CRC-32 " << hex
+                 << " (edited or corrupted after it was written). Resume from another checkpoint");
+}
+
 CheckpointData read_checkpoint(const std::string& dir) {
+  const std::string mpath = (fs::path(dir) / kManifest).string();
+  RZ_CHECK(!file_kind(mpath).empty(),
+           mpath << ": missing; the checkpoint was never committed (a write was interrupted). "
+                    "Resume from an earlier checkpoint");
+  // A FIFO or device would block or never end the read below.
+  check_input_file("checkpoint manifest", mpath,
+                   "a checkpoint's manifest is one. Resume from a real checkpoint");
+  return read_checkpoint_manifest(read_file(mpath), dir);
+}
+
+CheckpointData read_checkpoint_manifest(const std::string& text, const std::string& dir) {
   CheckpointData ck;
   ck.dir = dir;
   const std::string mpath = (fs::path(dir) / kManifest).string();
-  RZ_CHECK(fs::exists(mpath), mpath << ": missing; the checkpoint was never committed (a write "
-                                       "was interrupted). Resume from an earlier checkpoint");
-  // A FIFO or device would block or never end the read below.
-  RZ_CHECK(fs::is_regular_file(mpath), mpath << ": not a regular file; a checkpoint's manifest "
-                                                "is one. Resume from a real checkpoint");
-  try {
-    ck.manifest = nlohmann::json::parse(read_file(mpath));
-  } catch (const nlohmann::json::exception& e) {
-    RZ_CHECK(false, mpath << ": not valid JSON (" << e.what() << ")");
-  }
+  ck.manifest = parse_json_unique_keys(text, mpath);
   const nlohmann::json& m = ck.manifest;
   RZ_CHECK(m.is_object(), mpath << ": not a JSON object; the manifest is damaged");
   RZ_CHECK(m.value("format", "") == "ringzero-checkpoint",
@@ -170,69 +295,15 @@ CheckpointData read_checkpoint(const std::string& dir) {
                  << json_str(m.value("format_version", nlohmann::json("missing")))
                  << "; this binary reads version " << kCheckpointFormatVersion
                  << " only. Use the binary that wrote it");
+  check_manifest_seal(text, mpath);
   check_manifest_fields(m, mpath);
   const int64_t psi = m.at("num_parameters").get<int64_t>();
   const auto fields = m.at("fields").get<std::vector<std::string>>();
   for (const auto& f : fields) ck.fields[f].assign(static_cast<size_t>(psi), 0.0f);
-  std::vector<uint8_t> covered(static_cast<size_t>(psi), 0);
-  for (const auto& rec : m.at("files")) {
-    const std::string name = rec.at("file").get<std::string>();
-    const std::string path = (fs::path(dir) / name).string();
-    RZ_CHECK(fs::exists(path), path << ": missing; " << kManifest << " lists it (rank "
-                                    << rec.value("rank", 0)
-                                    << "). The checkpoint is incomplete: resume from another");
-    const auto size = static_cast<int64_t>(fs::file_size(path));
-    RZ_CHECK(size == rec.at("bytes").get<int64_t>(),
-             path << ": " << size << " bytes, but " << kManifest << " field files[" << name
-                  << "].bytes says " << rec.at("bytes").get<int64_t>()
-                  << " (a partial or replaced shard). Resume from another checkpoint");
-    const std::string bytes = read_file(path);
-    RZ_CHECK(crc32_of(bytes) == rec.at("crc32").get<uint32_t>(),
-             path << ": CRC-32 " << crc32_of(bytes) << " differs from " << kManifest
-                  << " field files[" << name << "].crc32 = " << rec.at("crc32").get<uint32_t>()
-                  << " (corrupted). Resume from another checkpoint");
-    const auto tensors = load_safetensors(path);
-    auto get = [&](const std::string& key, int64_t numel) -> const std::vector<float>& {
-      auto it = tensors.find(key);
-      RZ_CHECK(it != tensors.end(), path << ": no tensor " << key << ", which " << kManifest
-                                         << " field fields promises");
-      RZ_CHECK(static_cast<int64_t>(it->second.values.size()) == numel,
-               path << ": tensor " << key << " has " << it->second.values.size() << " elements, "
-                    << kManifest << " says " << numel);
-      return it->second.values;
-    };
-    auto cover = [&](int64_t begin, int64_t n) {
-      RZ_CHECK(begin >= 0 && n >= 0 && begin + n <= psi,
-               path << ": range [" << begin << ", " << begin + n << ") outside the model's " << psi
-                    << " elements");
-      for (int64_t i = begin; i < begin + n; ++i) covered[i]++;
-    };
-    if (rec.at("kind") == "state_dict") {
-      for (const auto& t : m.at("tensors")) {
-        const std::string tname = t.at("name").get<std::string>();
-        const int64_t off = t.at("offset").get<int64_t>(), n = t.at("numel").get<int64_t>();
-        cover(off, n);
-        for (const auto& f : fields) {
-          const auto& v = get(tensor_key(tname, f), n);
-          std::copy(v.begin(), v.end(), ck.fields[f].begin() + off);
-        }
-      }
-    } else {
-      int64_t local = 0;
-      for (const auto& run : rec.at("runs")) local += run.at(2).get<int64_t>();
-      for (const auto& f : fields) {
-        const auto& v = get(f, local);
-        for (const auto& run : rec.at("runs")) {
-          const int64_t g = run.at(0), l = run.at(1), n = run.at(2);
-          RZ_CHECK(l >= 0 && l + n <= local, path << ": run " << run.dump() << " out of range");
-          std::copy_n(v.begin() + l, n, ck.fields[f].begin() + g);
-        }
-      }
-      for (const auto& run : rec.at("runs")) cover(run.at(0), run.at(2));
-    }
-  }
+  std::vector<int64_t> covered(static_cast<size_t>(psi), 0);  // files holding each element
+  for (const auto& rec : m.at("files")) copy_file_record(rec, ck, fields, covered);
   for (int64_t i = 0; i < psi; ++i)
-    RZ_CHECK(covered[i] == 1, dir << ": element " << i << " of the model is held by " << +covered[i]
+    RZ_CHECK(covered[i] == 1, dir << ": element " << i << " of the model is held by " << covered[i]
                                   << " files (must be exactly 1): the files do not match "
                                   << kManifest << " field files");
   return ck;
@@ -278,7 +349,7 @@ void write_replicated_checkpoint(const CheckpointData& ck, const std::string& ou
                                        {"kind", "state_dict"},
                                        {"bytes", bytes.size()},
                                        {"crc32", crc32_of(bytes)}}});
-  write_atomically((dir / kManifest).string(), m.dump(2) + "\n", false);
+  write_atomically((dir / kManifest).string(), seal_manifest(m), false);
 }
 
 }  // namespace ringzero

@@ -52,8 +52,21 @@ void add_train_flags(CLI::App& app, TrainConfig& c, bool with_grad_accum) {
   app.add_option("--momentum", c.momentum, "SGD momentum");
   app.add_option("--clip-grad-norm", c.clip_grad_norm,
                  "clip the global gradient L2 norm to this (0: off)");
+  // Checked as text: a double range would pass 12abc's parse error off as "not in range" and
+  // let values past 2^64 - 1 through to a conversion that saturates.
+  const CLI::Validator seed_range(
+      [](std::string& v) -> std::string {
+        const std::string max = "18446744073709551615";  // 2^64 - 1
+        if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos)
+          return "'" + v + "' is not an integer; give an integer in [0, " + max + "]";
+        const std::string digits = v.substr(std::min(v.find_first_not_of('0'), v.size() - 1));
+        if (digits.size() > max.size() || (digits.size() == max.size() && digits > max))
+          return v + " is past 2^64 - 1 = " + max + "; give an integer in [0, " + max + "]";
+        return "";
+      },
+      "an integer in [0, 2^64)");
   app.add_option("--seed", c.seed, "seed for initial weights, synthetic data and shuffling")
-      ->check(CLI::Range(0.0, 18446744073709551615.0, "an integer in [0, 2^64)"));
+      ->check(seed_range);
   app.add_flag("--no-shuffle", c.no_shuffle, "step t uses samples [t B, (t+1) B) in file order");
   app.add_option("--log-every", c.log_every, "print the step line every N optimizer steps");
   app.add_option("--metrics", c.metrics, "write JSON lines (step, eval, summary) to this file");
@@ -172,7 +185,11 @@ int64_t total_steps_checked(int64_t epochs, int64_t steps_per_epoch, int64_t max
 }
 
 void refuse_multi_process_launch(const std::string& chapter) {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}) {
+  // SLURM_STEP_NUM_TASKS, not SLURM_NTASKS: srun sets it for the tasks it launches, while
+  // SLURM_NTASKS describes the whole allocation (salloc -n 4, an sbatch script) and is set for
+  // a single process started inside it too.
+  for (const char* var :
+       {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_STEP_NUM_TASKS"}) {
     const char* value = std::getenv(var);
     if (value == nullptr) continue;
     const long n = std::strtol(value, nullptr, 10);
@@ -188,6 +205,19 @@ void refuse_multi_process_launch(const std::string& chapter) {
 int parse_flags(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ExtrasError& e) {
+    // "--no-shuffle false": a value after a flag, which takes none. CLI11 would only echo
+    // "false"; the flag is named, with both ways to say what was meant.
+    for (int i = 2; i < argc; ++i) {
+      const CLI::Option* flag = app.get_option_no_throw(argv[i - 1]);
+      if (flag == nullptr || flag->get_expected_max() != 0 || argv[i][0] == '-') continue;
+      std::cerr << argv[i - 1] << " is a flag and takes no value, so '" << argv[i]
+                << "' after it is not expected: leave " << argv[i - 1]
+                << " out to turn it off, or give " << argv[i - 1] << "=" << argv[i]
+                << "\nRun with --help for more information.\n";
+      return static_cast<int>(CLI::ExitCodes::ExtrasError);
+    }
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

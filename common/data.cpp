@@ -9,6 +9,7 @@
 #include <fstream>
 #include <numeric>
 
+#include "atomic_file.hpp"
 #include "check.hpp"
 #include "checked.hpp"
 #include "rng.hpp"
@@ -16,11 +17,13 @@
 namespace ringzero {
 
 IdxArray read_idx_gz(const std::string& path, int expected_ndim) {
-  RZ_CHECK(std::filesystem::exists(path),
-           "dataset file " << path
-                           << " not found; install Fashion-MNIST with "
-                              "scripts/setup (Debian package dataset-fashion-mnist) "
-                              "or pass --data-dir DIR");
+  RZ_CHECK(!file_kind(path).empty(), "dataset file " << path
+                                                    << " not found; install Fashion-MNIST with "
+                                                       "scripts/setup (Debian package "
+                                                       "dataset-fashion-mnist) or pass --data-dir DIR");
+  // A FIFO would block the read forever; a directory fails with a misleading message.
+  check_input_file("dataset file", path,
+                   "give --data-dir a directory holding the four Fashion-MNIST .gz files");
   std::ifstream in(path, std::ios::binary);
   RZ_CHECK(in, "cannot open " << path);
   const std::vector<uint8_t> gz((std::istreambuf_iterator<char>(in)),

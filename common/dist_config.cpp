@@ -61,6 +61,23 @@ void broadcast_and_verify_parameters(Communicator& comm, Model& model) {
                  << "same --seed and --init-from: launch all ranks with the same command line");
 }
 
+void check_on_every_rank(Communicator* comm, const std::function<void()>& checks) {
+  if (comm == nullptr) return checks();
+  std::string failure;  // this rank's message, "" when its checks passed
+  try {
+    checks();
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  const std::vector<std::string> all = comm->gather_strings(failure, 0);
+  std::string verdict;
+  for (const std::string& message : all)
+    if (!message.empty()) verdict += "\n  " + message;
+  comm->broadcast_string(verdict, 0);  // every rank stops, with the same messages
+  RZ_CHECK(verdict.empty(), "a start-up check failed, so every rank stops before step 1:"
+                                << verdict);
+}
+
 int parse_flags_on_every_rank(Communicator& comm, CLI::App& app, int argc, char** argv) {
   const int rc = parse_flags(app, argc, argv);
   std::vector<double> stopping = {rc >= 0 ? 1.0 : 0.0};

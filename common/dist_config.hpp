@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,14 @@ namespace ringzero {
 /// Returns like parse_flags: an exit code to return now (all ranks saw --help, or all failed),
 /// or -1 to carry on.
 int parse_flags_on_every_rank(Communicator& comm, CLI::App& app, int argc, char** argv);
+
+/// Start-up checks that each rank makes of its own machine (its output files, its
+/// --checkpoint-dir): runs `checks` on this rank, then, collectively, every rank learns whether
+/// any rank's checks failed and stops with the failing ranks' messages ("[rank 2/4] ...
+/// --checkpoint-dir /local/ck is not writable"), so that one rank's unwritable node-local
+/// directory stops the job before step 1, not after the last. comm null (one process): runs
+/// `checks` and lets its error through. Every rank must call it at the same point.
+void check_on_every_rank(Communicator* comm, const std::function<void()>& checks);
 
 /// Start-up, before any other collective: checks that every rank parsed the same flags, and
 /// aborts every rank naming the first flag that differs, with rank 0's value and the other

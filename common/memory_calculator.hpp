@@ -9,6 +9,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cmath>
+#include <cstdlib>
+
 #include <cstdio>
 #include <string>
 
@@ -82,8 +85,19 @@ inline void add_memory_calculator_flags(CLI::App& app, MemoryCalculatorFlags& f)
       "memory calculator", "print the ZeRO memory table and exit (no training, no MPI job needed)");
   group->add_flag("--memory-calculator", f.enabled,
                   "print model-state bytes per rank of DDP and ZeRO-1/2/3 and exit");
+  // CLI::Range compares, and every comparison with NaN is false: nan would pass it.
+  const CLI::Validator finite_params(
+      [](std::string& v) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        if (v.empty() || *end != '\0') return "'" + v + "' is not a number; give e.g. 7e9";
+        if (!std::isfinite(x) || x < 1 || x > 1e15)
+          return v + " is not a finite number in [1, 1e15]; give e.g. 7e9";
+        return "";
+      },
+      "NUMBER in [1, 1e15]");
   group->add_option("--params", f.params, "Ψ, number of parameters (e.g. 7e9)")
-      ->check(CLI::Range(1.0, 1e15));
+      ->check(finite_params);
   group->add_option("--world-size", f.world_size, "N, number of ranks")
       ->check(CLI::Range(1, 1 << 20));
   group->add_flag("--mixed-precision", f.mixed_precision,

@@ -23,6 +23,11 @@ StepLogger::~StepLogger() = default;
 
 void StepLogger::continue_after(int64_t step, int64_t steps_per_epoch) {
   if (rank_ != 0 || path_.empty()) return;
+  if (resolve_output("--metrics", path_).device) {  // /dev/null, a terminal: nothing to keep
+    file_ = std::make_unique<RecordFile>(path_, "--metrics", /*truncate=*/false);
+    path_.clear();
+    return;
+  }
   std::string kept;
   if (std::ifstream in(path_); in) {
     for (std::string line; std::getline(in, line);) {
@@ -32,7 +37,9 @@ void StepLogger::continue_after(int64_t step, int64_t steps_per_epoch) {
       const std::string type = r.value("type", "");
       if (type == "summary") continue;
       if (type == "step" && r.value("step", int64_t{0}) > step) continue;
-      if (type == "eval" && r.value("epoch", int64_t{0}) * steps_per_epoch > step) continue;
+      // An evaluation at or after `step` is made again by the resumed run (run.cpp's loop
+      // starts in the epoch of `step`): kept once, whether or not the stopped run got to it.
+      if (type == "eval" && r.value("epoch", int64_t{0}) * steps_per_epoch >= step) continue;
       kept += line + "\n";
     }
   }

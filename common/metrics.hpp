@@ -33,9 +33,10 @@ class StepLogger {
   ~StepLogger();
   /// A --resume to step `step` (rank 0, before the first step): rewrites the metrics file
   /// (atomically) with its records up to that step: step records with step <= `step`, eval
-  /// records of the epochs finished by then; later records (steps the interrupted run made
-  /// after its checkpoint) and summaries are dropped, so the file has each step once. Then
-  /// appends. A missing file starts empty.
+  /// records of the epochs finished before it; later records (steps the interrupted run made
+  /// after its checkpoint, and the evaluation at `step`, which the resumed run makes again)
+  /// and summaries are dropped, so the file has each step and each evaluation once. Then
+  /// appends. A missing file starts empty; a character device (/dev/null) is not read.
   void continue_after(int64_t step, int64_t steps_per_epoch);
   /// Records one optimizer step. step is 1-based within the run, loss the global-batch mean.
   void step(int64_t step, int64_t total_steps, int64_t epoch, double loss, double samples_per_s,

@@ -4,6 +4,7 @@
 
 #include "atomic_file.hpp"
 #include "check.hpp"
+#include "checkpoint.hpp"
 #include "collective_check.hpp"
 #include "cost_model.hpp"
 #include "data_check.hpp"
@@ -145,12 +146,21 @@ int Run::run(LessonOptions& options,
   validate(config_, N);
   RunState state{chapter_, config_, comm_.get(), rank, N};
   for (auto& e : extensions_) e->validate(state);
-  if (rank == 0) {  // the rank that writes them: before training, not after it
-    check_output_path("--save-final", config_.save_final);
-    check_output_path("--metrics", config_.metrics);
-    check_output_path("--trace", trace_path_);
-    check_output_path("--save-optimizer-state", optimizer_state_path_);
-  }
+  // Rank 0 writes these: checked before training, not after it, and every rank stops if one
+  // fails (each rank's --checkpoint-dir is checked the same way, checkpoint_guard.cpp).
+  check_on_every_rank(comm_.get(), [&] {
+    if (rank != 0) return;
+    const std::vector<std::pair<std::string, std::string>> outputs = {
+        {"--save-final", config_.save_final},
+        {"--metrics", config_.metrics},
+        {"--trace", trace_path_},
+        {"--save-optimizer-state", optimizer_state_path_}};
+    for (const auto& [flag, path] : outputs) {
+      check_output_path(flag, path);
+      check_outside_checkpoints(flag, path, config_.checkpoint_dir);
+    }
+    check_distinct_outputs(outputs);
+  });
 
   // Set-up: data, the model (the same on every rank, or stop here), the lesson object.
   TrainTestData data = load_data(config_);
@@ -191,7 +201,13 @@ int Run::run(LessonOptions& options,
   // The loop: one train_step per global batch, the step line, evaluation after each epoch.
   StepTimes times;
   const int64_t K = config_.grad_accum_steps, per_epoch = sampler.steps_per_epoch();
-  for (int64_t epoch = 1 + state.step / per_epoch; epoch <= config_.epochs && state.step < steps;
+  // A run resumed at the end of an epoch (or at its last step) starts in that epoch, with no
+  // step left in it: the run it continues may have stopped between that step's checkpoint and
+  // the epoch's evaluation, which is then done here (StepLogger::continue_after drops a
+  // recorded one, so --metrics holds it once).
+  const int64_t first_epoch = 1 + std::max<int64_t>(state.step - 1, 0) / per_epoch;
+  for (int64_t epoch = first_epoch;
+       epoch <= config_.epochs && (state.step < steps || (epoch == first_epoch && state.step > 0));
        ++epoch) {
     sampler.set_epoch(epoch - 1);
     for (int64_t t = state.step - (epoch - 1) * per_epoch; t < per_epoch && state.step < steps;
@@ -264,9 +280,11 @@ void Run::report(RunState& state, const nlohmann::json& startup, double median_m
                     {"ms_per_step", median_ms},
                     {"num_parameters", psi}});
     summary.update(lesson.summary_fields());
-    if (state.step == state.resumed_step)  // resumed at the last step: nothing was measured
-      for (const char* k : {"final_loss", "test_loss", "test_accuracy", "ms_per_step"})
-        summary[k] = nullptr;
+    if (state.step == state.resumed_step) {  // resumed at the last step: no step was measured
+      for (const char* k : {"final_loss", "ms_per_step"}) summary[k] = nullptr;
+      if (!config_.eval_every_epoch)
+        for (const char* k : {"test_loss", "test_accuracy"}) summary[k] = nullptr;
+    }
   }
   for (auto& e : extensions_) e->report(state, summary);
   if (state.rank == 0) state.logger->summary(summary);

@@ -40,7 +40,36 @@ void save_safetensors(const std::string& path, const std::map<std::string, Named
   write_file_atomically(path, safetensors_bytes(tensors));
 }
 
+nlohmann::json parse_json_unique_keys(std::string_view text, const std::string& file) {
+  // The keys seen in each object being parsed, innermost last.
+  std::vector<std::vector<std::string>> open;
+  const nlohmann::json::parser_callback_t unique = [&](int, nlohmann::json::parse_event_t event,
+                                                       nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if (event == E::object_start) open.emplace_back();
+    if (event == E::object_end && !open.empty()) open.pop_back();
+    if (event == E::key && !open.empty()) {
+      const std::string key = parsed.get<std::string>();
+      std::vector<std::string>& keys = open.back();
+      RZ_CHECK(std::find(keys.begin(), keys.end(), key) == keys.end(),
+               file << ": the JSON names \"" << key << "\" twice in one object (a tensor or "
+                    << "field given twice: which one is meant is undefined); the file is damaged "
+                       "or was not written by a safetensors/RingZero writer");
+      keys.push_back(key);
+    }
+    return true;
+  };
+  try {
+    return nlohmann::json::parse(text, unique);
+  } catch (const nlohmann::json::exception& e) {
+    RZ_CHECK(false, file << ": not valid JSON (" << e.what() << ")");
+  }
+  return {};
+}
+
 std::map<std::string, NamedTensor> load_safetensors(const std::string& path) {
+  check_input_file("safetensors file", path,
+                   "give a .safetensors file (e.g. one written by --save-final)");
   std::ifstream in(path, std::ios::binary);
   RZ_CHECK(in, "safetensors file " << path << " not found or unreadable");
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
@@ -81,12 +110,8 @@ std::map<std::string, NamedTensor> parse_safetensors(std::span<const uint8_t> by
            file << ": header length " << n << " exceeds the file (" << bytes.size() << " bytes)");
   constexpr uint64_t kMaxHeader = 100'000'000;  // the reference implementation's limit
   RZ_CHECK(n <= kMaxHeader, file << ": header length " << n << " exceeds the format's 100 MB");
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(n));
-  } catch (const nlohmann::json::exception& e) {
-    RZ_CHECK(false, file << ": header is not valid JSON (" << e.what() << ")");
-  }
+  const nlohmann::json header = parse_json_unique_keys(
+      std::string_view(reinterpret_cast<const char*>(bytes.data()) + 8, n), file + " header");
   RZ_CHECK(header.is_object(), file << ": header is a JSON " << header.type_name()
                                     << ", the format requires an object {name: {dtype, shape, "
                                        "data_offsets}}");

@@ -12,7 +12,10 @@
 #include <map>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "nn.hpp"
 
@@ -29,6 +32,12 @@ std::string safetensors_bytes(const std::map<std::string, NamedTensor>& tensors)
 /// (common/atomic_file.hpp: a crash mid-write leaves the previous file intact). Errors:
 /// unwritable path, full disk (each names the path).
 void save_safetensors(const std::string& path, const std::map<std::string, NamedTensor>& tensors);
+
+/// Parses JSON `text` (from `file`) refusing any object that gives one key twice, naming the
+/// file and the key: nlohmann's parser keeps the last, so a header or manifest listing a tensor
+/// twice would load silently. The format (RFC 8259 §4) leaves duplicates' meaning undefined.
+/// Errors: invalid JSON (nlohmann's message) and duplicate keys, each naming `file`.
+nlohmann::json parse_json_unique_keys(std::string_view text, const std::string& file);
 
 /// Reads every tensor of the file at `path`: parse_safetensors on its bytes.
 /// Errors: a missing or unreadable file, and every error of parse_safetensors.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "atomic_file.hpp"
 #include "check.hpp"
 #include "ops.hpp"
 #include "safetensors.hpp"
@@ -22,9 +23,12 @@ TrainTestData load_data(const TrainConfig& c) {
 std::unique_ptr<Model> build_model(const TrainConfig& c) {
   auto model = std::make_unique<Model>(c.layer_sizes(), c.seed);
   if (!c.init_from.empty()) {
-    RZ_CHECK(std::filesystem::is_regular_file(c.init_from),
-             "--init-from " << c.init_from << ": no such file on this rank; give a safetensors "
-                            << "file every rank can read (e.g. written by --save-final)");
+    if (file_kind(c.init_from).empty())
+      RZ_CHECK(false, "--init-from " << c.init_from << ": no such file on this rank; give a "
+                                     << "safetensors file every rank can read (e.g. written by "
+                                        "--save-final)");
+    check_input_file("--init-from", c.init_from,
+                     "give a safetensors file every rank can read (e.g. written by --save-final)");
     load_state_dict(*model, load_safetensors(c.init_from), c.init_from);
   }
   return model;

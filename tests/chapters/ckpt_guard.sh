@@ -100,6 +100,7 @@ import json, sys
 m = json.load(open(sys.argv[1])); m["data"]["crc32"] ^= 1; m["data"]["source"] = "other"
 json.dump(m, open(sys.argv[1], "w"), indent=2)
 PY
+reseal_manifest "$WORK/c5/step_00000008/manifest.json"
 refused other_data "manifest.json: field data is .*\"crc32\":.*\"source\":\"other\".*, this run's training set is .*: other samples than the run that wrote it" \
   -- "${C1[@]}" --max-steps 10 --resume "$WORK/c5"
 # Real data: Fashion-MNIST with one training label changed (same sizes, same shape).
@@ -178,6 +179,7 @@ shutil.copytree(src, f"{out}/step_{s}")
 json.dump(m, open(f"{out}/step_{s}/manifest.json", "w"), indent=2)
 shutil.copytree(src, f"{out}/step_00000008")  # older: --resume big must not take it
 PY
+reseal_manifest "$WORK/big/step_100000006/manifest.json"
 BIG=(--epochs 100000000 --max-steps 100000008 --checkpoint-every 1 --keep-checkpoints 1)
 run big1 0 ch01_training_loop "${T[@]}" "${BIG[@]}" --resume "$WORK/big" --checkpoint-dir "$WORK/big"
 grep -q "resumed from .*big/step_100000006" "$WORK/big1.log" || { echo "FAILED: --resume big"; cat "$WORK/big1.log"; exit 1; }
@@ -192,6 +194,7 @@ damaged() {  # damaged NAME PYTHON-EDIT PATTERN
   rm -rf "$WORK/d_$1"; mkdir -p "$WORK/d_$1"; cp -r "$WORK/c1/step_00000008" "$WORK/d_$1/"
   python3 -c "import json,sys; p=sys.argv[1]; m=json.load(open(p)); $2; json.dump(m, open(p,'w'))" \
     "$WORK/d_$1/step_00000008/manifest.json"
+  reseal_manifest "$WORK/d_$1/step_00000008/manifest.json"
   refused "manifest_$1" "$3" -- "${C1[@]}" --max-steps 12 --resume "$WORK/d_$1"
 }
 damaged no_psi 'del m["num_parameters"]' "manifest.json: field num_parameters is missing or not an integer >= 1; the manifest is damaged"

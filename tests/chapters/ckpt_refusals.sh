@@ -23,9 +23,10 @@ d=$(cp_ck corrupt); printf '\x7f' | dd of="$d/shard_00000.safetensors" bs=1 seek
 fails corrupt 2 ch06_zero1 "shard_00000.safetensors: CRC-32 .* field files\[shard_00000.safetensors\].crc32" "${base[@]}" --resume "$d"
 d=$(cp_ck missing_shard); rm "$d/shard_00001.safetensors"
 fails missing_shard 2 ch06_zero1 "shard_00001.safetensors: missing" "${base[@]}" --resume "$d"
-d=$(cp_ck version); sed -i 's/"format_version": 1/"format_version": 99/' "$d/manifest.json"
+d=$(cp_ck version); sed -i 's/"format_version": 2/"format_version": 99/' "$d/manifest.json"
 fails version 2 ch06_zero1 "manifest.json: field format_version is 99" "${base[@]}" --resume "$d"
 d=$(cp_ck precision); sed -i 's/"precision": "fp32"/"precision": "bf16"/' "$d/manifest.json"
+reseal_manifest "$d/manifest.json"
 fails precision 2 ch06_zero1 "manifest.json: field flags.precision is \"bf16\"" "${base[@]}" --resume "$d"
 
 fails model 2 ch06_zero1 "manifest.json: field flags.model is \"toy\", this run has --model \"mlp\"" \

@@ -191,3 +191,20 @@ stops() {
   if [ "$ms" -gt 10000 ]; then echo "FAILED $name: took $ms ms to stop (limit 10 s)"; exit 1; fi
   echo "ok $name: stopped in $ms ms: $(grep -E -m1 -o -- "${STOPS_SHOW:-$pattern}" "$WORK/$name.log" | tail -c 230)"
 }
+
+# reseal_manifest FILE...: recomputes each checkpoint manifest's own CRC-32 (its field
+# manifest_crc32, 8 hex digits: the CRC-32 of the text with those digits as 00000000), as a tool
+# that edits a manifest on purpose must; a test that edits one to reach a check behind the seal
+# calls it after the edit.
+reseal_manifest() {
+  python3 - "$@" <<'PY'
+import re, sys, zlib
+for path in sys.argv[1:]:
+    text = open(path, encoding="utf-8").read()
+    key = re.compile(r'("manifest_crc32"\s*:\s*")([0-9a-fA-F]{8})(")')
+    assert len(key.findall(text)) == 1, f"{path}: no single manifest_crc32 field"
+    zeroed = key.sub(lambda m: m.group(1) + "00000000" + m.group(3), text)
+    crc = "%08x" % zlib.crc32(zeroed.encode("utf-8"))
+    open(path, "w", encoding="utf-8").write(key.sub(lambda m: m.group(1) + crc + m.group(3), text))
+PY
+}

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with Debian's clang (packages clang, libclang-rt-14-dev):
 #   tests/fuzz/build.sh OUT_DIR
-# Compiles the few common/ sources the two parsers need once, with
-# -fsanitize=fuzzer-no-link,address,undefined, and links fuzz_safetensors and fuzz_idx.
+# Compiles the few common/ sources the three readers need once, with
+# -fsanitize=fuzzer-no-link,address,undefined, and links fuzz_safetensors, fuzz_idx and
+# fuzz_manifest (the checkpoint reader, checkpoint_read.cpp).
 # nn.cpp's Linear reaches the 16-bit path (mixed.cpp: linear_half), which reaches the optimizer,
 # the communicator, metrics, train and config: ASan's global metadata keeps every vtable, so
 # those are linked too although the parsers never call them.
@@ -20,14 +21,14 @@ flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fno-sanitize-recover=undefined
        -I"$src" -I/usr/include/eigen3 "${mpi_compile[@]}")
 objs=()
 sources=(check tensor ledger autograd ops nn data safetensors atomic_file
-         half mixed optim comm metrics train config)
+         half mixed optim comm metrics train config checkpoint_read)
 for f in "${sources[@]}"; do
   o="$out/obj/$f.o"
   "${launcher[@]}" "$CXX" "${flags[@]}" -fsanitize=fuzzer-no-link,address,undefined \
     -c "$src/common/$f.cpp" -o "$o"
   objs+=("$o")
 done
-for t in fuzz_safetensors fuzz_idx; do
+for t in fuzz_safetensors fuzz_idx fuzz_manifest; do
   "${launcher[@]}" "$CXX" "${flags[@]}" -fsanitize=fuzzer,address,undefined \
     -c "$src/tests/fuzz/$t.cpp" -o "$out/obj/$t.o"
   "$CXX" -fsanitize=fuzzer,address,undefined "$out/obj/$t.o" "${objs[@]}" -lz \

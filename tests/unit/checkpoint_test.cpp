@@ -10,12 +10,14 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <fstream>
 
 #include "common/checkpoint.hpp"
+#include "common/checkpoint_format.hpp"
 #include "common/safetensors.hpp"
 
 using namespace ringzero;
@@ -51,10 +53,14 @@ void train_two_steps(Model& model, Optimizer& opt) {
   }
 }
 
-void edit_manifest(const fs::path& step_dir, const std::function<void(nlohmann::json&)>& edit) {
+// Edits a manifest as another tool would, then re-seals it (its manifest_crc32 recomputed), so
+// that the check behind the seal is the one tested; sealed = false leaves the old seal.
+void edit_manifest(const fs::path& step_dir, const std::function<void(nlohmann::json&)>& edit,
+                   bool sealed = true) {
   nlohmann::json m = nlohmann::json::parse(std::ifstream(step_dir / "manifest.json"));
   edit(m);
-  std::ofstream(step_dir / "manifest.json") << m.dump(2);
+  std::ofstream(step_dir / "manifest.json")
+      << (sealed ? checkpoint_format::seal_manifest(m) : m.dump(2) + "\n");
 }
 
 }  // namespace
@@ -152,9 +158,10 @@ TEST_CASE("checkpoint: newest committed, pruning, refusals", "[checkpoint]") {
                           Contains("--global-batch-size 16"));
   }
   SECTION("unknown version") {
-    edit_manifest(dir / "step_00000003", [](nlohmann::json& m) { m["format_version"] = 2; });
+    edit_manifest(dir / "step_00000003", [](nlohmann::json& m) { m["format_version"] = 1; });
     CHECK_THROWS_WITH(Checkpointer(r, nullptr).resume(state2, 125),
-                      Contains("step_00000003/manifest.json: field format_version is 2"));
+                      Contains("step_00000003/manifest.json: field format_version is 1") &&
+                          Contains("reads version 2 only"));
   }
   SECTION("size differs") {
     edit_manifest(dir / "step_00000003", [](nlohmann::json& m) { m["files"][0]["bytes"] = 12; });
@@ -167,5 +174,73 @@ TEST_CASE("checkpoint: newest committed, pruning, refusals", "[checkpoint]") {
     CHECK_THROWS_WITH(read_checkpoint((dir / "step_00000003").string()),
                       Contains("element 0 of the model is held by 2 files"));
   }
+  SECTION("an edit without a new seal: the optimizer's step count") {
+    edit_manifest(
+        dir / "step_00000003", [](nlohmann::json& m) { m["tensors"][0]["step"] = 1; }, false);
+    CHECK_THROWS_WITH(read_checkpoint((dir / "step_00000003").string()),
+                      Contains("step_00000003/manifest.json: field manifest_crc32 is ") &&
+                          Contains("edited or corrupted after it was written"));
+  }
+  SECTION("no seal at all") {
+    edit_manifest(
+        dir / "step_00000003", [](nlohmann::json& m) { m.erase("manifest_crc32"); }, false);
+    CHECK_THROWS_WITH(read_checkpoint((dir / "step_00000003").string()),
+                      Contains("field manifest_crc32 (8 hex digits") && Contains("missing"));
+  }
+  SECTION("a run beyond the model is refused before a byte is copied") {
+    // Resharded as one flat file: its runs name global offsets past the model's end.
+    edit_manifest(dir / "step_00000003", [](nlohmann::json& m) {
+      m["files"][0]["kind"] = "flat";
+      m["files"][0]["runs"] = {{m["num_parameters"].get<int64_t>() + 1000, 0, 8}};
+    });
+    CHECK_THROWS_WITH(read_checkpoint((dir / "step_00000003").string()),
+                      Contains("outside the model's") && Contains("manifest.json is damaged"));
+  }
+  SECTION("a file name that leaves the directory") {
+    edit_manifest(dir / "step_00000003",
+                  [](nlohmann::json& m) { m["files"][0]["file"] = "../step_00000002/x"; });
+    CHECK_THROWS_WITH(read_checkpoint((dir / "step_00000003").string()),
+                      Contains("field files[0].file is missing or not a file name inside"));
+  }
+  SECTION("a key given twice") {
+    std::string text;
+    {
+      std::ifstream in(dir / "step_00000003" / "manifest.json");
+      text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    text.insert(text.find('{') + 1, "\n  \"global_step\": 1,");
+    CHECK_THROWS_WITH(read_checkpoint_manifest(text, (dir / "step_00000003").string()),
+                      Contains("manifest.json: the JSON names \"global_step\" twice"));
+  }
+  SECTION("NaN parameters: saved after a divergence, named as such") {
+    const fs::path file = dir / "step_00000003" / "model.safetensors";
+    auto tensors = load_safetensors(file.string());
+    tensors.begin()->second.values[1] = std::nanf("");
+    const std::string bytes = safetensors_bytes(tensors);
+    std::ofstream(file, std::ios::binary) << bytes;
+    edit_manifest(dir / "step_00000003", [&](nlohmann::json& m) {
+      m["files"][0]["bytes"] = bytes.size();
+      m["files"][0]["crc32"] = checkpoint_format::crc32_of(bytes);
+    });
+    CHECK_THROWS_WITH(Checkpointer(r, nullptr).resume(state2, 125),
+                      Contains("hold nan at ") && Contains("had diverged"));
+  }
   fs::remove_all(dir);
+}
+
+TEST_CASE("checkpoint: the manifest's seal round-trips and names both CRCs", "[checkpoint][harden]") {
+  const nlohmann::json m = {{"format", "ringzero-checkpoint"}, {"global_step", 7}};
+  const std::string text = checkpoint_format::seal_manifest(m);
+  REQUIRE(nlohmann::json::parse(text)["manifest_crc32"].get<std::string>().size() == 8);
+  checkpoint_format::check_manifest_seal(text, "m.json");  // accepted as written
+  std::string edited = text;
+  edited.replace(edited.find("7"), 1, "8");
+  REQUIRE_THROWS_WITH(checkpoint_format::check_manifest_seal(edited, "m.json"),
+                      Contains("m.json: field manifest_crc32 is ") &&
+                          Contains("but the manifest's text has CRC-32"));
+  // Twice: which one is meant is undefined.
+  std::string twice = text;
+  twice.insert(1, "\"manifest_crc32\": \"00000000\",");
+  REQUIRE_THROWS_WITH(checkpoint_format::check_manifest_seal(twice, "m.json"),
+                      Contains("missing, malformed or given twice"));
 }

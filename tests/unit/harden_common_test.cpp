@@ -99,9 +99,10 @@ TEST_CASE("write_file_atomically replaces whole files; check_output_path fails e
   REQUIRE_THROWS_WITH(
       write_file_atomically(dir.file("no/such/x"), "y"),
       Contains("cannot write " + dir.file("no/such/x")) && Contains("No such file or directory"));
-  // A directory where the file should be: the rename fails, the directory is untouched.
+  // A directory where the file should be: refused, the directory is untouched.
   std::filesystem::create_directory(dir.file("d"));
-  REQUIRE_THROWS_WITH(write_file_atomically(dir.file("d"), "y"), Contains("cannot replace"));
+  REQUIRE_THROWS_WITH(write_file_atomically(dir.file("d"), "y"), Contains("is a directory"));
+  REQUIRE(std::filesystem::is_directory(dir.file("d")));
 
   check_output_path("--save-final", "");  // off: nothing to check
   check_output_path("--save-final", path);

@@ -95,7 +95,7 @@ TEST_CASE("load_safetensors names the file and the problem", "[safetensors]") {
   const std::string path = dir.file("bad.safetensors");
   SECTION("missing") {
     REQUIRE_THROWS_WITH(load_safetensors(dir.file("none.safetensors")),
-                        Contains("none.safetensors not found"));
+                        Contains("none.safetensors: no such file"));
   }
   SECTION("shorter than the header length") {
     write_all(path, "abc");
