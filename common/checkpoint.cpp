@@ -19,10 +19,6 @@ namespace ringzero {
 
 using namespace checkpoint_format;  // names, CRC-32, the writer (checkpoint_format.hpp)
 
-void atomic_write_file(const std::string& path, const std::string& bytes) {
-  write_atomically(path, bytes, false);
-}
-
 nlohmann::json checkpoint_flags_that_must_match(const TrainConfig& c) {
   return {{"model", c.model},
           {"layer_sizes", c.layer_sizes()},

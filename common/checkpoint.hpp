@@ -117,11 +117,6 @@ std::map<std::string, NamedTensor> consolidated_state_dict(const CheckpointData&
 /// out_dir/step_SSSSSSSS, world size 1: what scripts/consolidate --as-checkpoint makes.
 void write_replicated_checkpoint(const CheckpointData& ckpt, const std::string& out_dir);
 
-/// Writes `bytes` to `path` atomically: path.tmp, fsync, rename, fsync of the directory.
-/// Errors (a short write, ENOSPC, EFBIG) name the file and leave `path` as it was.
-/// (A local writer; common/ may gain a shared one, see docs/checkpoints.md.)
-void atomic_write_file(const std::string& path, const std::string& bytes);
-
 /// Refuses an output (`flag` `path`, e.g. --save-final) that would land inside a committed
 /// checkpoint (a directory holding a manifest: only the checkpointer writes there, and a file
 /// added to it would be pruned with it or mistaken for one of its shards), that is

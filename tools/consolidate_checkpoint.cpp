@@ -13,31 +13,16 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
-#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "common/atomic_file.hpp"
 #include "common/check.hpp"
 #include "common/checkpoint.hpp"
 #include "common/safetensors.hpp"
 
 using namespace ringzero;
-namespace fs = std::filesystem;
-
-// An output file must not be one of the checkpoint's own files (or anything in its directory):
-// writing model.safetensors or manifest.json there would destroy the checkpoint being read.
-// Its directory must exist (the writer would otherwise blame a --checkpoint-dir this tool
-// does not have).
-static void check_output(const char* what, const std::string& path, const std::string& ckpt) {
-  if (path.empty()) return;
-  const fs::path out = fs::weakly_canonical(fs::absolute(path));
-  const fs::path src = fs::weakly_canonical(fs::absolute(ckpt));
-  RZ_CHECK(out.parent_path() != src && out != src,
-           what << " " << path << " is inside the checkpoint " << ckpt
-                << " being read (it would overwrite or mix with its files); write it elsewhere");
-  const fs::path dir = fs::path(path).parent_path();
-  RZ_CHECK(dir.empty() || fs::is_directory(dir),
-           what << " " << path << ": directory " << dir.string()
-                << " does not exist; create it or write elsewhere");
-}
 
 int main(int argc, char** argv) {
   CLI::App app{"consolidate a RingZero checkpoint into one safetensors file"};
@@ -52,11 +37,18 @@ int main(int argc, char** argv) {
     RZ_CHECK(!out.empty() || !optimizer_out.empty() || !as_checkpoint.empty(),
              "nothing to write: give OUT.safetensors, --optimizer-state or --as-checkpoint");
     const std::string resolved = resolve_checkpoint(dir);
-    check_output("OUT", out, resolved);
-    check_output("--optimizer-state", optimizer_out, resolved);
+    // Written whole or not at all, never over a FIFO or into a checkpoint (the one being read
+    // included: its model.safetensors or manifest.json would be destroyed), one file each.
+    const std::vector<std::pair<std::string, std::string>> outputs = {
+        {"OUT", out}, {"--optimizer-state", optimizer_out}};
+    for (const auto& [flag, path] : outputs) {
+      check_output_path(flag, path);
+      check_outside_checkpoints(flag, path, "");
+    }
+    check_distinct_outputs(outputs);
     const CheckpointData ckpt = read_checkpoint(resolved);
     if (!out.empty()) {
-      atomic_write_file(out, safetensors_bytes(consolidated_state_dict(ckpt, false)));
+      write_file_atomically(out, safetensors_bytes(consolidated_state_dict(ckpt, false)));
       std::printf("%s: %zu tensors, %lld parameters (from %s, world size %d, step %lld)\n",
                   out.c_str(), ckpt.manifest.at("tensors").size(),
                   static_cast<long long>(ckpt.manifest.at("num_parameters").get<int64_t>()),
@@ -66,7 +58,7 @@ int main(int argc, char** argv) {
     if (!optimizer_out.empty()) {
       auto all = consolidated_state_dict(ckpt, true);
       for (const auto& t : ckpt.manifest.at("tensors")) all.erase(t.at("name").get<std::string>());
-      atomic_write_file(optimizer_out, safetensors_bytes(all));
+      write_file_atomically(optimizer_out, safetensors_bytes(all));
       std::printf("%s: %zu optimizer tensors\n", optimizer_out.c_str(), all.size());
     }
     if (!as_checkpoint.empty()) {

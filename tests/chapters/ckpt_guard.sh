@@ -206,10 +206,10 @@ damaged neg_psi 'm["num_parameters"] = -5' "manifest.json: field num_parameters 
 # --- F8: scripts/consolidate into its own checkpoint -----------------------------------------
 CONS="$BIN/consolidate_checkpoint"
 before=$(sha256sum "$WORK/c1/step_00000008/"* | sha256sum)
-refused cons_inside "OUT .*/c1/step_00000008/model.safetensors is inside the checkpoint .* being read" \
+refused cons_inside "OUT .*/c1/step_00000008/model.safetensors is inside the committed checkpoint .*/c1/step_00000008" \
   -- "$CONS" "$WORK/c1/step_00000008" "$WORK/c1/step_00000008/model.safetensors"
-refused cons_manifest "OUT .*manifest.json is inside the checkpoint" -- "$CONS" "$WORK/c1" "$WORK/c1/step_00000008/manifest.json"
-refused cons_opt "--optimizer-state .* is inside the checkpoint" \
+refused cons_manifest "OUT .*manifest.json is inside the committed checkpoint" -- "$CONS" "$WORK/c1" "$WORK/c1/step_00000008/manifest.json"
+refused cons_opt "--optimizer-state .* is inside the committed checkpoint" \
   -- "$CONS" "$WORK/c1" --optimizer-state "$WORK/c1/step_00000008/o.safetensors"
 refused cons_nodir "OUT .*/nodir/x.safetensors: directory .*/nodir does not exist" -- "$CONS" "$WORK/c1" "$WORK/nodir/x.safetensors"
 [ "$(sha256sum "$WORK/c1/step_00000008/"* | sha256sum)" = "$before" ] || { echo "FAILED: checkpoint changed"; exit 1; }
