@@ -50,7 +50,7 @@ const char* kind_of_mode(mode_t mode) {
 // A character device takes the bytes as they come (/dev/null, a terminal): no temporary file,
 // no rename (which would replace the device node with a regular file).
 void write_through(const std::string& path, std::string_view bytes) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
   RZ_CHECK(fd >= 0, "cannot write " << path << ": " << std::strerror(errno));
   size_t done = 0;
   while (done < bytes.size()) {
@@ -78,8 +78,16 @@ std::string file_kind(const std::string& path) {
   return "";
 }
 
+bool is_stream_path(const std::string& path) {
+  return path == "/dev/stdout" || path == "/dev/stderr" || path.rfind("/dev/fd/", 0) == 0 ||
+         path.rfind("/proc/self/fd/", 0) == 0;
+}
+
 OutputTarget resolve_output(const std::string& flag, const std::string& path) {
   struct stat st {};
+  // This process's own streams: whatever they are (a terminal, a pipe, the file a shell
+  // redirected to), written through and appended to, never replaced.
+  if (is_stream_path(path) && ::stat(path.c_str(), &st) == 0) return {path, true};
   if (::stat(path.c_str(), &st) != 0) {  // nothing there yet, or a link to nothing yet
     std::string p = path;
     for (int hops = 0; hops < 40; ++hops) {  // Linux's own limit on a chain of links
@@ -124,8 +132,8 @@ void check_distinct_outputs(const std::vector<std::pair<std::string, std::string
     auto [it, fresh] = seen.emplace(key, std::make_pair(flag, path));
     RZ_CHECK(fresh, it->second.first << " " << it->second.second << " and " << flag << " " << path
                                      << " name the same file (" << t.path
-                                     << "): the later write would replace the earlier one; give "
-                                        "each output its own file");
+                                     << "): one would overwrite the other; give each output its "
+                                        "own file");
   }
 }
 
@@ -204,8 +212,8 @@ RecordFile::RecordFile(const std::string& path, std::string flag, bool truncate)
   device_ = target.device;
   const mode_t mask = ::umask(0);
   ::umask(mask);
-  const int truncating = truncate && !device_ ? O_TRUNC : 0;
-  fd_ = ::open(target.path.c_str(), O_WRONLY | O_CREAT | truncating | O_CLOEXEC, 0666 & ~mask);
+  const int mode = device_ ? O_APPEND : O_CREAT | (truncate ? O_TRUNC : 0);  // a stream: appended
+  fd_ = ::open(target.path.c_str(), O_WRONLY | mode | O_CLOEXEC, 0666 & ~mask);
   RZ_CHECK(fd_ >= 0, "cannot write " << flag_ << " " << path << ": " << std::strerror(errno)
                                      << "; give a file path in an existing, writable directory");
   if (device_) return;  // a terminal cannot seek, and nothing is cut back on /dev/null
@@ -245,7 +253,13 @@ void RecordFile::append(std::string_view record) {
 void check_output_path(const std::string& flag, const std::string& path) {
   if (path.empty()) return;
   const OutputTarget target = resolve_output(flag, path);  // not a directory, FIFO, ...
-  if (target.device) return;
+  if (target.device) {  // a terminal that is not this process's, say: fails now, not at the end
+    const int fd = ::open(target.path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    RZ_CHECK(fd >= 0, flag << " " << path << ": cannot open it for writing ("
+                           << std::strerror(errno) << "); give a file path");
+    ::close(fd);
+    return;
+  }
   const std::string dir = directory_of(target.path);
   RZ_CHECK(std::filesystem::is_directory(dir), flag << " " << path << ": directory " << dir
                                                     << " does not exist; create it (mkdir -p "

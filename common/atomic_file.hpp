@@ -87,19 +87,22 @@ std::string file_kind(const std::string& path);
 
 /// Where an output given as `path` lands. Symlinks are followed: `path` is the file the link
 /// names, existing or not yet (so the rename replaces or creates that file, and the link
-/// stays). `device` is true for a character device (/dev/null, /dev/tty): written through
-/// with write(2), no temporary file and no rename. Errors (naming `flag`, the path and what
-/// stands there): a directory, FIFO, socket or block device, a loop of symlinks.
+/// stays). `device` is true for a character device (/dev/null, /dev/tty) and for this
+/// process's own streams (/dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N: a terminal, a
+/// pipe or the file a shell redirected to): written through, appended, no temporary file and
+/// no rename. Errors (naming `flag`, the path and what stands there): a directory, FIFO,
+/// socket or block device, a loop of symlinks.
 struct OutputTarget {
   std::string path;
   bool device = false;
 };
 OutputTarget resolve_output(const std::string& flag, const std::string& path);
 
-/// Refuses two outputs (flag, path) that land on the same file (after resolve_output: a
-/// symlink and its target are one file), naming both flags and the file, before any is
-/// written: the later write would silently replace the earlier one. Empty paths and
-/// character devices (--metrics /dev/null --trace /dev/null) are not compared.
+/// Refuses two paths (flag, path) that land on the same file (after resolve_output: a symlink
+/// and its target, or two hard links, are one file), naming both flags and the file, before
+/// any is written: one would silently overwrite the other (an input, such as --init-from, may
+/// be in the list too). Empty paths and devices (--metrics /dev/null --trace /dev/null) are
+/// not compared.
 void check_distinct_outputs(const std::vector<std::pair<std::string, std::string>>& outputs);
 
 /// Checks that `path` (described by `what`, e.g. "--init-from" or "dataset file") is a

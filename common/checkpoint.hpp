@@ -30,6 +30,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config.hpp"
@@ -125,6 +126,14 @@ void write_replicated_checkpoint(const CheckpointData& ckpt, const std::string& 
 void check_outside_checkpoints(const std::string& flag, const std::string& path,
                                const std::string& checkpoint_dir);
 
+/// Before anything is written: each output (flag, path) passes check_output_path and
+/// check_outside_checkpoints, and no two of the outputs and `inputs` (files read, e.g.
+/// --init-from) land on one file (check_distinct_outputs). Empty paths are outputs turned off.
+/// Errors name the flag, the path and the fix.
+void check_outputs(const std::vector<std::pair<std::string, std::string>>& outputs,
+                   const std::string& checkpoint_dir,
+                   const std::vector<std::pair<std::string, std::string>>& inputs = {});
+
 /// --checkpoint-dir / --checkpoint-every / --keep-checkpoints / --resume for one run.
 class Checkpointer {
  public:
@@ -161,6 +170,9 @@ class Checkpointer {
   std::string resumed_dir_;  ///< the checkpoint resume() loaded, or ""
 
   void check_checkpoint_dir_here();  ///< this rank's part of check_checkpoint_dir
+  /// resume()'s second half: the checked checkpoint `ck` into `state`.
+  TrainPosition load(const CheckpointData& ck, const std::string& mpath, TrainingState& state,
+                     int64_t steps_per_epoch);
 };
 
 /// The flags that give the saved state its meaning; a resume with any other value is refused.

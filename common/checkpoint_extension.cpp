@@ -55,7 +55,8 @@ class CheckpointExtension : public Extension {
                                                  << " steps at " << per_epoch << " per epoch");
     run.step = pos.step;
     run.resumed_step = pos.step;
-    run.logger->continue_after(pos.step, per_epoch);  // the curve goes on in --metrics
+    run.logger->continue_after(pos.step, per_epoch,  // the curve goes on in --metrics
+                               run.config.eval_every_epoch != 0);
   }
   void after_step(RunState& run) override {
     if (run.config.checkpoint_dir.empty()) return;

@@ -47,6 +47,10 @@ void check_resume_fits(const nlohmann::json& m, const TrainConfig& config, const
                                    << ", this run has " << flag << " " << value.dump() << why
                                    << ". Resume with the same " << flag << ", or start a new run");
   }
+  const nlohmann::json fields = field_names(config);  // what this optimizer's state is
+  RZ_CHECK(m.at("fields") == fields, mpath << ": field fields is " << m.at("fields").dump()
+                                           << ", this run's --optimizer needs " << fields.dump()
+                                           << ". Resume with the optimizer that wrote it");
   const auto& params = model.parameters();
   RZ_CHECK(m.at("num_parameters").get<int64_t>() == model.num_parameters(),
            mpath << ": field num_parameters is " << m.at("num_parameters") << ", this model has "
@@ -118,6 +122,20 @@ void check_outside_checkpoints(const std::string& flag, const std::string& path,
                 << checkpoint_dir << " (a later save would fail there); give another file name");
 }
 
+void check_outputs(const std::vector<std::pair<std::string, std::string>>& outputs,
+                   const std::string& checkpoint_dir,
+                   const std::vector<std::pair<std::string, std::string>>& inputs) {
+  for (const auto& [flag, path] : outputs) {
+    check_output_path(flag, path);
+    check_outside_checkpoints(flag, path, checkpoint_dir);
+  }
+  std::vector<std::pair<std::string, std::string>> all;  // the inputs that exist, the outputs
+  for (const auto& input : inputs)
+    if (file_kind(input.second) == "a regular file") all.push_back(input);  // else: its loader says
+  all.insert(all.end(), outputs.begin(), outputs.end());
+  check_distinct_outputs(all);
+}
+
 void Checkpointer::check_checkpoint_dir() {
   if (config_.checkpoint_dir.empty()) return;
   check_on_every_rank(comm_, [&] { check_checkpoint_dir_here(); });
@@ -133,6 +151,12 @@ void Checkpointer::check_checkpoint_dir_here() {
                                << (ec ? ec.message() : "a file of that name exists")
                                << "); give a directory in a writable place");
   // Named by rank and pid: ranks on several nodes may share D.
+  const fs::path parent = fs::absolute(d).lexically_normal().parent_path();
+  RZ_CHECK(!fs::exists(d / kManifest) && !fs::exists(parent / kManifest),
+           "--checkpoint-dir " << config_.checkpoint_dir
+                               << " is (or is inside) a committed checkpoint, where only the "
+                                  "checkpointer of the run that wrote it writes; give the "
+                                  "directory that holds the step_* directories, or another one");
   const std::string probe =
       (d / (".write-test." + std::to_string(rank_) + "." + std::to_string(::getpid()))).string();
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
@@ -143,15 +167,19 @@ void Checkpointer::check_checkpoint_dir_here() {
   // Another run's checkpoints: a run that did not resume from this directory must not save
   // into it, since its saves would prune them (docs/checkpoints.md, "One directory, one run").
   std::error_code same_ec;
-  fs::path from = fs::path(resumed_dir_).lexically_normal();
+  fs::path from = resumed_dir_.empty() ? fs::path() : fs::absolute(resumed_dir_).lexically_normal();
   if (from.filename().empty()) from = from.parent_path();  // "D/step_X/"
   const bool resumed_here = !resumed_dir_.empty() && fs::equivalent(from.parent_path(), d, same_ec);
   if (resumed_here) return;
   int64_t newest = -1;
   for (const auto& e : fs::directory_iterator(d)) {
     const int64_t s = step_of_dir_name(e.path().filename().string());
-    if (s >= 0 && e.is_directory() && fs::exists(e.path() / kManifest))
-      newest = std::max(newest, s);
+    // A file where a step directory will go would fail that save, after its steps.
+    RZ_CHECK(s < 0 || e.is_directory(), "--checkpoint-dir " << config_.checkpoint_dir << ": "
+                                            << e.path().string()
+                                            << " is not a directory, but has a checkpoint's "
+                                               "name; move it away");
+    if (s >= 0 && fs::exists(e.path() / kManifest)) newest = std::max(newest, s);
   }
   RZ_CHECK(newest < 0, "--checkpoint-dir "
                            << config_.checkpoint_dir

@@ -3,6 +3,7 @@
 // match), and consolidating it into one replicated state (consolidated_state_dict,
 // write_replicated_checkpoint). Split from checkpoint.cpp, which writes them (Checkpointer).
 #include <cctype>
+#include <climits>
 #include <cstdio>
 #include <filesystem>
 
@@ -73,7 +74,10 @@ void check_manifest_fields(const nlohmann::json& m, const std::string& mpath) {
     array(t, "shape", where);
     for (const auto& d : t["shape"])
       if (!d.is_number_integer() || d.get<int64_t>() < 0) fail_field(where + "shape", "integers");
-    integer(t, "offset", where, 0);
+    // The model's unpadded flat layout: tensors in registration order, back to back.
+    if (integer(t, "offset", where, 0) != numel_sum)
+      fail_field(where + "offset", ("the end of the tensor before it, " + std::to_string(numel_sum))
+                                       .c_str());
     const int64_t n = integer(t, "numel", where, 0);
     if (t.contains("step") || m["optimizer_state"].value("type", "") == "adamw")
       integer(t, "step", where, 0);  // AdamW's per-tensor step count (bias correction)
@@ -111,11 +115,19 @@ void check_manifest_fields(const nlohmann::json& m, const std::string& mpath) {
     } else if (r["kind"] != "state_dict") {
       fail_field(where + "kind", "\"flat\" or \"state_dict\"");
     }
-    // The larger of the recorded and the real size: a truncated file or a wrong
-    // files[i].bytes is reported later, by name.
-    std::error_code ec;
-    const auto real = fs::file_size(dir / r["file"].get<std::string>(), ec);
-    bytes += ec ? b : std::max(b, static_cast<int64_t>(real));
+    // The real size bounds what may be allocated (a recorded size is the manifest's word);
+    // a size that differs from files[i].bytes is reported later, by name.
+    const std::string path = (dir / name).string();
+    RZ_CHECK(!file_kind(path).empty(), path << ": missing; " << fs::path(mpath).filename().string()
+                                            << " lists it (files[" << i
+                                            << "]). The checkpoint is incomplete: resume from "
+                                               "another");
+    check_input_file("checkpoint file", path, "a checkpoint's files are. Resume from another");
+    const auto size = static_cast<int64_t>(std::min<uintmax_t>(fs::file_size(path), INT64_MAX / 4));
+    RZ_CHECK(size == b, path << ": " << size << " bytes, but " << kManifest << " field files["
+                             << name << "].bytes says " << b
+                             << " (a partial or replaced shard). Resume from another checkpoint");
+    bytes = std::min<int64_t>(bytes + size, INT64_MAX / 4);  // n files of at most 2^61 each
   }
   // Every field of every element is stored as 4 bytes in one of the files.
   const auto nfields = static_cast<int64_t>(m["fields"].size());
@@ -147,8 +159,8 @@ size_t seal_digits_at(const std::string& text) {
   return i + 1;
 }
 
-// One record of the manifest's field files: its file is read (a regular file of the recorded
-// size and CRC-32) and its values copied into ck.fields, every range checked against the model
+// One record of the manifest's field files: its file is read (its CRC-32 checked) and its
+// values copied into ck.fields, every range checked against the model
 // and the file's tensors BEFORE a byte is copied; `covered` counts the files holding each element.
 void copy_file_record(const nlohmann::json& rec, CheckpointData& ck,
                       const std::vector<std::string>& fields, std::vector<int64_t>& covered) {
@@ -156,15 +168,7 @@ void copy_file_record(const nlohmann::json& rec, CheckpointData& ck,
   const int64_t psi = static_cast<int64_t>(covered.size());
   const std::string name = rec.at("file").get<std::string>();
   const std::string path = (fs::path(ck.dir) / name).string();
-  RZ_CHECK(!file_kind(path).empty(), path << ": missing; " << kManifest << " lists it (rank "
-                                          << rec.value("rank", 0)
-                                          << "). The checkpoint is incomplete: resume from another");
-  check_input_file("checkpoint file", path, "a checkpoint's files are. Resume from another");
-  const auto size = static_cast<int64_t>(fs::file_size(path));
-  RZ_CHECK(size == rec.at("bytes").get<int64_t>(),
-           path << ": " << size << " bytes, but " << kManifest << " field files[" << name
-                << "].bytes says " << rec.at("bytes").get<int64_t>()
-                << " (a partial or replaced shard). Resume from another checkpoint");
+  // check_manifest_fields saw it: a regular file of files[i].bytes; the CRC-32 covers the rest.
   const std::string bytes = read_file(path);
   RZ_CHECK(crc32_of(bytes) == rec.at("crc32").get<uint32_t>(),
            path << ": CRC-32 " << crc32_of(bytes) << " differs from " << kManifest

@@ -66,8 +66,11 @@ void check_on_every_rank(Communicator* comm, const std::function<void()>& checks
   std::string failure;  // this rank's message, "" when its checks passed
   try {
     checks();
-  } catch (const std::exception& e) {
+  } catch (const Error& e) {  // already "[rank r/N] file:line: ..."
     failure = e.what();
+  } catch (const std::exception& e) {
+    failure = "[rank " + std::to_string(comm->rank()) + "/" + std::to_string(comm->world_size()) +
+              "] error: " + e.what();
   }
   const std::vector<std::string> all = comm->gather_strings(failure, 0);
   std::string verdict;

@@ -91,8 +91,8 @@ inline void add_memory_calculator_flags(CLI::App& app, MemoryCalculatorFlags& f)
         char* end = nullptr;
         const double x = std::strtod(v.c_str(), &end);
         if (v.empty() || *end != '\0') return "'" + v + "' is not a number; give e.g. 7e9";
-        if (!std::isfinite(x) || x < 1 || x > 1e15)
-          return v + " is not a finite number in [1, 1e15]; give e.g. 7e9";
+        if (!std::isfinite(x)) return v + " is not a finite number; give e.g. 7e9";
+        if (x < 1 || x > 1e15) return v + " is not in [1, 1e15]; give e.g. 7e9";
         return "";
       },
       "NUMBER in [1, 1e15]");

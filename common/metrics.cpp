@@ -14,14 +14,16 @@ namespace ringzero {
 
 StepLogger::StepLogger(const std::string& metrics_path, int rank, int64_t log_every, bool resuming)
     : rank_(rank), log_every_(log_every) {
+  // Opened (and a previous run's file truncated) at the first record, not here: a run refused
+  // before step 1 (its --checkpoint-dir holds another run's checkpoints, say) must leave the
+  // previous run's metrics as they were.
   if (rank == 0 && resuming) path_ = metrics_path;
-  if (rank == 0 && !metrics_path.empty() && !resuming)
-    file_ = std::make_unique<RecordFile>(metrics_path, "--metrics");
+  if (rank == 0 && !resuming) new_path_ = metrics_path;
 }
 
 StepLogger::~StepLogger() = default;
 
-void StepLogger::continue_after(int64_t step, int64_t steps_per_epoch) {
+void StepLogger::continue_after(int64_t step, int64_t steps_per_epoch, bool evaluates) {
   if (rank_ != 0 || path_.empty()) return;
   if (resolve_output("--metrics", path_).device) {  // /dev/null, a terminal: nothing to keep
     file_ = std::make_unique<RecordFile>(path_, "--metrics", /*truncate=*/false);
@@ -33,13 +35,17 @@ void StepLogger::continue_after(int64_t step, int64_t steps_per_epoch) {
     for (std::string line; std::getline(in, line);) {
       // A line cut by the interrupted run's kill is not JSON: dropped.
       const nlohmann::json r = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (r.is_discarded() || !r.is_object()) continue;
-      const std::string type = r.value("type", "");
+      if (r.is_discarded() || !r.is_object() || !r.contains("type") || !r["type"].is_string())
+        continue;  // not one of our records
+      const std::string type = r["type"].get<std::string>();
       if (type == "summary") continue;
-      if (type == "step" && r.value("step", int64_t{0}) > step) continue;
+      auto number = [&](const char* key) {
+        return r.contains(key) && r[key].is_number_integer() ? r[key].get<int64_t>() : 0;
+      };
+      if (type == "step" && number("step") > step) continue;
       // An evaluation at or after `step` is made again by the resumed run (run.cpp's loop
       // starts in the epoch of `step`): kept once, whether or not the stopped run got to it.
-      if (type == "eval" && r.value("epoch", int64_t{0}) * steps_per_epoch >= step) continue;
+      if (type == "eval" && evaluates && number("epoch") * steps_per_epoch >= step) continue;
       kept += line + "\n";
     }
   }
@@ -49,6 +55,10 @@ void StepLogger::continue_after(int64_t step, int64_t steps_per_epoch) {
 }
 
 void StepLogger::write(const nlohmann::json& record) {
+  if (!new_path_.empty()) {
+    file_ = std::make_unique<RecordFile>(new_path_, "--metrics");
+    new_path_.clear();
+  }
   if (file_) file_->append(record.dump() + "\n");  // whole lines only (atomic_file.hpp)
 }
 

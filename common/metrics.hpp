@@ -37,7 +37,9 @@ class StepLogger {
   /// after its checkpoint, and the evaluation at `step`, which the resumed run makes again)
   /// and summaries are dropped, so the file has each step and each evaluation once. Then
   /// appends. A missing file starts empty; a character device (/dev/null) is not read.
-  void continue_after(int64_t step, int64_t steps_per_epoch);
+  /// `evaluates`: the resumed run evaluates each epoch (otherwise the evaluation at `step`,
+  /// which it will not make again, is kept).
+  void continue_after(int64_t step, int64_t steps_per_epoch, bool evaluates);
   /// Records one optimizer step. step is 1-based within the run, loss the global-batch mean.
   void step(int64_t step, int64_t total_steps, int64_t epoch, double loss, double samples_per_s,
             double ms_per_step);
@@ -51,6 +53,7 @@ class StepLogger {
   int64_t log_every_;
   std::unique_ptr<RecordFile> file_;  // rank 0 with --metrics: appended, whole lines only
   std::string path_;  ///< the --metrics file while resuming (opened by continue_after)
+  std::string new_path_;  ///< the --metrics file of a fresh run, until its first record
 };
 
 /// This rank's ledger: {"<tag>": {"current": bytes, "peak": bytes}, "model_states_peak": ...}.

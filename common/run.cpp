@@ -149,17 +149,12 @@ int Run::run(LessonOptions& options,
   // Rank 0 writes these: checked before training, not after it, and every rank stops if one
   // fails (each rank's --checkpoint-dir is checked the same way, checkpoint_guard.cpp).
   check_on_every_rank(comm_.get(), [&] {
-    if (rank != 0) return;
-    const std::vector<std::pair<std::string, std::string>> outputs = {
-        {"--save-final", config_.save_final},
-        {"--metrics", config_.metrics},
-        {"--trace", trace_path_},
-        {"--save-optimizer-state", optimizer_state_path_}};
-    for (const auto& [flag, path] : outputs) {
-      check_output_path(flag, path);
-      check_outside_checkpoints(flag, path, config_.checkpoint_dir);
-    }
-    check_distinct_outputs(outputs);
+    if (rank == 0)
+      check_outputs({{"--save-final", config_.save_final},
+                     {"--metrics", config_.metrics},
+                     {"--trace", trace_path_},
+                     {"--save-optimizer-state", optimizer_state_path_}},
+                    config_.checkpoint_dir, {{"--init-from", config_.init_from}});
   });
 
   // Set-up: data, the model (the same on every rank, or stop here), the lesson object.

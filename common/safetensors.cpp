@@ -41,11 +41,17 @@ void save_safetensors(const std::string& path, const std::map<std::string, Named
 }
 
 nlohmann::json parse_json_unique_keys(std::string_view text, const std::string& file) {
+  constexpr int kMaxJsonDepth = 64;
   // The keys seen in each object being parsed, innermost last.
   std::vector<std::vector<std::string>> open;
-  const nlohmann::json::parser_callback_t unique = [&](int, nlohmann::json::parse_event_t event,
+  const nlohmann::json::parser_callback_t unique = [&](int depth, nlohmann::json::parse_event_t event,
                                                        nlohmann::json& parsed) {
     using E = nlohmann::json::parse_event_t;
+    // Neither format nests past a few levels; a deeper value would overflow the stack of the
+    // recursive code that prints or frees it.
+    RZ_CHECK(depth <= kMaxJsonDepth, file << ": the JSON nests deeper than " << kMaxJsonDepth
+                                          << " levels; no safetensors header or manifest does, "
+                                             "the file is damaged");
     if (event == E::object_start) open.emplace_back();
     if (event == E::object_end && !open.empty()) open.pop_back();
     if (event == E::key && !open.empty()) {

@@ -36,7 +36,8 @@ void save_safetensors(const std::string& path, const std::map<std::string, Named
 /// Parses JSON `text` (from `file`) refusing any object that gives one key twice, naming the
 /// file and the key: nlohmann's parser keeps the last, so a header or manifest listing a tensor
 /// twice would load silently. The format (RFC 8259 §4) leaves duplicates' meaning undefined.
-/// Errors: invalid JSON (nlohmann's message) and duplicate keys, each naming `file`.
+/// Errors: invalid JSON (nlohmann's message), duplicate keys and nesting deeper than 64 levels
+/// (which would overflow the stack of nlohmann's recursive printing), each naming `file`.
 nlohmann::json parse_json_unique_keys(std::string_view text, const std::string& file);
 
 /// Reads every tensor of the file at `path`: parse_safetensors on its bytes.

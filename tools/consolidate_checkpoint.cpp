@@ -13,9 +13,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
-#include <string>
-#include <utility>
-#include <vector>
+#include <filesystem>
 
 #include "common/atomic_file.hpp"
 #include "common/check.hpp"
@@ -23,6 +21,27 @@
 #include "common/safetensors.hpp"
 
 using namespace ringzero;
+namespace fs = std::filesystem;
+
+// --as-checkpoint DIR makes a new checkpoint: DIR must be a directory (or not exist yet) that
+// holds no checkpoint and is none, nor lies inside one (its step directory would mix with
+// another run's, or be written into the checkpoint being read).
+static void check_as_checkpoint(const std::string& dir) {
+  const fs::path d = fs::absolute(dir).lexically_normal();
+  const std::string kind = file_kind(dir);
+  RZ_CHECK(kind.empty() || kind == "a directory",
+           "--as-checkpoint " << dir << " is " << kind << "; give a directory for the new checkpoint");
+  for (const fs::path& c : {d, d.parent_path()})
+    RZ_CHECK(!fs::exists(c / "manifest.json"),
+             "--as-checkpoint " << dir << " is (or is inside) the committed checkpoint "
+                                << c.string() << "; give a directory of its own");
+  if (kind.empty()) return;
+  for (const auto& e : fs::directory_iterator(d))
+    RZ_CHECK(e.path().filename().string().rfind("step_", 0) != 0,
+             "--as-checkpoint " << dir << " already holds " << e.path().filename().string()
+                                << " (another run's checkpoints, which the new one would mix "
+                                   "with); give an empty or new directory");
+}
 
 int main(int argc, char** argv) {
   CLI::App app{"consolidate a RingZero checkpoint into one safetensors file"};
@@ -39,13 +58,8 @@ int main(int argc, char** argv) {
     const std::string resolved = resolve_checkpoint(dir);
     // Written whole or not at all, never over a FIFO or into a checkpoint (the one being read
     // included: its model.safetensors or manifest.json would be destroyed), one file each.
-    const std::vector<std::pair<std::string, std::string>> outputs = {
-        {"OUT", out}, {"--optimizer-state", optimizer_out}};
-    for (const auto& [flag, path] : outputs) {
-      check_output_path(flag, path);
-      check_outside_checkpoints(flag, path, "");
-    }
-    check_distinct_outputs(outputs);
+    check_outputs({{"OUT", out}, {"--optimizer-state", optimizer_out}}, "");
+    if (!as_checkpoint.empty()) check_as_checkpoint(as_checkpoint);
     const CheckpointData ckpt = read_checkpoint(resolved);
     if (!out.empty()) {
       write_file_atomically(out, safetensors_bytes(consolidated_state_dict(ckpt, false)));

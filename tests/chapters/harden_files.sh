@@ -181,7 +181,7 @@ SLURM_NTASKS=4 SLURM_JOB_ID=1 "${C1[@]}" --max-steps 1 >"$WORK/slurm.log" 2>&1 |
   { echo "FAILED S3: a single process in a 4-task allocation was refused"; cat "$WORK/slurm.log"; exit 1; }
 echo "ok S3: SLURM_NTASKS=4 (an allocation) runs one process"
 SLURM_STEP_NUM_TASKS=4 fails slurm_step 0 ch01_training_loop "launcher started 4 \(SLURM_STEP_NUM_TASKS=4\)" "${T[@]}"
-fails params_nan 0 ch06_zero1 "nan is not a finite number in \[1, 1e15\]" --memory-calculator --params nan
+fails params_nan 0 ch06_zero1 "nan is not a finite number" --memory-calculator --params nan
 fails no_shuffle_false 0 ch01_training_loop "--no-shuffle is a flag and takes no value, so 'false' after it is not expected" \
   "${T[@]}" --no-shuffle false
 fails keep_alone 0 ch01_training_loop "--keep-checkpoints 2 needs --checkpoint-dir" "${T[@]}" --keep-checkpoints 2

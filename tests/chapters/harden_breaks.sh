@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Hardening, round 2 (issue 24), part two: what a breaker found after the first fixes
+# (harden_files.sh has the issue's own list). Each case names the finding.
+#   B1  ranks that resolve --resume to different checkpoints stop before step 1 (they trained
+#       on mismatched models, then hung)
+#   B2  a sharded checkpoint whose tensor offsets do not tile the model is refused, also by
+#       consolidate (it crashed, or gave one tensor another's values)
+#   B3  JSON nested 100 000 deep is refused (a stack overflow in the printing of the error)
+#   B4  consolidate --as-checkpoint into a directory of checkpoints, or into the checkpoint it
+#       reads, is refused (it overwrote another run's checkpoint)
+#   B5  a run refused before step 1 leaves the previous run's --metrics intact (it truncated it)
+#   B7  --resume and --checkpoint-dir given as relative paths inside the directory
+#   B8  a character device that cannot be opened fails before step 1, naming the flag
+#   B9  --metrics /dev/stdout appended to a shell's redirect file keeps what it held
+#   B10 an output on the --init-from file is refused
+#   B11 a manifest's field list that this optimizer cannot use is named
+#   B13 resumed with --eval-every-epoch 0, the recorded evaluation is kept
+#   B14 --checkpoint-dir inside a committed checkpoint; B15 a file with a step directory's name
+source "$(dirname "$0")/lib.bash"
+RUN_TIMEOUT=60
+T=(--model toy --hidden-sizes 16,8 --global-batch-size 48 --eval-every-epoch 0)
+C1=("$BIN/ch01_training_loop" "${T[@]}")
+is_root() { [ "$(id -u)" = 0 ]; }
+
+# --- B1: one checkpoint for every rank ---------------------------------------------------------
+run d 2 ch05_ddp_buckets "${T[@]}" --max-steps 4 --checkpoint-every 2 --checkpoint-dir "$WORK/D"
+if is_root && unshare -m true 2>/dev/null; then
+  mkdir -p "$WORK/D1"; cp -r "$WORK/D/step_00000002" "$WORK/D1/"
+  A=("$BIN/ch05_ddp_buckets" "${T[@]}" --max-steps 8 --resume "$WORK/D")
+  fails other_checkpoints "rank 1 found step_00000002" "rank 0 found step_00000004" \
+    "every rank must resume from the same checkpoint" -- "$MPIRUN" --oversubscribe -np 1 "${A[@]}" : \
+    -np 1 unshare -m bash -c "mount --bind '$WORK/D1' '$WORK/D' && exec \"\$@\"" x "${A[@]}"
+  ! grep -q "^step 5/" "$WORK/other_checkpoints.log" || { echo "FAILED B1: it trained"; exit 1; }
+fi
+
+# --- B2, B11: manifests that read but do not fit -------------------------------------------------
+run z 2 ch06_zero1 "${T[@]}" --max-steps 2 --checkpoint-dir "$WORK/cz"
+edited() {  # edited NAME PYTHON-EDIT: a resealed copy of cz/step_00000002 in $WORK/e_NAME
+  rm -rf "$WORK/e_$1"; mkdir -p "$WORK/e_$1"; cp -r "$WORK/cz/step_00000002" "$WORK/e_$1/"
+  python3 -c "import json,sys; p=sys.argv[1]; m=json.load(open(p)); $2; json.dump(m, open(p,'w'), indent=2)" \
+    "$WORK/e_$1/step_00000002/manifest.json"
+  reseal_manifest "$WORK/e_$1/step_00000002/manifest.json"
+}
+edited far 'm["tensors"][5]["offset"] = 10**7'
+fails far_offset "field tensors[5].offset is missing or not the end of the tensor before it" -- \
+  "$BIN/consolidate_checkpoint" "$WORK/e_far" "$WORK/far.safetensors"
+edited wrap 'm["tensors"][1]["offset"] = 2**62'
+fails wrap_offset "field tensors[1].offset is missing or not the end of the tensor before it" -- \
+  "${C1[@]}" --max-steps 4 --resume "$WORK/e_wrap"
+edited fields 'm["fields"] = ["params"]'
+fails fields_sgd "field fields is [\"params\"], this run's --optimizer needs [\"params\",\"exp_avg\",\"exp_avg_sq\"]" -- \
+  "${C1[@]}" --max-steps 4 --resume "$WORK/e_fields"
+
+# --- B3: deep nesting --------------------------------------------------------------------------
+python3 - "$WORK/deep.safetensors" <<'PY'
+import struct, sys
+h = ('{"w":{"dtype":"F32","shape":' + "[" * 100000 + "]" * 100000 + ',"data_offsets":[0,0]}}').encode()
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h)
+PY
+fails deep "deep.safetensors header: the JSON nests deeper than 64 levels" -- "${C1[@]}" --init-from "$WORK/deep.safetensors"
+
+# --- B4: consolidate --as-checkpoint ------------------------------------------------------------
+before=$(sha256sum "$WORK/D/step_00000004/"* | sha256sum)
+fails as_other "--as-checkpoint $WORK/D already holds step_0000000" -- \
+  "$BIN/consolidate_checkpoint" "$WORK/cz" --as-checkpoint "$WORK/D"
+fails as_itself "--as-checkpoint $WORK/cz/step_00000002 is (or is inside) the committed checkpoint" -- \
+  "$BIN/consolidate_checkpoint" "$WORK/cz" --as-checkpoint "$WORK/cz/step_00000002"
+[ "$(sha256sum "$WORK/D/step_00000004/"* | sha256sum)" = "$before" ] || { echo "FAILED B4: D changed"; exit 1; }
+"$BIN/consolidate_checkpoint" "$WORK/cz" --as-checkpoint "$WORK/fresh" >/dev/null  # a new directory: fine
+
+# --- B5: a refused run keeps the previous metrics -----------------------------------------------
+"${C1[@]}" --max-steps 4 --checkpoint-dir "$WORK/c5" --metrics "$WORK/m5.jsonl" >/dev/null
+lines=$(wc -l <"$WORK/m5.jsonl")
+fails refused_keeps_metrics 0 ch01_training_loop "already holds committed checkpoints" "${T[@]}" \
+  --max-steps 6 --checkpoint-dir "$WORK/c5" --metrics "$WORK/m5.jsonl"
+expect_eq "$(wc -l <"$WORK/m5.jsonl")" "$lines" "B5: the refused run left the previous --metrics whole (lines)"
+
+# --- B7: relative paths -------------------------------------------------------------------------
+(cd "$WORK/c5" && "${C1[@]}" --max-steps 6 --checkpoint-dir . --resume step_00000004 >"$WORK/b7.log" 2>&1) ||
+  { echo "FAILED B7: a relative resume inside D was refused"; cat "$WORK/b7.log"; exit 1; }
+[ -d "$WORK/c5/step_00000006" ] || { echo "FAILED B7: no step 6"; exit 1; }
+echo "ok B7: --checkpoint-dir . --resume step_00000004 inside D resumed and saved step 6"
+
+# --- B8, B9, B10: devices, streams, inputs ---------------------------------------------------------
+if is_root && mknod "$WORK/tty" c 5 0 2>/dev/null; then  # /dev/tty: no controlling terminal here
+  fails tty "--save-final $WORK/tty: cannot open it for writing" -- setsid "${C1[@]}" --max-steps 3 --save-final "$WORK/tty"
+  ! grep -q "^step 1/" "$WORK/tty.log" || { echo "FAILED B8: it trained first"; exit 1; }
+fi
+echo "a line the shell wrote before" >"$WORK/run.log"
+"${C1[@]}" --max-steps 2 --metrics /dev/stdout >>"$WORK/run.log" 2>&1
+head -1 "$WORK/run.log" | grep -q "a line the shell wrote before" && grep -q '"type":"summary"' "$WORK/run.log" ||
+  { echo "FAILED B9: --metrics /dev/stdout replaced the redirect file"; cat "$WORK/run.log"; exit 1; }
+echo "ok B9: --metrics /dev/stdout >> run.log kept the log and appended the records"
+fails init_from_metrics 0 ch01_training_loop "--init-from $WORK/d.safetensors and --metrics $WORK/d.safetensors name the same file" \
+  "${T[@]}" --init-from "$WORK/d.safetensors" --metrics "$WORK/d.safetensors"
+
+# --- B13: a recorded evaluation is kept when the resumed run makes none ---------------------------
+E=(--model toy --hidden-sizes 16,8 --global-batch-size 100 --epochs 2)  # 10 steps per epoch
+"$BIN/ch01_training_loop" "${E[@]}" --max-steps 10 --checkpoint-dir "$WORK/c13" --metrics "$WORK/m13.jsonl" >/dev/null
+"$BIN/ch01_training_loop" "${E[@]}" --eval-every-epoch 0 --resume "$WORK/c13" --metrics "$WORK/m13.jsonl" >/dev/null
+expect_eq "$(grep -c '"type":"eval"' "$WORK/m13.jsonl")" 1 "B13: epoch 1's recorded evaluation kept"
+
+# --- B14, B15: checkpoint directories -------------------------------------------------------------
+fails inside_ck 0 ch01_training_loop "--checkpoint-dir $WORK/c5/step_00000004 is \(or is inside\) a committed checkpoint" \
+  "${T[@]}" --max-steps 2 --checkpoint-dir "$WORK/c5/step_00000004"
+mkdir -p "$WORK/c15"; touch "$WORK/c15/step_00000004"
+fails stray_step 0 ch01_training_loop "$WORK/c15/step_00000004 is not a directory, but has a checkpoint's name" \
+  "${T[@]}" --max-steps 4 --checkpoint-dir "$WORK/c15"
+echo "harden_breaks: all cases passed"
