@@ -67,22 +67,7 @@ TrainPosition Checkpointer::resume(TrainingState& state, int64_t steps_per_epoch
   const std::string dir = resolve_checkpoint(config_.resume);
   CheckpointData ck = read_checkpoint(dir);
   const std::string mpath = (fs::path(dir) / kManifest).string();
-  // Every rank resolved --resume itself (a stale listing on a shared file system, or
-  // node-local directories, can give ranks different checkpoints): the same one, or stop.
-  if (comm_) {
-    const std::string mine = step_dir_name(ck.manifest.at("global_step").get<int64_t>()) +
-                             " (manifest_crc32 " + json_str(ck.manifest.at(kSealField)) + ")";
-    const std::vector<std::string> all = comm_->gather_strings(mine, 0);
-    std::string verdict;
-    for (size_t r = 1; r < all.size() && verdict.empty(); ++r)
-      if (all[r] != all[0])
-        verdict = "--resume " + config_.resume + ": rank " + std::to_string(r) + " found " +
-                  all[r] + ", rank 0 found " + all[0] +
-                  "; every rank must resume from the same checkpoint (a node-local or stale "
-                  "directory?). Give every rank the same step_* directory";
-    comm_->broadcast_string(verdict, 0);
-    RZ_CHECK(verdict.empty(), verdict);
-  }
+  check_same_checkpoint(comm_, config_.resume, ck.manifest);  // on every rank (checkpoint_guard)
   try {
     return load(ck, mpath, state, steps_per_epoch);
   } catch (const nlohmann::json::exception& e) {  // a field of a type this binary never writes

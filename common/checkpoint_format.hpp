@@ -28,6 +28,10 @@
 #include "optim.hpp"
 #include "train.hpp"
 
+namespace ringzero {
+class Communicator;
+}
+
 namespace ringzero::checkpoint_format {
 
 inline constexpr const char* kManifest = "manifest.json";
@@ -118,6 +122,12 @@ inline bool kill_hook(int64_t step, int rank) {
 // refuses a text whose field is missing, given twice or malformed, or whose CRC differs (an
 // edited step count, flag or range), naming `mpath`, both values and the fix.
 inline constexpr const char* kSealField = "manifest_crc32";
+// check_manifest_fields: every manifest field read_checkpoint and Checkpointer::resume read, with
+// its JSON type and range, checked before any is used (a valid JSON file with a missing or
+// mistyped field is refused naming `mpath` and the field, not with nlohmann's "key not found");
+// the files it lists exist as regular files of their recorded sizes, and those sizes bound
+// num_parameters, so a damaged count cannot allocate gigabytes on every rank.
+void check_manifest_fields(const nlohmann::json& m, const std::string& mpath);
 std::string seal_manifest(nlohmann::json manifest);
 void check_manifest_seal(const std::string& text, const std::string& mpath);
 
@@ -137,6 +147,11 @@ inline std::string json_str(const nlohmann::json& j) {
 void check_resume_fits(const nlohmann::json& m, const TrainConfig& config, const Model& model,
                        const std::string& mpath);
 void check_same_data(const nlohmann::json& m, const nlohmann::json& now, const std::string& mpath);
+// check_same_checkpoint: collective; every rank resolved --resume `resume` itself (a stale
+// listing on a shared file system, or node-local directories, can give ranks different
+// checkpoints): each rank's step and manifest CRC must equal rank 0's, or every rank stops,
+// naming both. comm null: nothing to compare.
+void check_same_checkpoint(Communicator* comm, const std::string& resume, const nlohmann::json& m);
 // check_finite_state: every value of every field the checkpoint `ck` holds is finite; a NaN or
 // infinity (a checkpoint saved after the run that wrote it had diverged) is refused naming the
 // field, the tensor and the index, instead of being reported as a divergence of this run.

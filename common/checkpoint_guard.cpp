@@ -16,6 +16,7 @@
 #include "check.hpp"
 #include "checkpoint.hpp"
 #include "checkpoint_format.hpp"
+#include "comm.hpp"
 #include "dist_config.hpp"
 
 namespace fs = std::filesystem;
@@ -78,6 +79,23 @@ void check_same_data(const nlohmann::json& m, const nlohmann::json& now, const s
                        << now.dump()
                        << ": other samples than the run that wrote it. Resume with the same "
                           "--data/--data-dir, or start a new run (--init-from for its weights)");
+}
+
+void check_same_checkpoint(Communicator* comm, const std::string& resume,
+                           const nlohmann::json& m) {
+  if (comm == nullptr) return;
+  const std::string mine = step_dir_name(m.at("global_step").get<int64_t>()) +
+                           " (manifest_crc32 " + json_str(m.at(kSealField)) + ")";
+  const std::vector<std::string> all = comm->gather_strings(mine, 0);
+  std::string verdict;
+  for (size_t r = 1; r < all.size() && verdict.empty(); ++r)
+    if (all[r] != all[0])
+      verdict = "--resume " + resume + ": rank " + std::to_string(r) + " found " + all[r] +
+                ", rank 0 found " + all[0] +
+                "; every rank must resume from the same checkpoint (a node-local or stale "
+                "directory?). Give every rank the same step_* directory";
+  comm->broadcast_string(verdict, 0);
+  RZ_CHECK(verdict.empty(), verdict);
 }
 
 void check_finite_state(const CheckpointData& ck, const std::string& mpath) {

@@ -3,7 +3,7 @@
 #   tests/fuzz/build.sh OUT_DIR
 # Compiles the few common/ sources the three readers need once, with
 # -fsanitize=fuzzer-no-link,address,undefined, and links fuzz_safetensors, fuzz_idx and
-# fuzz_manifest (the checkpoint reader, checkpoint_read.cpp).
+# fuzz_manifest (the checkpoint reader, checkpoint_read.cpp and checkpoint_manifest.cpp).
 # nn.cpp's Linear reaches the 16-bit path (mixed.cpp: linear_half), which reaches the optimizer,
 # the communicator, metrics, train and config: ASan's global metadata keeps every vtable, so
 # those are linked too although the parsers never call them.
@@ -21,7 +21,7 @@ flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fno-sanitize-recover=undefined
        -I"$src" -I/usr/include/eigen3 "${mpi_compile[@]}")
 objs=()
 sources=(check tensor ledger autograd ops nn data safetensors atomic_file
-         half mixed optim comm metrics train config checkpoint_read)
+         half mixed optim comm metrics train config checkpoint_read checkpoint_manifest)
 for f in "${sources[@]}"; do
   o="$out/obj/$f.o"
   "${launcher[@]}" "$CXX" "${flags[@]}" -fsanitize=fuzzer-no-link,address,undefined \
