@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -53,6 +54,18 @@ inline int64_t step_of_dir_name(const std::string& name) {
     s = s * 10 + (name[i] - '0');
   }
   return s;
+}
+
+// The committed checkpoint that holds `path` (the path itself or any directory above it): a
+// step_* directory with a manifest.json; "" when none does.
+inline std::string committed_checkpoint_holding(const std::filesystem::path& path) {
+  const std::filesystem::path p = std::filesystem::absolute(path).lexically_normal();
+  for (std::filesystem::path d = p; !d.empty() && d != d.root_path(); d = d.parent_path()) {
+    if (step_of_dir_name(d.filename().string()) >= 0 && std::filesystem::exists(d / kManifest))
+      return d.string();
+    if (d == d.parent_path()) break;
+  }
+  return "";
 }
 
 inline uint32_t crc32_of(const std::string& bytes) {

@@ -127,10 +127,10 @@ void check_outside_checkpoints(const std::string& flag, const std::string& path,
   const OutputTarget target = resolve_output(flag, path);
   if (target.device) return;
   const fs::path out = fs::weakly_canonical(fs::absolute(target.path));
-  RZ_CHECK(!fs::exists(out.parent_path() / kManifest),
-           flag << " " << path << " is inside the committed checkpoint " << out.parent_path().string()
-                << ", where only the checkpointer writes (it would be pruned with it, or replace "
-                   "one of its files); write it elsewhere");
+  const std::string holder = committed_checkpoint_holding(out.parent_path());
+  RZ_CHECK(holder.empty(), flag << " " << path << " is inside the committed checkpoint " << holder
+                                << ", where only the checkpointer writes (it would be pruned with "
+                                   "it, or replace one of its files); write it elsewhere");
   if (checkpoint_dir.empty()) return;
   const fs::path ck = fs::weakly_canonical(fs::absolute(checkpoint_dir));
   RZ_CHECK(out != ck, flag << " " << path << " is the --checkpoint-dir " << checkpoint_dir
@@ -161,6 +161,14 @@ void Checkpointer::check_checkpoint_dir() {
 
 void Checkpointer::check_checkpoint_dir_here() {
   const fs::path d = config_.checkpoint_dir;
+  // Checked before the directory is made: a refused one leaves nothing behind in a checkpoint.
+  const std::string holder = committed_checkpoint_holding(fs::weakly_canonical(fs::absolute(d)));
+  RZ_CHECK(holder.empty(), "--checkpoint-dir " << config_.checkpoint_dir
+                                               << " is (or is inside) a committed checkpoint ("
+                                               << holder
+                                               << "), where only the checkpointer of the run "
+                                                  "that wrote it writes; give the directory that "
+                                                  "holds the step_* directories, or another one");
   // Writable, now: not after the last step (F2's lost run). Created if missing.
   std::error_code ec;
   fs::create_directories(d, ec);
@@ -169,12 +177,6 @@ void Checkpointer::check_checkpoint_dir_here() {
                                << (ec ? ec.message() : "a file of that name exists")
                                << "); give a directory in a writable place");
   // Named by rank and pid: ranks on several nodes may share D.
-  const fs::path parent = fs::absolute(d).lexically_normal().parent_path();
-  RZ_CHECK(!fs::exists(d / kManifest) && !fs::exists(parent / kManifest),
-           "--checkpoint-dir " << config_.checkpoint_dir
-                               << " is (or is inside) a committed checkpoint, where only the "
-                                  "checkpointer of the run that wrote it writes; give the "
-                                  "directory that holds the step_* directories, or another one");
   const std::string probe =
       (d / (".write-test." + std::to_string(rank_) + "." + std::to_string(::getpid()))).string();
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
@@ -188,7 +190,6 @@ void Checkpointer::check_checkpoint_dir_here() {
   fs::path from = resumed_dir_.empty() ? fs::path() : fs::absolute(resumed_dir_).lexically_normal();
   if (from.filename().empty()) from = from.parent_path();  // "D/step_X/"
   const bool resumed_here = !resumed_dir_.empty() && fs::equivalent(from.parent_path(), d, same_ec);
-  if (resumed_here) return;
   int64_t newest = -1;
   for (const auto& e : fs::directory_iterator(d)) {
     const int64_t s = step_of_dir_name(e.path().filename().string());
@@ -199,6 +200,7 @@ void Checkpointer::check_checkpoint_dir_here() {
                                                "name; move it away");
     if (s >= 0 && fs::exists(e.path() / kManifest)) newest = std::max(newest, s);
   }
+  if (resumed_here) return;
   RZ_CHECK(newest < 0, "--checkpoint-dir "
                            << config_.checkpoint_dir
                            << " already holds committed checkpoints of another run (newest: "

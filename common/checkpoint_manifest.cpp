@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 
 #include "checkpoint_format.hpp"
 
@@ -85,19 +86,28 @@ void check_manifest_fields(const nlohmann::json& m, const std::string& mpath) {
     fail_field("fields", "a list holding \"params\"");
   array(m, "tensors", "");
   int64_t numel_sum = 0;
+  std::set<std::string> names;
   for (size_t i = 0; i < m["tensors"].size(); ++i) {
     const auto& t = m["tensors"][i];
     const std::string where = "tensors[" + std::to_string(i) + "].";
     if (!t.is_object()) fail_field("tensors[" + std::to_string(i) + "]", "an object");
     string(t, "name", where);
     array(t, "shape", where);
-    for (const auto& d : t["shape"])
+    int64_t shape_numel = 1;  // the shape's product, saturated: a huge shape cannot wrap
+    for (const auto& d : t["shape"]) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0) fail_field(where + "shape", "integers");
+      const int64_t n = d.get<int64_t>();
+      shape_numel = n != 0 && shape_numel > INT64_MAX / n ? INT64_MAX : shape_numel * n;
+    }
+    const std::string tname = t["name"].get<std::string>();
+    if (tname == "__metadata__" || !names.insert(tname).second)
+      fail_field(where + "name", "a tensor name given once (and not __metadata__)");
     // The model's unpadded flat layout: tensors in registration order, back to back.
     if (integer(t, "offset", where, 0) != numel_sum)
       fail_field(where + "offset", ("the end of the tensor before it, " + std::to_string(numel_sum))
                                        .c_str());
     const int64_t n = integer(t, "numel", where, 0);
+    if (n != shape_numel) fail_field(where + "numel", "the product of its shape");
     if (t.contains("step") || m["optimizer_state"].value("type", "") == "adamw")
       integer(t, "step", where, 0);  // AdamW's per-tensor step count (bias correction)
     if (n > psi - numel_sum) fail_field(where + "numel", "within num_parameters");

@@ -118,11 +118,10 @@ CheckpointData read_checkpoint(const std::string& dir) {
   return read_checkpoint_manifest(read_file(mpath), dir);
 }
 
-CheckpointData read_checkpoint_manifest(const std::string& text, const std::string& dir) {
-  CheckpointData ck;
-  ck.dir = dir;
-  const std::string mpath = (fs::path(dir) / kManifest).string();
-  ck.manifest = parse_json_unique_keys(text, mpath);
+namespace {
+
+CheckpointData read_checked_manifest(const std::string& text, CheckpointData ck,
+                                     const std::string& mpath) {
   const nlohmann::json& m = ck.manifest;
   RZ_CHECK(m.is_object(), mpath << ": not a JSON object; the manifest is damaged");
   RZ_CHECK(m.value("format", "") == "ringzero-checkpoint",
@@ -141,11 +140,29 @@ CheckpointData read_checkpoint_manifest(const std::string& text, const std::stri
   std::vector<int64_t> covered(static_cast<size_t>(psi), 0);  // files holding each element
   for (const auto& rec : m.at("files")) copy_file_record(rec, ck, fields, covered);
   for (int64_t i = 0; i < psi; ++i)
-    RZ_CHECK(covered[i] == 1, dir << ": element " << i << " of the model is held by " << covered[i]
-                                  << " files (must be exactly 1): the files do not match "
-                                  << kManifest << " field files");
+    RZ_CHECK(covered[i] == 1, ck.dir << ": element " << i << " of the model is held by "
+                                     << covered[i] << " files (must be exactly 1): the files do "
+                                     << "not match " << kManifest << " field files");
   return ck;
 }
+
+}  // namespace
+
+CheckpointData read_checkpoint_manifest(const std::string& text, const std::string& dir) {
+  CheckpointData ck;
+  ck.dir = dir;
+  const std::string mpath = (fs::path(dir) / kManifest).string();
+  ck.manifest = parse_json_unique_keys(text, mpath);
+  try {
+    return read_checked_manifest(text, std::move(ck), mpath);
+  } catch (const nlohmann::json::exception& e) {  // a field of a type this binary never writes
+    RZ_CHECK(false, mpath << ": a field is missing or of another type than this binary writes ("
+                          << e.what() << "); the manifest is damaged. Resume from another "
+                                         "checkpoint");
+  }
+  return {};
+}
+
 
 std::map<std::string, NamedTensor> consolidated_state_dict(const CheckpointData& ck,
                                                            bool optimizer) {

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "common/check.hpp"
+#include "common/safetensors.hpp"
 
 namespace ringzero {
 
@@ -279,12 +280,10 @@ Network network_from_selftest(const std::string& path) {
                    << path
                    << "': run scripts/cluster selftest, which "
                       "writes /run/ringzero-cluster/<name>/selftest.json");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    RZ_CHECK(false, "selftest file '" << path << "' is not JSON: " << e.what());
-  }
+  // Each key once, nested at most 64 deep (its error messages print values).
+  const nlohmann::json j = parse_json_unique_keys(
+      std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()),
+      "selftest file " + path);
   RZ_CHECK(j.is_object() && j.contains("latency_us") && j.contains("bandwidth_bps"),
            "selftest file '" << path << "' lacks latency_us or bandwidth_bps");
   for (const char* field : {"latency_us", "bandwidth_bps"})

@@ -45,7 +45,8 @@ void StepLogger::continue_after(int64_t step, int64_t steps_per_epoch, bool eval
       if (type == "step" && number("step") > step) continue;
       // An evaluation at or after `step` is made again by the resumed run (run.cpp's loop
       // starts in the epoch of `step`): kept once, whether or not the stopped run got to it.
-      if (type == "eval" && evaluates && number("epoch") * steps_per_epoch >= step) continue;
+      const int64_t eval_end = number("epoch") * steps_per_epoch;  // the step it followed
+      if (type == "eval" && (eval_end > step || (evaluates && eval_end == step))) continue;
       kept += line + "\n";
     }
   }

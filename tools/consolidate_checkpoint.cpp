@@ -31,8 +31,8 @@ static void check_as_checkpoint(const std::string& dir) {
   const std::string kind = file_kind(dir);
   RZ_CHECK(kind.empty() || kind == "a directory",
            "--as-checkpoint " << dir << " is " << kind << "; give a directory for the new checkpoint");
-  for (const fs::path& c : {d, d.parent_path()})
-    RZ_CHECK(!fs::exists(c / "manifest.json"),
+  for (fs::path c = d; !c.empty() && c != c.parent_path(); c = c.parent_path())
+    RZ_CHECK(c.filename().string().rfind("step_", 0) != 0 || !fs::exists(c / "manifest.json"),
              "--as-checkpoint " << dir << " is (or is inside) the committed checkpoint "
                                 << c.string() << "; give a directory of its own");
   if (kind.empty()) return;

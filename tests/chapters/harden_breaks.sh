@@ -16,6 +16,10 @@
 #   B11 a manifest's field list that this optimizer cannot use is named
 #   B13 resumed with --eval-every-epoch 0, the recorded evaluation is kept
 #   B14 --checkpoint-dir inside a committed checkpoint; B15 a file with a step directory's name
+#   and a second pass: a committed checkpoint is a step_* directory holding a manifest, at any
+#   depth above the path (not any directory with a manifest.json); a tensor whose numel is not
+#   its shape's product, a tensor name given twice, a field of another JSON type; --net-selftest
+#   nested 100 000 deep; a stray step file in a resumed run's --checkpoint-dir
 source "$(dirname "$0")/lib.bash"
 RUN_TIMEOUT=60
 T=(--model toy --hidden-sizes 16,8 --global-batch-size 48 --eval-every-epoch 0)
@@ -94,11 +98,14 @@ echo "ok B9: --metrics /dev/stdout >> run.log kept the log and appended the reco
 fails init_from_metrics 0 ch01_training_loop "--init-from $WORK/d.safetensors and --metrics $WORK/d.safetensors name the same file" \
   "${T[@]}" --init-from "$WORK/d.safetensors" --metrics "$WORK/d.safetensors"
 
-# --- B13: a recorded evaluation is kept when the resumed run makes none ---------------------------
+# --- B13: a recorded evaluation is kept when the resumed run makes none; later ones go ----------
 E=(--model toy --hidden-sizes 16,8 --global-batch-size 100 --epochs 2)  # 10 steps per epoch
-"$BIN/ch01_training_loop" "${E[@]}" --max-steps 10 --checkpoint-dir "$WORK/c13" --metrics "$WORK/m13.jsonl" >/dev/null
-"$BIN/ch01_training_loop" "${E[@]}" --eval-every-epoch 0 --resume "$WORK/c13" --metrics "$WORK/m13.jsonl" >/dev/null
-expect_eq "$(grep -c '"type":"eval"' "$WORK/m13.jsonl")" 1 "B13: epoch 1's recorded evaluation kept"
+"$BIN/ch01_training_loop" "${E[@]}" --checkpoint-every 5 --checkpoint-dir "$WORK/c13" --metrics "$WORK/m13.jsonl" >/dev/null
+cp "$WORK/m13.jsonl" "$WORK/m13b.jsonl"
+"$BIN/ch01_training_loop" "${E[@]}" --eval-every-epoch 0 --resume "$WORK/c13/step_00000010" --metrics "$WORK/m13.jsonl" >/dev/null
+expect_eq "$(grep -c '"type":"eval"' "$WORK/m13.jsonl")" 1 "B13: resumed at step 10 without evaluations: epoch 1's recorded evaluation kept, epoch 2's dropped"
+"$BIN/ch01_training_loop" "${E[@]}" --eval-every-epoch 0 --resume "$WORK/c13/step_00000005" --metrics "$WORK/m13b.jsonl" >/dev/null
+expect_eq "$(grep -c '"type":"eval"' "$WORK/m13b.jsonl")" 0 "B13: resumed at step 5: no evaluation of the stopped run's later steps kept"
 
 # --- B14, B15: checkpoint directories -------------------------------------------------------------
 fails inside_ck 0 ch01_training_loop "--checkpoint-dir $WORK/c5/step_00000004 is \(or is inside\) a committed checkpoint" \
@@ -106,4 +113,31 @@ fails inside_ck 0 ch01_training_loop "--checkpoint-dir $WORK/c5/step_00000004 is
 mkdir -p "$WORK/c15"; touch "$WORK/c15/step_00000004"
 fails stray_step 0 ch01_training_loop "$WORK/c15/step_00000004 is not a directory, but has a checkpoint's name" \
   "${T[@]}" --max-steps 4 --checkpoint-dir "$WORK/c15"
+# --- Second pass: a checkpoint is a step_* directory with a manifest, at any depth ----------------
+mkdir -p "$WORK/P"; echo '{}' >"$WORK/P/manifest.json"  # some other tool's manifest.json
+"${C1[@]}" --max-steps 1 --metrics "$WORK/P/m.jsonl" >/dev/null || { echo "FAILED: P/manifest.json taken for a checkpoint"; exit 1; }
+fails deep_ck 0 ch01_training_loop "--checkpoint-dir $WORK/c5/step_00000004/a/b is \(or is inside\) a committed checkpoint" \
+  "${T[@]}" --max-steps 2 --checkpoint-dir "$WORK/c5/step_00000004/a/b"
+[ ! -e "$WORK/c5/step_00000004/a" ] || { echo "FAILED: the refused run made a directory in the checkpoint"; exit 1; }
+mkdir -p "$WORK/c5/step_00000004/x"
+fails deep_output 0 ch01_training_loop "--save-final $WORK/c5/step_00000004/x/w.st is inside the committed checkpoint" \
+  "${T[@]}" --max-steps 2 --save-final "$WORK/c5/step_00000004/x/w.st"
+rmdir "$WORK/c5/step_00000004/x"
+edited shape 'm["tensors"][0]["shape"] = [16, 49]'
+fails shape "field tensors[0].numel is missing or not the product of its shape" -- \
+  "$BIN/consolidate_checkpoint" "$WORK/e_shape" "$WORK/shape.safetensors"
+edited name 'm["tensors"][0]["name"] = "0.bias"'
+fails name "field tensors[1].name is missing or not a tensor name given once" -- \
+  "$BIN/consolidate_checkpoint" "$WORK/e_name" "$WORK/name.safetensors"
+edited format 'm["format"] = 5'
+fails format_type "manifest.json: a field is missing or of another type than this binary writes" -- \
+  "$BIN/consolidate_checkpoint" "$WORK/e_format" "$WORK/format.safetensors"
+python3 -c 'print("{\"latency_us\": " + "[" * 100000 + "]" * 100000 + ", \"bandwidth_bps\": 1e9}")' >"$WORK/self.json"
+fails deep_selftest 2 ch04_ring_allreduce "selftest file .*self.json: the JSON nests deeper than 64 levels" \
+  "${T[@]}" --max-steps 1 --net-selftest "$WORK/self.json" --net-compute-ms 1
+# A resumed run's --checkpoint-dir with a file where its next step directory goes.
+touch "$WORK/c5/step_00000008"
+fails stray_resumed 0 ch01_training_loop "$WORK/c5/step_00000008 is not a directory, but has a checkpoint's name" \
+  "${T[@]}" --max-steps 8 --checkpoint-dir "$WORK/c5" --resume "$WORK/c5"
+rm "$WORK/c5/step_00000008"
 echo "harden_breaks: all cases passed"
