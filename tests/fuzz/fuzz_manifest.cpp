@@ -3,7 +3,7 @@
 // by tests/fuzz/build.sh; run by ctest (fuzz_manifest) for a bounded time from the seed corpus
 // in tests/fuzz/corpus/manifest.
 //
-// The directory (made once, in a temporary folder) holds what the seeds describe: a
+// The directory (made once, in a temporary folder) holds the files the corpus manifests list: a
 // replicated checkpoint file (model.safetensors: tensors "w" [2, 3] and "b" [2] with their AdamW
 // moments) and two ZeRO shards (shard_00000/1.safetensors: flat "params", "exp_avg",
 // "exp_avg_sq" of 5 and 3 elements). Each input's manifest_crc32 is recomputed before the read
