@@ -29,10 +29,6 @@
 #include "optim.hpp"
 #include "train.hpp"
 
-namespace ringzero {
-class Communicator;
-}
-
 namespace ringzero::checkpoint_format {
 
 inline constexpr const char* kManifest = "manifest.json";

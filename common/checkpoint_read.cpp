@@ -2,9 +2,6 @@
 // manifest checked by checkpoint_manifest.cpp, then every file it names, its CRC-32 and ranges),
 // and consolidating it into one replicated state (consolidated_state_dict,
 // write_replicated_checkpoint). Split from checkpoint.cpp, which writes them (Checkpointer).
-#include <cctype>
-#include <climits>
-#include <cstdio>
 #include <filesystem>
 
 #include "checkpoint.hpp"
