@@ -14,7 +14,7 @@
 // Metrics traffic (loss and accuracy sums, reports) is counted under "metrics" so that
 // per-step gradient traffic can be compared with theory exactly.
 // Leaves out: communicators other than MPI_COMM_WORLD, dtypes other than float32/float64
-// (and 16-bit values in send, recv and sendrecv).
+// (and bf16/fp16 values in send, recv and sendrecv).
 #pragma once
 
 #include <climits>
@@ -25,6 +25,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "half.hpp"
 
 namespace ringzero {
 
@@ -60,6 +62,17 @@ class Communicator {
   /// The same for 16-bit values (bf16 or fp16 bits; MPI_UINT16_T, counted at 2 bytes each).
   void sendrecv(std::span<const uint16_t> send_buf, int dest, std::span<uint16_t> recv_buf,
                 int src);
+  /// send, recv and sendrecv of bf16 / fp16 values (common/half.hpp): their bits, as above.
+  template <Half T>
+  void send(std::span<const T> buf, int dest) { send(as_bits(buf), dest); }
+  template <Half T>
+  void send(std::span<T> buf, int dest) { send(as_bits(std::span<const T>(buf)), dest); }
+  template <Half T>
+  void recv(std::span<T> buf, int src) { recv(as_bits(buf), src); }
+  template <Half T>
+  void sendrecv(std::span<const T> send_buf, int dest, std::span<T> recv_buf, int src) {
+    sendrecv(as_bits(send_buf), dest, as_bits(recv_buf), src);
+  }
   /// How the CALLING thread waits in sendrecv (thread_local): 0, the default, spins in
   /// MPI_Waitall, the fastest when the thread has a core to itself; us > 0 tests for completion
   /// and sleeps `us` microseconds between tests, so that a communication thread sharing a core

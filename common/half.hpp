@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include "ledger.hpp"
 
@@ -92,5 +93,117 @@ struct Aligned16Allocator {
 /// An owning, zero-initialised, 64-byte-aligned array of 16-bit values, tagged in the Ledger
 /// at 2 bytes per element. Move-only. Which 16-bit format it holds is the owner's business.
 using Buffer16 = LedgerArray<uint16_t, Aligned16Allocator>;
+
+// ---- The element types the engines are written over: float, bf16, fp16 -----------------------
+
+/// bf16 and fp16 as value types (llm.c's floatX, c10::BFloat16 / c10::Half): 16 bits of
+/// storage. `a += b` is one 16-bit accumulation: both widened to float32 (exact), added, the sum
+/// rounded once to nearest even (accumulate_half's rule; what NCCL's bf16/fp16 sum does per hop
+/// and PyTorch's AccumulateGrad on a bf16 .grad). Trivially copyable, 2 bytes, no padding: a
+/// span of them is the bits that cross the wire.
+template <Dtype D>
+struct Float16 {
+  static_assert(D == Dtype::bf16 || D == Dtype::fp16);
+  uint16_t bits = 0;
+  static constexpr Dtype dtype = D;
+  static Float16 from_float(float f) { return {round(f)}; }
+  explicit operator float() const { return widen(bits); }
+  Float16& operator+=(Float16 other) {
+    bits = round(widen(bits) + widen(other.bits));
+    return *this;
+  }
+
+ private:
+  static uint16_t round(float f) {
+    if constexpr (D == Dtype::bf16) return float_to_bf16(f);
+    else return float_to_fp16(f);
+  }
+  static float widen(uint16_t h) {
+    if constexpr (D == Dtype::bf16) return bf16_to_float(h);
+    else return fp16_to_float(h);
+  }
+};
+using bf16 = Float16<Dtype::bf16>;  ///< 1 sign, 8 exponent, 7 mantissa bits
+using fp16 = Float16<Dtype::fp16>;  ///< IEEE binary16: 1 sign, 5 exponent, 10 mantissa bits
+
+static_assert(sizeof(bf16) == 2 && alignof(bf16) == alignof(uint16_t) &&
+              std::is_trivially_copyable_v<bf16> && std::is_standard_layout_v<bf16>);
+static_assert(sizeof(fp16) == 2 && alignof(fp16) == alignof(uint16_t) &&
+              std::is_trivially_copyable_v<fp16> && std::is_standard_layout_v<fp16>);
+
+/// bf16 or fp16.
+template <class T>
+concept Half = std::is_same_v<T, bf16> || std::is_same_v<T, fp16>;
+/// float, bf16 or fp16: the element types parameters, gradients and wire buffers take.
+template <class T>
+concept Element = std::is_same_v<T, float> || Half<T>;
+
+/// The Dtype of an element type.
+template <Element T>
+constexpr Dtype dtype_of() {
+  if constexpr (std::is_same_v<T, float>) return Dtype::fp32;
+  else return T::dtype;
+}
+
+/// A 16-bit buffer's bits seen as its element type, and back (the storage is raw aligned_alloc
+/// memory holding 2-byte values; the element type is the owner's, as a PyTorch tensor's bytes
+/// are read as c10::BFloat16).
+template <Half T>
+std::span<T> as_elements(std::span<uint16_t> bits) {
+  return {reinterpret_cast<T*>(bits.data()), bits.size()};
+}
+template <Half T>
+std::span<uint16_t> as_bits(std::span<T> values) {
+  return {reinterpret_cast<uint16_t*>(values.data()), values.size()};
+}
+template <Half T>
+std::span<const uint16_t> as_bits(std::span<const T> values) {
+  return {reinterpret_cast<const uint16_t*>(values.data()), values.size()};
+}
+
+/// dst[i] += src[i] for every i, in the element type's arithmetic: float32 adds; bf16/fp16 add in
+/// float32 and round once (the same numbers as T::operator+=, through accumulate_half's
+/// vectorised loop). Errors: sizes differ (16-bit).
+inline void add_into(std::span<float> dst, std::span<const float> src) {
+  float* __restrict d = dst.data();
+  const float* __restrict s = src.data();
+  for (size_t i = 0; i < dst.size(); ++i) d[i] += s[i];
+}
+template <Half T>
+void add_into(std::span<T> dst, std::span<const T> src) {
+  accumulate_half(T::dtype, as_bits(dst), as_bits(src));
+}
+
+/// Memory for a buffer of bf16 or fp16 values: Aligned16Allocator's, typed.
+template <Half T>
+struct HalfAllocator {
+  static constexpr const char* kName = "Buffer16";
+  static T* allocate(int64_t size, MemTag tag, bool zero) {
+    return reinterpret_cast<T*>(Aligned16Allocator::allocate(size, tag, zero));
+  }
+  static void free(T* data) { Aligned16Allocator::free(reinterpret_cast<uint16_t*>(data)); }
+};
+
+namespace half_detail {
+template <class T>
+struct BufferFor;
+template <>
+struct BufferFor<float> {
+  using type = Buffer;
+};
+template <>
+struct BufferFor<uint16_t> {
+  using type = Buffer16;
+};
+template <Half T>
+struct BufferFor<T> {
+  using type = LedgerArray<T, HalfAllocator<T>>;
+};
+}  // namespace half_detail
+
+/// The owning buffer of an element type: Buffer (float), a ledger-tagged array of bf16/fp16
+/// (2 bytes per element), or Buffer16 (raw 16-bit bits).
+template <class T>
+using BufferOf = typename half_detail::BufferFor<T>::type;
 
 }  // namespace ringzero

@@ -20,9 +20,8 @@ class GradientAccumulation : public TrainingLoop {
 /// Returns the global batch's mean loss. Errors: a non-finite loss (check_finite_loss).
 inline double train_step(GradientAccumulation& lesson, const Step& step) {
   const int64_t K = step.config.grad_accum_steps;
-  if (lesson.mixed) return train_step_mixed(*lesson.mixed, step, 1.0f / K);
   Model& model = step.model;
-  model.zero_grad();  // once per optimizer step, not per micro-step: that is the whole trick
+  lesson.precision.zero_grad();  // once per optimizer step, not per micro-step: the whole trick
   double loss_sum = 0;
   for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
     Batch batch = step.micro_batch(micro_step);  // (B/K, in)
@@ -30,14 +29,13 @@ inline double train_step(GradientAccumulation& lesson, const Step& step) {
     Var loss = forward_loss(tape, model, batch);  // mean over the B/K samples
     loss_sum += loss->value[0];
     // BEGIN EXERCISE 02.1 (the 1/K scaling of accumulation)
-    tape.backward(loss, 1.0f / K);  // (loss / K).backward(): grads += dloss/K
+    tape.backward(loss, 1.0f / K * lesson.precision.loss_scale());  // (loss / K).backward()
     // END EXERCISE 02.1
   }
-  const double loss_value = loss_sum / K;    // mean of equal-sized micro-batch means = batch mean
+  const double loss_value = loss_sum / K;  // mean of equal-sized micro-batch means = batch mean
+  lesson.precision.check_first_loss(loss_value, step.step);  // fp16: the forward overflowed?
   check_finite_loss(loss_value, step.step);  // stop before a NaN reaches the weights
-  if (step.config.clip_grad_norm > 0)
-    clip_grad_norm(model.grads_memory.span(), step.config.clip_grad_norm);
-  lesson.optimizer.step(model.params_memory.span(), model.grads_memory.span());
+  lesson.precision.step(nullptr);            // --clip-grad-norm, then the optimizer's update
   return loss_value;
 }
 

@@ -16,8 +16,8 @@
 // bandwidth-optimal bound (Patarasuk & Yuan 2009; Baidu's ring all-reduce, 2017).
 // The sum for chunk c is accumulated in ring order starting at rank c + 1; every rank gets
 // bit-identical results because the reduced chunk is copied, not recomputed.
-// One template serves float32 and 16-bit (bf16/fp16 bits) buffers: the hop's add is the only
-// difference (RingAddFp32 adds in fp32; RingAddHalf adds in fp32 and rounds once to 16 bits).
+// One template serves every element type, float, bf16 and fp16 (common/half.hpp): the hop adds
+// with the element type's own `+=` (float32 adds; bf16/fp16 add in fp32 and round once).
 // It also serves any communicator with Communicator's rank, world_size, sendrecv, count_call and
 // Scope: on the GPU (--device cuda) the same loop runs over NCCL's or the staged transport's
 // sendrecv on device buffers, its add a CUDA kernel (common/gpu/device_comm.hpp).
@@ -77,18 +77,17 @@ inline int64_t ring_all_gather_received(int64_t n, int world_size, int r) {
 }
 
 /// How one reduce-scatter hop adds the chunk it received (`src`) into its own (`dst`, the same
-/// length): the only difference between the fp32 ring and the 16-bit ring.
-///   RingAddFp32: dst[i] += src[i] in float32.
-///   RingAddHalf: dst[i] = round16(float(dst[i]) + float(src[i])) (accumulate_half): the
-///     receiver widens both to float32, adds, and rounds the sum once to bf16/fp16, which is what
-///     NCCL's bf16/fp16 reductions do per hop.
-struct RingAddFp32 {
-  void operator()(std::span<float> dst, std::span<const float> src) const {
-    float* __restrict d = dst.data();
-    const float* __restrict s = src.data();
-    for (size_t i = 0; i < dst.size(); ++i) d[i] += s[i];
+/// length): dst[i] += src[i] in the element type's arithmetic (add_into, common/half.hpp). For
+/// float that is a float32 add; for bf16/fp16 the receiver widens both to float32, adds, and
+/// rounds the sum once, which is what NCCL's bf16/fp16 reductions do per hop.
+struct RingAdd {
+  template <class T>
+  void operator()(std::span<T> dst, std::span<const T> src) const {
+    add_into(dst, src);
   }
 };
+/// The hop's add on 16-bit bits whose format is known at run time only (chapters 06-08, until
+/// their engines are written over bf16/fp16 too): accumulate_half(dtype, dst, src).
 struct RingAddHalf {
   Dtype dtype;  ///< bf16 or fp16: which 16-bit format the uint16_t bits hold
   void operator()(std::span<uint16_t> dst, std::span<const uint16_t> src) const {
@@ -97,13 +96,13 @@ struct RingAddHalf {
 };
 
 namespace ring_detail {
-// The buffer type that owns a scratch chunk of T: Buffer (float) or Buffer16 (16-bit bits).
+// The buffer type that owns a scratch chunk of T (common/half.hpp).
 template <class T>
-using OwnedBuffer = std::conditional_t<std::is_same_v<T, float>, Buffer, Buffer16>;
+using OwnedBuffer = BufferOf<T>;
 }  // namespace ring_detail
 
-/// The reduce-scatter phase for elements of type T (float, or 16-bit bits with RingAddHalf),
-/// in place; `add` is the hop's accumulate (RingAddFp32 or RingAddHalf). Callers use the
+/// The reduce-scatter phase for elements of type T (float, bf16, fp16), in place; `add` is the
+/// hop's accumulate (RingAdd; a device kernel on the GPU). Callers use the
 /// ring_reduce_scatter overloads below. Afterwards chunk rank() of buf holds the sum over ranks
 /// of that chunk; the other chunks hold partial sums (garbage to the caller). Every rank must
 /// call with the same n. `scratch` receives the incoming chunk: at least
@@ -137,7 +136,7 @@ void ring_reduce_scatter_with(Comm& comm, std::span<T> buf, std::span<T> scratch
   // END EXERCISE 04.1
 }
 
-/// The all-gather phase for elements of type T (float or 16-bit bits: it only copies), in
+/// The all-gather phase for elements of type T (float, bf16, fp16: it only copies), in
 /// place: on entry chunk rank() of buf is this rank's; afterwards every chunk holds its
 /// owner's values. Callers use the ring_all_gather overloads below. Traffic per rank: (N − 1)
 /// chunks sent, (N − 1) received.
@@ -158,31 +157,57 @@ void ring_all_gather_of(Comm& comm, std::span<T> buf) {
   // END EXERCISE 04.2
 }
 
-/// Reduce-scatter phase in place on float32 (ring_reduce_scatter_with, adds in fp32). Errors:
+/// Reduce-scatter phase in place (ring_reduce_scatter_with with the element type's add). Errors:
 /// scratch shorter than a chunk.
 inline void ring_reduce_scatter(Communicator& comm, std::span<float> buf,
                                 std::span<float> scratch = {}) {
-  ring_reduce_scatter_with(comm, buf, scratch, RingAddFp32{});
+  ring_reduce_scatter_with(comm, buf, scratch, RingAdd{});
+}
+template <Half T>
+void ring_reduce_scatter(Communicator& comm, std::span<T> buf, std::span<T> scratch = {}) {
+  ring_reduce_scatter_with(comm, buf, scratch, RingAdd{});
 }
 
-/// All-gather phase in place on float32 (ring_all_gather_of).
+/// All-gather phase in place (ring_all_gather_of).
 inline void ring_all_gather(Communicator& comm, std::span<float> buf) {
+  ring_all_gather_of(comm, buf);
+}
+template <Half T>
+void ring_all_gather(Communicator& comm, std::span<T> buf) {
   ring_all_gather_of(comm, buf);
 }
 
 /// Sum over ranks, in place, on every rank: reduce-scatter then all-gather. `scratch` as for
 /// ring_reduce_scatter_with.
+/// In bf16/fp16 (--reduce-dtype bf16|fp16) half the bytes cross every link, and a chunk's sum
+/// is rounded N − 1 times, once per hop, in ring order starting at rank c + 1; an fp32 ring
+/// (--reduce-dtype fp32) rounds to fp32 instead. The all-gather copies, so every rank still gets
+/// identical bits.
 inline void ring_all_reduce(Communicator& comm, std::span<float> buf,
                             std::span<float> scratch = {}) {
   ring_reduce_scatter(comm, buf, scratch);
   ring_all_gather(comm, buf);
 }
+template <Half T>
+void ring_all_reduce(Communicator& comm, std::span<T> buf, std::span<T> scratch = {}) {
+  ring_reduce_scatter(comm, buf, scratch);
+  ring_all_gather(comm, buf);
+}
 
-/// The same ring on 16-bit values (bf16 or fp16 bits, --reduce-dtype bf16|fp16): half the
-/// bytes on every link, the same template with RingAddHalf as the hop's add. A chunk's sum is
-/// therefore rounded N − 1 times, once per hop, in ring order starting at rank c + 1; an fp32
-/// ring (--reduce-dtype fp32) rounds to fp32 instead and only the sender's 16-bit inputs are
-/// 16-bit. The all-gather copies, so every rank still gets identical bits.
+/// Sum over ranks in place: our ring (`ring` true; `scratch` as for ring_reduce_scatter_with) or
+/// MPI_Allreduce, the library's algorithm, for float (MPI has no bf16/fp16 sum: the lessons
+/// refuse --collectives mpi with a 16-bit --reduce-dtype before training).
+template <class T>
+void all_reduce(Communicator& comm, std::span<T> buf, std::span<T> scratch, bool ring) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (!ring) return comm.all_reduce(buf);
+  }
+  RZ_CHECK(ring, "all_reduce: MPI has no 16-bit sum; use --collectives ring");
+  ring_all_reduce(comm, buf, scratch);
+}
+
+/// The same ring on 16-bit bits whose format is a run-time Dtype (chapters 06-08, until their
+/// engines are written over bf16/fp16): the same numbers as the bf16/fp16 ring above.
 inline void ring_reduce_scatter(Communicator& comm, std::span<uint16_t> buf, Dtype dtype,
                                 std::span<uint16_t> scratch = {}) {
   ring_reduce_scatter_with(comm, buf, scratch, RingAddHalf{dtype});

@@ -28,15 +28,13 @@
 // marks them ready, which counts their missing gradient as zero, so their buckets complete.
 // Before failing it waits for the buckets it already launched: every rank launched at least
 // those of the rank that launched the fewest, so that rank always gets to abort the others.
-// In 16 bits (--precision bf16|fp16, common/mixed_precision.hpp) a bucket is the same range of the
-// 16-bit gradients (HalfStorage::grads16), summed by chapter 04's 16-bit ring (or widened to
-// fp32 and summed in fp32, --reduce-dtype fp32) and NOT divided on the communication thread:
-// backward's seed already divided each rank's gradient by N, as PyTorch's Reducer divides each
-// gradient by world_size while copying it into its bucket (reducer.cpp, copy_grad_to_bucket).
+// A bucket is a range of the gradients in their element type (float, bf16, fp16); the mean and
+// the --reduce-dtype are the precision's (common/precision.hpp), the all-reduce chapter 04's.
 // Leaves out: bucket rebuilding, comm hooks (compression), static graphs, broadcast buffers.
 #pragma once
 
 #include <algorithm>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -47,7 +45,7 @@
 #include "common/collective_check.hpp"
 #include "common/collectives.hpp"
 #include "common/comm_thread.hpp"
-#include "common/mixed_precision.hpp"
+#include "common/precision.hpp"
 #include "common/train.hpp"
 #include "common/trace.hpp"
 
@@ -65,22 +63,25 @@ class DDP {
   };
 
   /// Plans the buckets, checks the plan is the same on every rank (collective), and hooks
-  /// every parameter of `model`. comm and model must outlive the DDP. `mixed` (16 bits, else
-  /// null): its HalfStorage was built first, so its hooks write grads16 before ours read it.
-  /// Errors: --collectives mpi with a 16-bit --reduce-dtype (MPI has no bf16/fp16 sum).
-  DDP(Communicator& comm, Model& model, Options options, MixedPrecision* mixed = nullptr)
+  /// every parameter of `model`. comm and model must outlive the DDP. `precision`: the run's
+  /// (built first, so that in 16 bits its hooks write the gradients before ours read them);
+  /// null: fp32, the model's own gradients. Errors: --collectives mpi with a 16-bit
+  /// --reduce-dtype (MPI has no bf16/fp16 sum).
+  DDP(Communicator& comm, Model& model, Options options, ReplicatedPrecision* precision = nullptr)
       : comm_(comm),
         model_(model),
         options_(options),
-        mixed_(mixed),
+        own_precision_(precision ? nullptr
+                                 : std::make_unique<ReplicatedPrecision>(
+                                       model, TrainConfig{}, comm.world_size(), false)),
+        precision_(precision ? *precision : *own_precision_),
         buckets_(plan_buckets(parameter_sizes(model), mib_to_bytes(options.bucket_cap_mb),
                               mib_to_bytes(options.first_bucket_cap_mb))) {
-    const bool half = mixed != nullptr && mixed->reduce_dtype() != Dtype::fp32;
-    RZ_CHECK(!half || options.collectives == Collectives::ring,
+    RZ_CHECK(precision_.grad_wire_bytes() == 4 || options.collectives == Collectives::ring,
              "--collectives mpi with --reduce-dtype "
-                 << dtype_name(mixed->reduce_dtype())
+                 << dtype_name(precision_.dtype())
                  << " (--reduce-dtype defaults to the --precision): MPI has no "
-                 << dtype_name(mixed->reduce_dtype())
+                 << dtype_name(precision_.dtype())
                  << " sum; use --reduce-dtype fp32 (widen and sum in fp32) or --collectives ring");
     check_bucket_plans_match(comm, buckets_);
     const auto& params = model.parameters();
@@ -91,12 +92,7 @@ class DDP {
       largest_chunk =
           std::max(largest_chunk, ring_chunk(buckets_[b].size, comm.world_size(), 0).size);
     }
-    if (half)
-      scratch16_ = Buffer16(largest_chunk, MemTag::comm_buffers);  // (s) the same, 16-bit
-    else
-      scratch_ = Buffer(largest_chunk, MemTag::comm_buffers);  // (s) the ring's incoming chunk
-    if (mixed != nullptr && !half)  // --reduce-dtype fp32: (Ψ) the 16-bit gradients, widened
-      grads32_ = Buffer(model.num_parameters(), MemTag::comm_buffers);
+    precision_.reserve_scratch(largest_chunk);  // (s) the ring's incoming chunk
     reset();
     for (size_t i = 0; i < params.size(); ++i)
       params[i]->add_grad_ready_hook([this, i](Parameter&) { mark_ready(static_cast<int>(i)); });
@@ -164,9 +160,6 @@ class DDP {
   /// The parameter indices of the last synchronised backward, in the order their gradients
   /// became ready (for tests: reverse registration order, layer by layer).
   const std::vector<int>& last_ready_order() const { return last_ready_order_; }
-  /// 16 bits with --reduce-dtype fp32: the summed gradients in fp32 (Ψ), what the optimizer
-  /// reads after finalize_backward(); empty otherwise (the sums are in grads16).
-  std::span<const float> grads32() const { return grads32_.span(); }
 
  private:
   void reset() {
@@ -205,48 +198,25 @@ class DDP {
     comm_thread_.submit([this, b, tracer, launched, header] {
       sequence_.check(comm_, header);  // every rank runs this all-reduce now, or all stop
       const double start = tracer ? tracer->now_us() : 0;
-      if (mixed_ != nullptr) {
-        all_reduce_predivided(buckets_[b]);  // 16 bits (below): nothing to divide
-      } else {
-        std::span<float> grads =
-            model_.grads_memory.span().subspan(buckets_[b].offset, buckets_[b].size);
-        if (options_.collectives == Collectives::ring)
-          ring_all_reduce(comm_, grads, scratch_.span());  // chapter 04's ring
-        else
-          comm_.all_reduce(grads);
-        for (float& g : grads)
-          g /= static_cast<float>(comm_.world_size());  // as chapter 04: the mean
-      }
+      // The bucket's range of the gradients: summed by chapter 04's all-reduce, then the mean.
+      const bool ring = options_.collectives == Collectives::ring;
+      precision_.reduce(buckets_[b].offset, buckets_[b].size, [&](auto grads, auto scratch) {
+        all_reduce(comm_, grads, scratch, ring);
+      });
       if (tracer)
         tracer->complete("all_reduce bucket " + std::to_string(b), "comm", Tracer::kCommTrack,
                          start, tracer->now_us() - start,
-                         {{"bytes", (scratch16_.size() > 0 ? 2 : 4) * buckets_[b].size},
+                         {{"bytes", precision_.grad_wire_bytes() * buckets_[b].size},
                           {"params", buckets_[b].params.size()},
                           {"queued_us", start - launched}});
     });
   }
 
-  // 16 bits: the bucket's range of grads16, already divided by N (backward's seed), summed by
-  // chapter 04's 16-bit ring, or widened into grads32_ and summed in fp32 (--reduce-dtype fp32).
-  void all_reduce_predivided(const Bucket& bucket) {
-    std::span<uint16_t> grads16 =
-        mixed_->storage().grads16.span().subspan(bucket.offset, bucket.size);
-    if (grads32_.size() == 0) {
-      ring_all_reduce(comm_, grads16, mixed_->dtype(), scratch16_.span());
-      return;
-    }
-    std::span<float> grads = grads32_.span().subspan(bucket.offset, bucket.size);
-    convert_to_float(mixed_->dtype(), grads16, grads);
-    if (options_.collectives == Collectives::ring)
-      ring_all_reduce(comm_, grads, scratch_.span());
-    else
-      comm_.all_reduce(grads);
-  }
-
   Communicator& comm_;
   Model& model_;
   Options options_;
-  MixedPrecision* mixed_;  // null in fp32
+  std::unique_ptr<ReplicatedPrecision> own_precision_;  // fp32, when none was given
+  ReplicatedPrecision& precision_;  // the gradients, their mean and --reduce-dtype
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_;  // (P) bucket of each parameter
   std::vector<int> pending_;    // (buckets) parameters not ready yet in this backward
@@ -254,9 +224,6 @@ class DDP {
   std::vector<int> ready_order_, last_ready_order_;
   int next_bucket_ = 0;  // the next bucket to launch: launches happen in plan order
   bool require_sync_ = true;
-  Buffer scratch_;
-  Buffer16 scratch16_;             // 16 bits: the ring's incoming chunk (--reduce-dtype bf16|fp16)
-  Buffer grads32_;                 // 16 bits, --reduce-dtype fp32: (Ψ) the gradients widened
   CollectiveSequence sequence_;    // numbers the all-reduces for --check-collectives
   friend struct BucketOrderFault;  // tests/tools/rank_fault.cpp: a rank out of order
   CommThread comm_thread_;         // last: destroyed (drained) first, while everything above lives

@@ -3,10 +3,8 @@
 //
 // Provides: DDPTraining (the replicated optimizer and the DDP wrapper), its Flags and
 // train_step().
-// In 16 bits (--precision bf16|fp16): `mixed` holds the 16-bit model and every rank's fp32
-// master weights, built before the DDP so that its gradient hooks run first; the buckets are
-// ranges of the 16-bit gradients (ddp.hpp), pre-divided by N in the backward seed.
-// Leaves out: the bucket plan (buckets.hpp) and the hooks and communication thread (ddp.hpp).
+// Leaves out: the bucket plan (buckets.hpp) and the hooks and communication thread (ddp.hpp), the
+// precision (common/precision.hpp).
 #pragma once
 
 #include <optional>
@@ -17,7 +15,7 @@
 #include "common/dist_eval.hpp"
 #include "common/lesson.hpp"
 #include "common/metrics.hpp"
-#include "common/mixed_precision.hpp"
+#include "common/precision.hpp"
 #include "common/run.hpp"
 #include "common/train.hpp"
 
@@ -44,9 +42,8 @@ class DDPTraining : public Lesson {
   /// Builds the optimizer, plans the buckets and checks every rank has the same plan.
   DDPTraining(SetUp& s, const Flags& flags)
       : comm(*s.comm),
-        mixed(make_mixed_precision(s.model, s.config)),  // 16 bits: before the DDP's hooks
-        optimizer(s.config, mixed ? std::vector<int64_t>{} : parameter_sizes(s.model)),
-        ddp(*s.comm, s.model, with_tracer(flags.ddp, s.tracer), mixed.get()),
+        precision(s.model, s.config, comm.world_size()),  // before the DDP's hooks
+        ddp(*s.comm, s.model, with_tracer(flags.ddp, s.tracer), &precision),
         model_(s.model),
         explain_(flags.explain),
         states_(fp32_state_bytes(s.config.optimizer, s.config.momentum)) {}
@@ -58,7 +55,7 @@ class DDPTraining : public Lesson {
   std::string explanation() const override { return explain_ ? ddp.explain() : ""; }
   void start_trace(Tracer& tracer) override { trace_layers(tracer, model_); }
   std::string ledger_formula(int64_t psi) const override {
-    if (mixed) return ledger_formula_mixed(psi);
+    if (!precision.is_fp32()) return ledger_formula_mixed(psi);
     return "formula (" + std::string(states_.name) +
            ", every rank): " + full_copy_formula_text(states_) + " = " +
            human_bytes(states_.per_param() * static_cast<double>(psi)) +
@@ -71,9 +68,8 @@ class DDPTraining : public Lesson {
       return {std::vector<int64_t>(N, 4 * psi), std::vector<int64_t>(N, 4 * psi),
               "MPI_Allreduce: the counters show the Ψ·4 = " + human_bytes(4.0 * psi) +
                   " handed to MPI per step"};
-    const int element_bytes = mixed && mixed->reduce_dtype() != Dtype::fp32 ? 2 : 4;
-    TrafficTheory theory =
-        ring_all_reduce_traffic(bucket_sizes(ddp.buckets()), N, element_bytes);  // ch. 04's
+    TrafficTheory theory = ring_all_reduce_traffic(bucket_sizes(ddp.buckets()), N,
+                                                   precision.grad_wire_bytes());  // ch. 04's
     theory.formula += "; counted per bucket here: " + std::to_string(ddp.buckets().size()) +
                       " all-reduces instead of " + std::to_string(model_.parameters().size()) +
                       ", the same bytes";
@@ -88,27 +84,25 @@ class DDPTraining : public Lesson {
   nlohmann::json summary_fields() const override {
     nlohmann::json j{{"collectives", collectives_name(ddp.options().collectives)},
                      {"buckets", ddp.buckets().size()}};
-    if (mixed) j.update(mixed->summary());
+    j.update(precision.summary());
     return j;
   }
-  // In 16 bits the fp32 model existed during set-up only; the peaks start after it.
-  bool reset_ledger_peaks() const override { return mixed != nullptr; }
+  bool reset_ledger_peaks() const override { return precision.reset_ledger_peaks(); }
   std::map<std::string, NamedTensor> model_state_dict(const Model& model) override {
-    return mixed ? mixed->master_state_dict(model) : state_dict(model);
+    return precision.state_dict(model);
+  }
+  TrainingState training_state(Model& model) override {
+    return replicated_state(model, precision.optimizer_if_held(), "");
   }
 
   Communicator& comm;
-  TrainingState training_state(Model& model) override {
-    return replicated_state(model, &optimizer, "");
-  }
-  std::unique_ptr<MixedPrecision> mixed;  ///< null in fp32; first, before the DDP's hooks
-  Optimizer optimizer;                    ///< fp32 (no state in 16 bits: `mixed` steps)
+  ReplicatedPrecision precision;  ///< every rank's optimizer; first, before the DDP's hooks
   DDP ddp;
 
  private:
   std::string ledger_formula_mixed(int64_t psi) const {
-    const bool half = mixed->reduce_dtype() != Dtype::fp32;
-    return "formula (" + std::string(dtype_name(mixed->dtype())) +
+    const bool half = precision.grad_wire_bytes() == 2;
+    return "formula (" + std::string(dtype_name(precision.dtype())) +
            " + AdamW with fp32 master weights, every rank): 2Ψ + 2Ψ + 12Ψ = 16Ψ = " +
            human_bytes(16.0 * psi) + "; comm_buffers: " +
            (half ? "one 16-bit chunk of the largest bucket"
@@ -125,51 +119,15 @@ class DDPTraining : public Lesson {
   StateBytes states_;  // bytes per parameter in fp32: p, g and --optimizer's state
 };
 
-/// train_step in 16 bits: the same buckets on the 16-bit gradients and the same step on every
-/// rank's master weights. Backward's seed is loss_scale/(N·K): each rank's gradient is already
-/// divided by N (pre-divided, as PyTorch's DDP divides before its all-reduce), so the 16-bit
-/// sum is the mean, nothing is divided after it, and the sum cannot overflow by a factor N.
-inline double train_step_mixed(DDPTraining& lesson, const Step& step) {
-  Tracer::Span span(step.tracer, "step " + std::to_string(step.step), "step");
-  MixedPrecision& mixed = *lesson.mixed;
-  const int64_t K = step.config.grad_accum_steps;
-  const int N = lesson.comm.world_size();
-  mixed.zero_grad();
-  double loss_sum = 0;
-  for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
-    Batch batch = step.micro_batch(micro_step);  // (B/(N K), in)
-    std::optional<DDP::NoSync> no_sync;          // only the last micro-step's backward sends
-    if (micro_step + 1 < K) no_sync.emplace(lesson.ddp);  // the last sends
-    Tape tape;
-    Var loss = forward_loss(tape, step.model, batch);  // mean over this micro-batch
-    loss_sum += loss->value[0];
-    tape.backward(loss, 1.0f / static_cast<float>(N * K) * mixed.loss_scale());  // pre-divided
-  }
-  {
-    Tracer::Span wait(step.tracer, "finalize_backward (wait for buckets)", "ddp");
-    lesson.ddp.finalize_backward();  // every bucket summed (no division); MPI is ours again
-  }
-  const double loss_value = global_mean(lesson.comm, loss_sum / K);  // equal shares
-  mixed.check_first_loss(loss_value, step.step);  // fp16: the forward overflowed?
-  check_finite_loss(lesson.comm, loss_sum / K, loss_value, step.step);
-
-  Tracer::Span opt(step.tracer, "optimizer step", "optimizer");
-  // The same sum on every rank, so the same step (fp16: the overflow verdict of every rank);
-  // grads32 is empty unless --reduce-dtype fp32, and the optimizer then reads grads16.
-  mixed.step(step.config.clip_grad_norm, &lesson.comm, lesson.ddp.grads32());
-  return loss_value;
-}
-
 /// One optimizer step on the global batch: K micro-steps on this rank's share, the last one's
 /// backward all-reducing bucket after bucket, and the same optimizer step on every rank.
 /// Returns the global batch's mean loss (on every rank). Errors: a non-finite loss stops every
 /// rank; a parameter without gradient (DDP::finalize_backward).
 inline double train_step(DDPTraining& lesson, const Step& step) {
-  if (lesson.mixed) return train_step_mixed(lesson, step);
   Tracer::Span span(step.tracer, "step " + std::to_string(step.step), "step");
   Model& model = step.model;
   const int64_t K = step.config.grad_accum_steps;
-  model.zero_grad();
+  lesson.precision.zero_grad();
   double loss_sum = 0;
   for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
     Batch batch = step.micro_batch(micro_step);  // (B/(N K), in)
@@ -178,20 +136,19 @@ inline double train_step(DDPTraining& lesson, const Step& step) {
     Tape tape;
     Var loss = forward_loss(tape, model, batch);  // mean over this micro-batch
     loss_sum += loss->value[0];
-    tape.backward(loss, 1.0f / K);  // grads += dloss/K; full buckets start their all-reduce
+    tape.backward(loss, lesson.precision.seed(K));  // grads += dloss/K; full buckets start
   }
   {
     Tracer::Span wait(step.tracer, "finalize_backward (wait for buckets)", "ddp");
-    lesson.ddp.finalize_backward();  // every bucket all-reduced and / N; MPI is ours again
+    lesson.ddp.finalize_backward();  // every bucket all-reduced, the mean; MPI is ours again
   }
   const double loss_value = global_mean(lesson.comm, loss_sum / K);  // equal shares
+  lesson.precision.check_first_loss(loss_value, step.step);  // fp16: the forward overflowed?
   // Every rank stops together; the error names the rank(s) whose loss is not finite.
   check_finite_loss(lesson.comm, loss_sum / K, loss_value, step.step);
 
   Tracer::Span opt(step.tracer, "optimizer step", "optimizer");
-  if (step.config.clip_grad_norm > 0)
-    clip_grad_norm(model.grads_memory.span(), step.config.clip_grad_norm);
-  lesson.optimizer.step(model.params_memory.span(), model.grads_memory.span());
+  lesson.precision.step(&lesson.comm);  // the same step everywhere (--clip-grad-norm first)
   return loss_value;
 }
 

@@ -26,7 +26,7 @@ int reduce_grader(Communicator& comm) {
     std::vector<float> grads(n), scratch(n, -1.0f);
     for (int64_t i = 0; i < n; ++i) grads[i] = grade::tag_value(r, i);
     comm.reset_counters();
-    reduce_to_rank0(comm, grads, scratch);
+    reduce_to_rank0(comm, std::span<float>(grads), std::span<float>(scratch));
     const std::string where = "n = " + std::to_string(n) + ", element ";
     for (int64_t i = 0; i < n; ++i) {
       float expected = grade::tag_value(r, i);  // ranks 1..N-1 keep their own gradients
@@ -58,7 +58,7 @@ int broadcast_grader(Communicator& comm) {
     std::vector<float> params(n);
     for (int64_t i = 0; i < n; ++i) params[i] = grade::tag_value(r, i);
     comm.reset_counters();
-    broadcast_from_rank0(comm, params);
+    broadcast_from_rank0(comm, std::span<float>(params));
     for (int64_t i = 0; i < n; ++i)
       if (!report.bitwise("n = " + std::to_string(n) + ", element " + std::to_string(i),
                           grade::tag_value(0, i), params[i],

@@ -70,18 +70,18 @@ int reduce_scatter_grader(Communicator& comm) {
     check_bytes(report, comm, n, ring_reduce_scatter_sent(n, N, r),
                 ring_reduce_scatter_received(n, N, r), "reduce-scatter");
   }
-  for (int64_t n : kCounts) {  // the same template on bf16 bits, with RingAddHalf as the add
-    std::vector<uint16_t> buf(n);
-    for (int64_t i = 0; i < n; ++i) buf[i] = float_to_half(Dtype::bf16, small_value(r, i));
-    ring_reduce_scatter(comm, std::span<uint16_t>(buf), Dtype::bf16);
+  for (int64_t n : kCounts) {  // the same template on bf16 values (common/half.hpp)
+    std::vector<bf16> buf(n);
+    for (int64_t i = 0; i < n; ++i) buf[i] = bf16::from_float(small_value(r, i));
+    ring_reduce_scatter(comm, std::span<bf16>(buf));
     const Chunk mine = ring_chunk(n, N, r);
     for (int64_t i = mine.offset; i < mine.offset + mine.size; ++i) {
       float expected = 0;
       for (int q = 0; q < N; ++q) expected += small_value(q, i);
       if (!report.bitwise("bf16 path, " + where(n, N, i), expected,
-                          half_to_float(Dtype::bf16, buf[i]),
-                          "the 16-bit ring (the same code, T = uint16_t) must add with the hop's "
-                          "`add` (RingAddHalf: widen, add in fp32, round once), never with +="))
+                          static_cast<float>(buf[i]),
+                          "the bf16 ring (the same code, T = bf16) adds in T's arithmetic: "
+                          "widen, add in fp32, round once (bf16's += or the hop's `add`)"))
         break;
     }
   }
@@ -109,17 +109,17 @@ int all_gather_grader(Communicator& comm) {
     check_bytes(report, comm, n, ring_all_gather_sent(n, N, r), ring_all_gather_received(n, N, r),
                 "all-gather");
   }
-  for (int64_t n : kCounts) {  // the same template on bf16 bits
-    std::vector<uint16_t> buf(n, float_to_half(Dtype::bf16, -1.0f));
+  for (int64_t n : kCounts) {  // the same template on bf16 values
+    std::vector<bf16> buf(n, bf16::from_float(-1.0f));
     const Chunk mine = ring_chunk(n, N, r);
     for (int64_t i = mine.offset; i < mine.offset + mine.size; ++i)
-      buf[i] = float_to_half(Dtype::bf16, small_value(r, i));
-    ring_all_gather(comm, std::span<uint16_t>(buf));
+      buf[i] = bf16::from_float(small_value(r, i));
+    ring_all_gather(comm, std::span<bf16>(buf));
     for (int64_t i = 0; i < n; ++i) {
       const int owner = static_cast<int>(i / ((n + N - 1) / N));
       if (!report.bitwise("bf16 path, " + where(n, N, i), small_value(owner, i),
-                          half_to_float(Dtype::bf16, buf[i]),
-                          "the 16-bit all-gather (the same code, T = uint16_t) copies every "
+                          static_cast<float>(buf[i]),
+                          "the bf16 all-gather (the same code, T = bf16) copies every "
                           "owner's chunk (-1 = never received)"))
         break;
     }

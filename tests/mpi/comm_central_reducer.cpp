@@ -24,14 +24,14 @@ TEST_CASE("central reducer: exact sum on rank 0, copy back, counters", "[central
     }
     std::vector<float> scratch(static_cast<size_t>(psi));
     comm.reset_counters();
-    reduce_to_rank0(comm, grads, scratch);
+    reduce_to_rank0(comm, std::span<float>(grads), std::span<float>(scratch));
     for (int64_t i = 0; i < psi; ++i) {
       const float expected = r == 0 ? static_cast<float>(N * (N + 1) / 2 * (i % 11 + 1))
                                     : static_cast<float>((r + 1) * (i % 11 + 1));
       if (grads[i] != expected)
         FAIL("grads[" << i << "] = " << grads[i] << ", expected " << expected);
     }
-    broadcast_from_rank0(comm, params);
+    broadcast_from_rank0(comm, std::span<float>(params));
     for (int64_t i = 0; i < psi; ++i)
       if (params[i] != static_cast<float>(i % 17)) FAIL("params[" << i << "] = " << params[i]);
 

@@ -113,7 +113,7 @@ inline RunResult run_ddp_reference(const ZeroCase& c) {
   RunResult out;
   run_steps(c, model, config, lesson, tracer, out);
   out.params = model_params(model);
-  const AdamW& adamw = *lesson.optimizer.adamw();
+  const AdamW& adamw = *lesson.precision.optimizer().adamw();
   for (size_t i = 0; i < model.parameters().size(); ++i) {
     const Parameter& p = *model.parameters()[i];
     const int64_t off = model.offsets()[i];

@@ -164,6 +164,55 @@ TEST_CASE("accumulate_half adds in float32 and rounds once", "[half]") {
   REQUIRE(std::isinf(fp16_to_float(h[0])));  // 70000 overflows fp16
 }
 
+// The element types the engines are written over: T::operator+= and add_into must be exactly
+// accumulate_half (the ring's hop, chapter 03's star and the 16-bit gradient accumulation all
+// rely on it: the typed engines are checked bit for bit against the code they replaced).
+template <class T>
+void check_value_type_adds_like_accumulate_half() {
+  Rng rng(14, 3);
+  std::vector<T> a(100000), b(a.size()), typed(a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i] = T::from_float(rng.normal() * 1e-2f);
+    b[i] = T::from_float(rng.normal() * (i % 2 ? 1e-6f : 1e-2f));  // small and like-sized
+  }
+  std::vector<uint16_t> dst(a.size()), src(a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    dst[i] = a[i].bits;
+    src[i] = b[i].bits;
+  }
+  accumulate_half(T::dtype, dst, src);
+  typed = a;
+  add_into(std::span<T>(typed), std::span<const T>(b));
+  for (size_t i = 0; i < a.size(); ++i) {
+    T scalar = a[i];
+    scalar += b[i];
+    REQUIRE(scalar.bits == dst[i]);    // operator+= : the scalar rule
+    REQUIRE(typed[i].bits == dst[i]);  // add_into: the span rule, the same bits
+  }
+  REQUIRE(dtype_of<T>() == T::dtype);
+}
+
+TEST_CASE("bf16 and fp16 value types add as accumulate_half: widen, add in fp32, round once",
+          "[half]") {
+  check_value_type_adds_like_accumulate_half<bf16>();
+  check_value_type_adds_like_accumulate_half<fp16>();
+  // A 16-bit accumulator drops every contribution below half an ulp: 1 + 256 x 2^-9 stays 1 in
+  // bf16 (ulp(1) = 2^-7), while float32 reaches 1.5 (docs/mixed-precision.md says where this
+  // matters: micro-batch accumulation).
+  bf16 x = bf16::from_float(1.0f);
+  float f = 1.0f;
+  for (int i = 0; i < 256; ++i) {
+    x += bf16::from_float(0x1p-9f);
+    f += 0x1p-9f;
+  }
+  REQUIRE(static_cast<float>(x) == 1.0f);
+  REQUIRE(f == 1.5f);
+  // A typed buffer is tagged at 2 bytes per element, like Buffer16.
+  BufferOf<bf16> buf(10, MemTag::comm_buffers);
+  REQUIRE(buf.bytes() == 20);
+  REQUIRE(sizeof(bf16) == 2);
+}
+
 TEST_CASE("Buffer16 counts 2 bytes per element; parse_dtype names the flag", "[half]") {
   const int64_t before = Ledger::get().current(MemTag::gradients);
   {
