@@ -5,7 +5,7 @@
 // unless backward is seeded with a scale (loss scaling: Micikevicius et al. 2018, "Mixed
 // Precision Training", §3.2); the dynamic rule, halve and skip on overflow, double after a run of
 // clean steps, is torch.cuda.amp.GradScaler's. Every 16-bit optimizer holds one in fp16:
-// MixedPrecision (chapters 01-05, mixed_precision.hpp, through precision.hpp), ShardedMixedPrecision (06-07), Zero3 (08).
+// MixedPrecision (chapters 01-05, mixed_precision.hpp, through precision.hpp), ShardOptimizer (06-07, shard_precision.hpp), Zero3 (08).
 #pragma once
 
 #include <cstdint>

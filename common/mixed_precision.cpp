@@ -19,14 +19,14 @@ Dtype precision_dtype(const TrainConfig& config) {
   return d;
 }
 
+}  // namespace
+
 // --reduce-dtype, default the precision's. Which values are allowed is checked once, before any
 // chapter is built (PrecisionCheck, common/run.cpp): here it is only read.
 Dtype reduce_dtype_of(const TrainConfig& config) {
   if (config.reduce_dtype.empty()) return parse_dtype(config.precision, "--precision");
   return parse_dtype(config.reduce_dtype, "--reduce-dtype");
 }
-
-}  // namespace
 
 MixedPrecision::MixedPrecision(Model& model, const TrainConfig& config, bool master_weights)
     : master_(master_weights

@@ -4,7 +4,7 @@
 // torch.cuda.amp.GradScaler do in PyTorch: HalfStorage (16-bit parameters and gradients),
 // MasterWeights over every parameter (fp32 master weights and AdamW moments, K = 12) and, in
 // fp16, a GradScaler (grad_scaler.hpp). The recipe is Micikevicius et al. 2018, "Mixed Precision
-// Training" (§3); the ZeRO chapters (06-08) shard the same parts instead (sharded_mixed.hpp,
+// Training" (§3); the ZeRO chapters (06-08) shard the same parts instead (shard_precision.hpp,
 // zero3.hpp).
 #pragma once
 
@@ -89,6 +89,10 @@ class MixedPrecision {
   Dtype reduce_dtype_;
   std::optional<GradScaler> scaler_;
 };
+
+/// --reduce-dtype, default the --precision's (the values allowed are checked before set-up,
+/// common/run.cpp's PrecisionCheck).
+Dtype reduce_dtype_of(const TrainConfig& config);
 
 /// A MixedPrecision when config.precision is bf16 or fp16, else null (fp32: nothing changes).
 std::unique_ptr<MixedPrecision> make_mixed_precision(Model& model, const TrainConfig& config,

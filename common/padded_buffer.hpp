@@ -68,7 +68,11 @@ class BasicPaddedBuffer {
 
 /// float32 elements, 4 bytes each (chapters 06-08 in fp32).
 using PaddedBuffer = BasicPaddedBuffer<Buffer>;
-/// 16-bit elements (bf16 or fp16 bits), 2 bytes each (chapters 06-07 with --precision bf16|fp16).
+/// 16-bit elements (bf16 or fp16 bits), 2 bytes each (chapter 08 with --precision bf16|fp16).
 using PaddedBuffer16 = BasicPaddedBuffer<Buffer16>;
+/// Elements of type T (float, bf16, fp16; common/half.hpp), sizeof(T) bytes each: the buffers of
+/// an engine written over its element type (chapters 06-07).
+template <class T>
+using PaddedBufferOf = BasicPaddedBuffer<BufferOf<T>>;
 
 }  // namespace ringzero

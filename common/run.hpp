@@ -40,6 +40,7 @@
 #include "nn.hpp"
 #include "trace.hpp"
 #include "train.hpp"
+#include "with_precision.hpp"
 
 namespace ringzero {
 
@@ -152,6 +153,26 @@ class Run {
         [train_step](Lesson& lesson, const Step& step) {
           return train_step(static_cast<L&>(lesson), step);
         });
+  }
+
+  /// For lessons written over the element types (chapters 06-07): builds L<T, R>, T and R
+  /// from --precision and --reduce-dtype (common/with_precision.hpp), as L<T, R>(SetUp&, const
+  /// Flags&); train_step(L<T, R>&, step), a generic callable, runs one optimizer step.
+  template <template <class, class> class L, class Flags, class TrainStep>
+  int train(Flags& flags, TrainStep train_step) {
+    static_assert(std::is_base_of_v<LessonOptions, Flags>);
+    auto step = std::make_shared<std::function<double(Lesson&, const Step&)>>();
+    return train_impl(
+        flags,
+        [&flags, step, train_step](SetUp& s) -> std::unique_ptr<Lesson> {
+          return with_precision(s.config, [&]<class T, class R>() -> std::unique_ptr<Lesson> {
+            *step = [train_step](Lesson& lesson, const Step& st) {
+              return train_step(static_cast<L<T, R>&>(lesson), st);
+            };
+            return std::make_unique<L<T, R>>(s, flags);
+          });
+        },
+        [step](Lesson& lesson, const Step& st) { return (*step)(lesson, st); });
   }
 
   /// Adds an extension for this run only, after extensions()' (a test binary's, for instance).

@@ -14,9 +14,11 @@
 
 #include "chapters/04_ring_allreduce/ring.hpp"
 #include "chapters/06_zero1/shard.hpp"
+#include "common/check.hpp"
 #include "common/collectives.hpp"
 #include "common/comm.hpp"
 #include "common/dist.hpp"
+#include "common/half.hpp"
 #include "common/metrics.hpp"
 
 namespace ringzero {
@@ -78,67 +80,57 @@ inline TrafficTheory zero_traffic_theory(const ShardLayout& layout, int world_si
   return theory;
 }
 
-/// Collective: reduce-scatters padded bucket `bucket` (n + padding) over the ranks; returns
-/// this rank's shard, bucket[r s, (r+1) s), which then holds the sum over ranks (the rest of
-/// the bucket holds partial sums). Collectives::ring: chapter 04's first half, in place;
-/// mpi: MPI_Reduce_scatter_block, which wants the output apart, through `scratch` (≥ s).
-inline std::span<float> reduce_scatter_bucket(Communicator& comm, std::span<float> bucket,
-                                              int64_t shard_size, std::span<float> scratch,
-                                              Collectives collectives) {
-  std::span<float> shard = bucket.subspan(comm.rank() * shard_size, shard_size);
+namespace bucket_detail {
+// MPI's collectives, for float; MPI has no bf16/fp16 sum, and the engines refuse --collectives
+// mpi in 16 bits before training, so these are never reached in 16 bits.
+inline void mpi_reduce_scatter(Communicator& comm, std::span<float> in, std::span<float> out) {
+  comm.reduce_scatter(in, out);
+}
+inline void mpi_all_gather(Communicator& comm, std::span<float> in, std::span<float> out) {
+  comm.all_gather(in, out);
+}
+template <Half T>
+void mpi_reduce_scatter(Communicator&, std::span<T>, std::span<T>) {
+  RZ_CHECK(false, "--collectives mpi: MPI has no bf16/fp16 sum; use --collectives ring");
+}
+template <Half T>
+void mpi_all_gather(Communicator&, std::span<T>, std::span<T>) {
+  RZ_CHECK(false, "--collectives mpi: 16-bit runs gather with the ring; use --collectives ring");
+}
+}  // namespace bucket_detail
+
+/// Collective: reduce-scatters padded bucket `bucket` (n + padding elements of T: float, bf16
+/// or fp16) over the ranks; returns this rank's shard, bucket[r s, (r+1) s), which then holds
+/// the sum over ranks (the rest of the bucket holds partial sums). Collectives::ring: chapter
+/// 04's first half, in place (in bf16/fp16 each hop adds in fp32 and rounds once); mpi:
+/// MPI_Reduce_scatter_block (float only), which wants the output apart, through `scratch` (≥ s).
+template <Element T>
+std::span<T> reduce_scatter_bucket(Communicator& comm, std::span<T> bucket, int64_t shard_size,
+                                   std::span<T> scratch, Collectives collectives) {
+  std::span<T> shard = bucket.subspan(comm.rank() * shard_size, shard_size);
   if (collectives == Collectives::ring) {
     ring_reduce_scatter(comm, bucket, scratch);  // chapter 04's first half: our chunk is summed
   } else {                                       // MPI wants the output apart from the input
-    comm.reduce_scatter(bucket, scratch.first(shard_size));
+    bucket_detail::mpi_reduce_scatter(comm, bucket, scratch.first(shard_size));
     std::copy_n(scratch.data(), shard_size, shard.begin());
   }
   return shard;
 }
 
-/// Collective: all-gathers padded bucket `bucket` (n + padding) from every rank's shard (this
-/// rank's in place at [r s, (r+1) s)). Collectives::ring: chapter 04's second half; mpi:
-/// MPI_Allgather, which wants the input apart, through `scratch` (≥ s).
-inline void all_gather_bucket(Communicator& comm, std::span<float> bucket, int64_t shard_size,
-                              std::span<float> scratch, Collectives collectives) {
+/// Collective: all-gathers padded bucket `bucket` (n + padding elements of T) from every
+/// rank's shard (this rank's in place at [r s, (r+1) s)). Collectives::ring: chapter 04's
+/// second half (it copies: sizeof(T) bytes per element); mpi: MPI_Allgather (float only), which
+/// wants the input apart, through `scratch` (≥ s).
+template <Element T>
+void all_gather_bucket(Communicator& comm, std::span<T> bucket, int64_t shard_size,
+                       std::span<T> scratch, Collectives collectives) {
   if (collectives == Collectives::ring) {
     ring_all_gather(comm, bucket);  // chapter 04's second half
   } else {                          // MPI wants the input apart from the output
-    std::span<float> shard = bucket.subspan(comm.rank() * shard_size, shard_size);
+    std::span<T> shard = bucket.subspan(comm.rank() * shard_size, shard_size);
     std::copy(shard.begin(), shard.end(), scratch.data());
-    comm.all_gather(scratch.first(shard_size), bucket);
+    bucket_detail::mpi_all_gather(comm, scratch.first(shard_size), bucket);
   }
-}
-
-/// The 16-bit reduce-scatter of padded bucket `bucket` (bf16/fp16 bits, --precision's dtype),
-/// ring only; returns this rank's shard, which then holds the sum over ranks:
-///  - reduce == dtype: chapter 04's 16-bit ring (RingAddHalf: each hop adds in fp32 and rounds
-///    once to 16 bits), 2 bytes per element on the wire; `scratch16` ≥ s;
-///  - reduce == fp32 (--reduce-dtype fp32): the bucket is widened (exactly) into `wide`, which
-///    holds it and then the ring's incoming chunk (≥ n + padding + s elements), reduce-scattered by
-///    the fp32 ring (4 bytes per element), and the shard's sum is rounded back into the 16-bit
-///    bucket once: DeepSpeed's communication_data_type = fp32, which casts the bucket to fp32 for
-///    the reduction and copies the result back.
-/// Errors: a scratch too small (ring_reduce_scatter_with).
-inline std::span<uint16_t> reduce_scatter_bucket16(Communicator& comm, std::span<uint16_t> bucket,
-                                                   int64_t shard_size, Dtype dtype, Dtype reduce,
-                                                   std::span<uint16_t> scratch16,
-                                                   std::span<float> wide) {
-  std::span<uint16_t> shard = bucket.subspan(comm.rank() * shard_size, shard_size);
-  if (reduce != Dtype::fp32) {
-    ring_reduce_scatter(comm, bucket, dtype, scratch16);  // chapter 04's 16-bit ring
-    return shard;
-  }
-  std::span<float> w = wide.first(bucket.size());
-  convert_to_float(dtype, bucket, w);
-  ring_reduce_scatter(comm, w, wide.subspan(bucket.size()));  // fp32 ring; scratch after w
-  convert_to_half(dtype, w.subspan(comm.rank() * shard_size, shard_size), shard);
-  return shard;
-}
-
-/// The 16-bit all-gather of padded bucket `bucket` from every rank's shard (chapter 04's ring;
-/// it copies, 2 bytes per element).
-inline void all_gather_bucket16(Communicator& comm, std::span<uint16_t> bucket) {
-  ring_all_gather(comm, bucket);
 }
 
 }  // namespace ringzero

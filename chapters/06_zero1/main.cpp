@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
            .title = "ZeRO-1, optimizer state sharded over ranks, under mpirun",
            .optimizer_state = true,
            .trace = true});
-  Zero1Training::Flags flags;
-  return run.train<Zero1Training>(flags, train_step);
+  ZeroBucketFlags flags;  // the lesson is built over --precision's element types (zero.hpp)
+  return run.train<Zero1Training>(
+      flags, [](auto& lesson, const Step& step) { return train_step(lesson, step); });
 }

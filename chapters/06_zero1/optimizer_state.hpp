@@ -17,6 +17,7 @@
 #include "common/nn.hpp"
 #include "common/optim.hpp"
 #include "common/safetensors.hpp"
+#include "common/shard_precision.hpp"
 
 namespace ringzero {
 
@@ -65,25 +66,32 @@ std::map<std::string, NamedTensor> gather_shard_states(Communicator& comm, const
   return out;
 }
 
-/// Collective, for the equivalence tests (the comm counters count its traffic): the AdamW
-/// state of `optimizers` (optimizers[b] over this rank's real elements of bucket b) gathered
-/// into the unpadded names and shapes, as "<param>.exp_avg", "<param>.exp_avg_sq" and
-/// "<param>.step" (shape (1)). Errors: an optimizer that is not AdamW; pieces of a parameter
-/// whose step counts differ.
-inline std::map<std::string, NamedTensor> gather_optimizer_state(
-    Communicator& comm, const Model& model, const ShardLayout& layout,
-    const std::vector<Optimizer>& optimizers) {
-  auto adamw = [&](size_t b) {
-    const AdamW* a = optimizers[b].adamw();
-    RZ_CHECK(a != nullptr, "optimizer state is saved for --optimizer adamw only");
-    return a;
-  };
+/// Collective, for the equivalence tests and --save-optimizer-state (the comm counters count
+/// its traffic): the AdamW state of `optimizer` (unit b: this rank's real elements of bucket b;
+/// in 16 bits the masters' moments) gathered into the unpadded names and shapes, as
+/// "<param>.exp_avg", "<param>.exp_avg_sq" and "<param>.step" (shape (1)). Errors: --optimizer
+/// sgd; pieces of a parameter whose step counts differ.
+inline std::map<std::string, NamedTensor> gather_optimizer_state(Communicator& comm,
+                                                                 const Model& model,
+                                                                 const ShardLayout& layout,
+                                                                 const ShardOptimizer& optimizer) {
   return gather_shard_states(
       comm, model, layout, {".exp_avg", ".exp_avg_sq"},
       [&](size_t b, size_t which) {
-        return which == 0 ? adamw(b)->exp_avg() : adamw(b)->exp_avg_sq();
+        return which == 0 ? optimizer.exp_avg(b) : optimizer.exp_avg_sq(b);
       },
-      [&](size_t b) { return &adamw(b)->segment_steps(); });
+      [&](size_t b) { return &optimizer.segment_steps(b); });
+}
+
+/// Collective, --save-final in 16 bits: the fp32 master weights of `optimizer` gathered whole
+/// under the model's state_dict() names. Errors: an fp32 run (its parameters are the state).
+inline std::map<std::string, NamedTensor> gather_master_weights(Communicator& comm,
+                                                                const Model& model,
+                                                                const ShardLayout& layout,
+                                                                const ShardOptimizer& optimizer) {
+  return gather_shard_states(
+      comm, model, layout, {""}, [&](size_t b, size_t) { return optimizer.master(b); },
+      [](size_t) { return static_cast<const std::vector<int64_t>*>(nullptr); });
 }
 
 }  // namespace ringzero

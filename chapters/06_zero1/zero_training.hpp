@@ -2,7 +2,8 @@
 //
 // Provides: Zero1Training (the Zero1 engine, which owns this rank's optimizer shard), its Flags
 // (the bucket flags, --explain-buckets; --collectives and the memory calculator from
-// common/zero_lesson.hpp) and train_step(), in fp32 or (--precision bf16|fp16) in 16 bits.
+// common/zero_lesson.hpp) and train_step(), one for every precision: the lesson is built over
+// the element types --precision and --reduce-dtype pick (common/shard_precision.hpp).
 // Leaves out: the buckets, shards and collectives (zero.hpp, shard.hpp, bucket_collectives.hpp).
 #pragma once
 
@@ -19,23 +20,11 @@
 namespace ringzero {
 
 /// Chapter 06's lesson object: the ZeRO-1 engine, which owns the parameters, the gradients and
-/// this rank's optimizer shard.
+/// this rank's optimizer shard, over element types T and R (Zero1).
+template <class T = float, class R = T>
 class Zero1Training : public Lesson {
  public:
-  /// The chapter's flags: the engine's options, --explain-buckets, and ZeroFlags' (--collectives,
-  /// the memory calculator).
-  struct Flags : ZeroFlags {
-    Zero1::Options zero;
-    bool explain = false;
-
-    void add_flags(CommandLine& cli) override {
-      add_zero_flags(cli, zero.collectives);
-      add_bucket_flags(cli, zero.bucket_cap_mb, zero.first_bucket_cap_mb,
-                       zero.find_unused_parameters);
-      cli.app.add_flag("--explain-buckets", explain,
-                       "print the bucket plan (buckets, parameters, elements, bytes)");
-    }
-  };
+  using Flags = ZeroBucketFlags;  // zero_options.hpp
 
   /// Plans buckets and shards, moves the model's parameters into the engine's buffers, builds this
   /// rank's optimizer shard.
@@ -55,8 +44,8 @@ class Zero1Training : public Lesson {
                           : "";
   }
   bool reset_ledger_peaks() const override { return true; }
-  std::map<std::string, NamedTensor> model_state_dict(const Model& model) override {
-    return zero.mixed() ? zero.master_state_dict() : state_dict(model);  // 16 bits: the masters
+  std::map<std::string, NamedTensor> model_state_dict(const Model&) override {
+    return zero.model_state_dict();  // 16 bits: the fp32 master weights
   }
   void start_trace(Tracer& tracer) override { trace_layers(tracer, model_); }
   std::string ledger_formula(int64_t) const override { return zero.ledger_formula(); }
@@ -74,7 +63,7 @@ class Zero1Training : public Lesson {
         zero_summary_fields(1, flags_.zero.collectives, zero.model_states_bytes(),
                             zero.layout().padding_total, zero.traffic_theory());
     fields["buckets"] = zero.buckets().size();
-    if (zero.mixed()) fields.update(zero.mixed()->summary());  // precision, loss scale, skips
+    fields.update(zero.optimizer().summary());  // 16 bits: precision, loss scale, skips
     return fields;
   }
   std::optional<std::map<std::string, NamedTensor>> saved_optimizer_state() override {
@@ -83,10 +72,10 @@ class Zero1Training : public Lesson {
   TrainingState training_state(Model&) override { return zero.training_state(); }
 
   Communicator& comm;
-  Zero1 zero;
+  Zero1<T, R> zero;
 
  private:
-  static Zero1::Options with_tracer(Zero1::Options o, Tracer& tracer) {
+  static ZeroOptions with_tracer(ZeroOptions o, Tracer& tracer) {
     o.tracer = &tracer;
     return o;
   }
@@ -98,41 +87,33 @@ class Zero1Training : public Lesson {
 /// backward reduce-scattering bucket after bucket, each rank's step on its shard, and the
 /// all-gather of the parameters. Returns the global batch's mean loss (on every rank).
 /// Errors: a non-finite loss stops every rank; a parameter without gradient.
-inline double train_step(Zero1Training& lesson, const Step& step) {
+template <class T, class R>
+double train_step(Zero1Training<T, R>& lesson, const Step& step) {
   Tracer::Span span(step.tracer, "step " + std::to_string(step.step), "step");
-  Zero1& zero = lesson.zero;
+  Zero1<T, R>& zero = lesson.zero;
   const int64_t K = step.config.grad_accum_steps;
-  // 16 bits: loss_scale/(N·K), pre-divided by N, so the 16-bit reduce-scatter sums the mean.
-  const float seed = zero.mixed() ? zero.mixed()->backward_seed(lesson.comm.world_size(), K)
-                                  : 1.0f / static_cast<float>(K);
   zero.zero_grad();
   double loss_sum = 0;
   for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
-    Batch batch = step.micro_batch(micro_step);  // (B/(N K), in)
-    std::optional<Zero1::NoSync> no_sync;        // only the last micro-step's backward sends
+    Batch batch = step.micro_batch(micro_step);         // (B/(N K), in)
+    std::optional<typename Zero1<T, R>::NoSync> no_sync;  // only the last backward sends
     if (micro_step < K - 1) no_sync.emplace(zero);
     Tape tape;
     Var loss = forward_loss(tape, step.model, batch);  // mean over this micro-batch
     loss_sum += loss->value[0];
-    tape.backward(loss, seed);  // grads += dloss/K; full buckets start their reduce-scatter
+    tape.backward(loss, zero.optimizer().seed(K));  // grads += dloss/K; full buckets start
   }
   {
     Tracer::Span wait(step.tracer, "finalize_backward (wait for buckets)", "ddp");
     zero.finalize_backward();  // every bucket reduce-scattered: this rank's shard holds the mean
   }
-  const double loss_value = global_mean(lesson.comm, loss_sum / K);         // equal shares
-  if (zero.mixed()) zero.mixed()->check_first_loss(loss_value, step.step);  // fp16 overflow
+  const double loss_value = global_mean(lesson.comm, loss_sum / K);  // equal shares
+  zero.optimizer().check_first_loss(loss_value, step.step);          // fp16: forward overflow?
   // Every rank stops together; the error names the rank(s) whose loss is not finite.
   check_finite_loss(lesson.comm, loss_sum / K, loss_value, step.step);
 
   Tracer::Span opt(step.tracer, "optimizer step + all_gather", "optimizer");
-  if (zero.mixed()) {  // 16 bits: overflow check (fp16), clipping, masters, 16-bit all-gather
-    zero.step_16_bits(step.config.clip_grad_norm);
-    return loss_value;
-  }
-  if (step.config.clip_grad_norm > 0)
-    zero.clip_grad_norm(step.config.clip_grad_norm);  // global norm over the shards
-  zero.step();  // each rank updates its shard, then every rank gathers every shard
+  zero.step();  // each rank updates its shard (--clip-grad-norm first), then gathers every shard
   return loss_value;
 }
 

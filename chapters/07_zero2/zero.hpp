@@ -19,13 +19,10 @@
 // each reduce-scatter across ranks first (common/collective_check.hpp). Leaves out: what chapter
 // 06's zero.hpp leaves out.
 //
-// In 16 bits (--precision bf16|fp16; chapter 06's sharded_mixed.hpp): chapter 06's 16-bit
-// path, keeping only the shard: the padded parameters are 16-bit, each bucket in flight is a
-// 16-bit buffer into which HalfStorage adds its parameters' 16-bit gradients, its 16-bit
-// reduce-scatter (the sum of gradients pre-divided by N: the mean) is copied into this rank's
-// 16-bit gradient shard, and the fp32 master weights and AdamW moments of the shard update it.
-// Model states 2Ψ + (2 + 12)Ψ/N plus two 16-bit buckets; the same 2(N−1)/N·2(Ψ + padding)
-// bytes per step and the same sums as chapter 06 in 16 bits.
+// Written over the element types as chapter 06 (common/shard_precision.hpp): in 16 bits the
+// parameters and each bucket in flight hold 2 bytes per element, and the gradient shard holds
+// the reduced gradient in R (2 bytes, or 4 with --reduce-dtype fp32): model states 2Ψ + (2 +
+// 12)Ψ/N plus two 16-bit buckets; the same bytes per step and the same sums as chapter 06.
 #pragma once
 
 #include <map>
@@ -38,17 +35,16 @@
 #include "chapters/05_ddp_buckets/buckets.hpp"
 #include "chapters/06_zero1/bucket_collectives.hpp"
 #include "chapters/06_zero1/shard.hpp"
-#include "chapters/06_zero1/sharded_clip.hpp"
-#include "chapters/06_zero1/sharded_mixed.hpp"
+#include "chapters/06_zero1/zero.hpp"  // shard_pieces
+#include "chapters/06_zero1/zero_options.hpp"
 #include "common/checkpoint.hpp"
 #include "common/collective_check.hpp"
 #include "common/collectives.hpp"
 #include "common/comm_thread.hpp"
 #include "common/dist.hpp"
-#include "common/mixed.hpp"
-#include "common/optim.hpp"
 #include "common/padded_buffer.hpp"
 #include "common/safetensors.hpp"
+#include "common/shard_precision.hpp"
 #include "common/trace.hpp"
 #include "common/train.hpp"
 #include "common/zero_memory.hpp"
@@ -57,26 +53,21 @@ namespace ringzero {
 
 /// ZeRO stage 2 (P_os+g) on chapter 05's buckets: every rank holds every parameter (padded per
 /// bucket), the gradient and optimizer state of its shard, and at most two full buckets of
-/// gradient while backward runs. Collective: every rank calls its methods in the same order.
+/// gradient while backward runs. T, R: as Zero1's (the gradient shard holds R). Collective:
+/// every rank calls its methods in the same order.
+template <Element T = float, Element R = T>
 class Zero2 {
  public:
-  struct Options {
-    double bucket_cap_mb = 25.0;       ///< PyTorch's default
-    double first_bucket_cap_mb = 1.0;  ///< PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES
-    bool find_unused_parameters = false;
-    Collectives collectives =
-        Collectives::ring;  ///< ring (chapter 04's) | mpi (MPI_Reduce_scatter_block, MPI_Allgather)
-    Tracer* tracer = nullptr;  ///< optional: launch, reduce-scatter and all-gather events
-  };
+  using Options = ZeroOptions;
 
   /// Plans the buckets and their shards, checks the plan is the same on every rank
-  /// (collective), moves the parameters of `model` into a padded flat buffer and frees its
-  /// gradients (Model::num_parameters() still reads Ψ, fixed at construction), keeps a gradient
-  /// shard, builds this rank's optimizer for its shard (--optimizer of `config`), hooks every
-  /// parameter and every Linear layer (pre-backward: allocate its buckets). comm and model must
-  /// outlive the Zero2; the layer hooks stay on the model but do nothing once it is gone.
-  /// --precision bf16|fp16: the buffers are 16-bit and the optimizer is this rank's shard of
-  /// fp32 master weights (move_to_16_bits).
+  /// (collective), builds this rank's optimizer for its shard (--optimizer of `config`; in 16
+  /// bits the fp32 master weights, read from the model first), moves the parameters of `model`
+  /// into a padded flat buffer of T and frees its gradients (Model::num_parameters() still reads
+  /// Ψ, fixed at construction), keeps a gradient shard of R, hooks every parameter and every
+  /// Linear layer (pre-backward: allocate its buckets). comm and model must outlive the Zero2;
+  /// the layer hooks stay on the model but do nothing once it is gone. Errors: --collectives
+  /// mpi in 16 bits (MPI has no bf16/fp16 sum).
   Zero2(Communicator& comm, Model& model, const TrainConfig& config, Options options)
       : comm_(comm),
         model_(model),
@@ -84,37 +75,33 @@ class Zero2 {
         buckets_(plan_buckets(parameter_sizes(model), mib_to_bytes(options.bucket_cap_mb),
                               mib_to_bytes(options.first_bucket_cap_mb))),
         layout_(plan_shards(model, buckets_, comm.rank(), comm.world_size())),
-        psi_(model.num_parameters()) {
-    states_ = fp32_state_bytes(config.optimizer, config.momentum);  // K of --optimizer
+        psi_(model.num_parameters()),
+        optimizer_(model, config, shard_pieces(layout_, comm.rank()), comm.world_size()) {
+    RZ_CHECK((std::is_same_v<T, float> || options.collectives == Collectives::ring),
+             "--collectives mpi with --precision "
+                 << config.precision
+                 << ": MPI has no bf16/fp16 sum, so 16-bit gradients are reduced by chapter 04's "
+                    "ring only; drop --collectives mpi (ring is the default) or use --precision "
+                    "fp32");
     check_bucket_plans_match(comm, buckets_);
     const auto& params = model.parameters();
     bucket_of_.resize(params.size());
-    int64_t largest_chunk = 0;
+    int64_t largest_chunk = 0, largest_bucket = 0;
     for (size_t b = 0; b < buckets_.size(); ++b) {
       for (int p : buckets_[b].params) bucket_of_[p] = static_cast<int>(b);
       largest_chunk = std::max(largest_chunk, layout_.buckets[b].shard_size);
+      largest_bucket = std::max(largest_bucket, layout_.buckets[b].padded_size());
     }
-    if (config.precision != "fp32") {
-      move_to_16_bits(config, largest_chunk);  // before the gradient-ready hooks below
-    } else {
-      scratch_ = Buffer(largest_chunk, MemTag::comm_buffers);  // (s) the ring's incoming chunk
-      // Every parameter moves to its padded place. The gradients are zero: free them first; a
-      // parameter has gradient storage only while its bucket is in flight.
-      model.grads_memory.release();
-      grad_shard_ = PaddedBuffer(layout_.shard_total, layout_.shard_total - layout_.shard_real,
-                                 MemTag::gradients);
-      params_ = PaddedBuffer(layout_.padded_total, layout_.padded_total - psi_, MemTag::parameters);
-      for (size_t i = 0; i < params.size(); ++i) {
-        Parameter& p = *params[i];
-        float* data = params_.data() + layout_.param_offset[i];
-        std::copy_n(p.data.data(), p.numel(), data);
-        p.data = Tensor(data, p.shape());
-        p.grad = Tensor();
-      }
-      model.params_memory.release();
-    }
+    // (s) the collective's incoming chunk; with R wider than T, the widened bucket.
+    reduce_ = ShardReduce<T, R>(comm.world_size(), largest_bucket, largest_chunk);
+    // Every parameter moves to its padded place; a parameter has gradient storage only while
+    // its bucket is in flight (allocate_bucket).
+    grad_shard_ = PaddedBufferOf<R>(layout_.shard_total, layout_.shard_total - layout_.shard_real,
+                                    MemTag::gradients);
+    params_ = PaddedBufferOf<T>(layout_.padded_total, layout_.padded_total - psi_,
+                                MemTag::parameters);
+    binding_ = std::make_unique<ParameterBinding<T>>(model, params_.span(), layout_.param_offset);
     bucket_grads_.resize(buckets_.size());
-    bucket_grads16_.resize(buckets_.size());
     tickets_.assign(buckets_.size(), 0);
     for (Linear* layer : model.linear_layers()) {  // a layer's backward needs its buckets' memory
       std::vector<int> mine;
@@ -125,11 +112,6 @@ class Zero2 {
         if (*alive)
           for (int i : mine) (*alive)->allocate_bucket((*alive)->bucket_of_[i]);
       });
-    }
-    if (!mixed_) {
-      optimizers_.reserve(layout_.buckets.size());
-      for (const BucketShard& s : layout_.buckets)
-        optimizers_.emplace_back(config, s.segments);  // (real) each
     }
     reset();
     for (size_t i = 0; i < params.size(); ++i)
@@ -154,20 +136,18 @@ class Zero2 {
   /// The ledger's formula line: ZeRO-2's formula, and the exact bytes of every rank (zero_io.cpp).
   std::string ledger_formula() const;
 
-  /// What every rank should send and receive per optimizer step (bucket_collectives.hpp): in
-  /// 16 bits 2 bytes per element (4 on the reduce-scatter with --reduce-dtype fp32).
+  /// What every rank should send and receive per optimizer step (bucket_collectives.hpp):
+  /// sizeof(R) bytes per element on the reduce-scatter, sizeof(T) on the all-gather.
   TrafficTheory traffic_theory() const {
-    if (mixed_)
-      return zero_traffic_theory(layout_, comm_.world_size(), psi_, options_.collectives,
-                                 mixed_->reduce_dtype() == Dtype::fp32 ? 4 : 2, 2);
-    return zero_traffic_theory(layout_, comm_.world_size(), psi_, options_.collectives);
+    return zero_traffic_theory(layout_, comm_.world_size(), psi_, options_.collectives,
+                               element_bytes<R>(), element_bytes<T>());
   }
 
-  /// In 16 bits: the padded 16-bit parameters, every bucket (tests); empty in fp32.
-  std::span<const uint16_t> parameters16() const { return params16_.span(); }
-  /// In 16 bits: the masters, moments, loss scale and dtypes (sharded_mixed.hpp); null in fp32.
-  ShardedMixedPrecision* mixed() { return mixed_ ? &*mixed_ : nullptr; }
-  const ShardedMixedPrecision* mixed() const { return mixed_ ? &*mixed_ : nullptr; }
+  /// The padded parameters, every bucket (tests).
+  std::span<const T> parameters() const { return params_.span(); }
+  /// This rank's optimizer: its shard's state, the loss scale, the backward seed.
+  ShardOptimizer& optimizer() { return optimizer_; }
+  const ShardOptimizer& optimizer() const { return optimizer_; }
 
   /// While a NoSync lives, backward accumulates gradients locally and communicates nothing
   /// (PyTorch's `with ddp.no_sync():`).
@@ -189,9 +169,7 @@ class Zero2 {
   void zero_grad() {
     comm_thread_.wait_all();
     for (size_t b = 0; b < bucket_grads_.size(); ++b) free_bucket(b);
-    std::fill(grad_shard_.data(), grad_shard_.data() + grad_shard_.size(), 0.0f);
-    std::fill(grad_shard16_.data(), grad_shard16_.data() + grad_shard16_.size(),
-              uint16_t{0});  // 16 bits
+    std::fill(grad_shard_.data(), grad_shard_.data() + grad_shard_.size(), R{});
   }
 
   /// After backward, before the optimizer step (PyTorch runs this as backward's final
@@ -226,75 +204,43 @@ class Zero2 {
     reset();
   }
 
-  /// Collective, after finalize_backward(): scales this rank's gradient shard so that the
-  /// global L2 norm of the gradient is at most max_norm (torch.nn.utils.clip_grad_norm_);
-  /// returns the norm before clipping. Every rank adds every rank's Σ g² over its shard, in
-  /// rank order (sharded_clip.hpp's clip_sharded_grad_norm).
-  double clip_grad_norm(float max_norm) {
-    std::vector<std::span<float>> shards;  // (buckets) this rank's real gradient elements
-    for (size_t b = 0; b < layout_.buckets.size(); ++b) shards.push_back(shard_grads(b));
-    return clip_sharded_grad_norm(comm_, shards, max_norm);
-  }
-
-  /// Collective: every rank's optimizer updates the real elements of its shard of every
-  /// bucket, then each bucket's parameters are all-gathered on the comm thread (bucket b's
-  /// while the optimizer works on b + 1). Returns when every rank holds every parameter.
-  void step() {
+  /// Collective, after finalize_backward(): this rank's optimizer updates the real elements of
+  /// its shard of every bucket (clipped with --clip-grad-norm over every rank's shards first:
+  /// common/sharded_clip.hpp), then each bucket's parameters are all-gathered on the comm thread
+  /// (bucket b's while the optimizer works on b + 1). Returns when every rank holds every
+  /// parameter; false, on every rank, when fp16's loss scaler found an overflow on some rank
+  /// (nothing updated, nothing gathered).
+  bool step() {
+    std::vector<std::span<R>> grads;  // (buckets) this rank's reduced gradient shard
+    for (size_t b = 0; b < layout_.buckets.size(); ++b) grads.push_back(shard_grads(b));
+    if (!optimizer_.prepare(comm_, grads)) return false;  // fp16: an overflow on some rank
     // BEGIN EXERCISE 06.1 (ZeRO-1's step, copied forward)
     for (size_t b = 0; b < layout_.buckets.size(); ++b) {
-      optimizers_[b].step(shard_params(b), shard_grads(b));
+      optimizer_.step(b, shard_params(b), shard_grads(b));
       Tracer* tracer = options_.tracer;
       comm_thread_.submit([this, b, tracer] {
         const double start = tracer ? tracer->now_us() : 0;
         const BucketShard& s = layout_.buckets[b];
-        std::span<float> bucket = params_.span().subspan(s.padded_offset, s.padded_size());
-        all_gather_bucket(comm_, bucket, s.shard_size, scratch_.span(),
+        std::span<T> bucket = params_.span().subspan(s.padded_offset, s.padded_size());
+        all_gather_bucket(comm_, bucket, s.shard_size, reduce_.gather_scratch(),
                           options_.collectives);  // bucket_collectives.hpp
         if (tracer)
           tracer->complete("all_gather bucket " + std::to_string(b), "comm", Tracer::kCommTrack,
-                           start, tracer->now_us() - start, {{"bytes", 4 * s.padded_size()}});
+                           start, tracer->now_us() - start,
+                           {{"bytes", element_bytes<T>() * s.padded_size()}});
       });
     }
     comm_thread_.wait_all();
     // END EXERCISE 06.1
-  }
-
-  /// Collective, in 16 bits, in place of clip_grad_norm() and step(): the overflow decision
-  /// (fp16) and the clip coefficient over every rank's shard (sharded_mixed.hpp), then per
-  /// bucket this rank's masters update its shard and write it rounded into the 16-bit
-  /// parameters, which are all-gathered in 16 bits on the comm thread (as step()). Returns
-  /// false, on every rank, when an fp16 overflow skipped the step (nothing updated, nothing
-  /// gathered). clip_grad_norm 0: off.
-  bool step_16_bits(float clip_grad_norm) {
-    std::vector<std::span<const uint16_t>> shards;  // (buckets) this rank's real gradients
-    for (size_t b = 0; b < layout_.buckets.size(); ++b) shards.push_back(shard_grads16(b));
-    float factor = 1.0f;  // 1/scale times the clip coefficient
-    if (!mixed_->decide(comm_, shards, clip_grad_norm, factor)) return false;
-    for (size_t b = 0; b < layout_.buckets.size(); ++b) {
-      mixed_->bucket(b).step(shard_params16(b), shard_grads16(b), factor);
-      Tracer* tracer = options_.tracer;
-      comm_thread_.submit([this, b, tracer] {
-        const double start = tracer ? tracer->now_us() : 0;
-        const BucketShard& s = layout_.buckets[b];
-        all_gather_bucket16(comm_, params16_.span().subspan(s.padded_offset, s.padded_size()));
-        if (tracer)
-          tracer->complete("all_gather bucket " + std::to_string(b), "comm", Tracer::kCommTrack,
-                           start, tracer->now_us() - start, {{"bytes", 2 * s.padded_size()}});
-      });
-    }
-    comm_thread_.wait_all();
     return true;
   }
 
   /// Collective, for the equivalence tests: AdamW's state gathered from every rank's shards
   /// (zero_io.cpp).
   std::map<std::string, NamedTensor> optimizer_state_dict();
-  /// Collective, in 16 bits (--save-final): the fp32 master weights gathered from every rank's
-  /// shards under the model's state_dict() names. Errors: fp32 (the parameters are the state).
-  std::map<std::string, NamedTensor> master_state_dict() {
-    RZ_CHECK(mixed_, "master_state_dict: an fp32 run has no master weights");
-    return mixed_->master_state_dict(comm_, model_, layout_);
-  }
+  /// Collective, --save-final: the weights, gathered whole under the model's state_dict()
+  /// names: the model's in fp32, the fp32 master weights from every rank's shards in 16 bits.
+  std::map<std::string, NamedTensor> model_state_dict();
   /// The training state as common/checkpoint.hpp saves and loads it: one piece per bucket
   /// (this rank's real shard elements and their optimizer) at its global offset (zero_io.cpp).
   TrainingState training_state();
@@ -303,99 +249,36 @@ class Zero2 {
 
  private:
   // This rank's shard of bucket b in a padded buffer, and its real elements in ours.
-  std::span<float> shard_of(std::span<float> padded, size_t b) const {
+  std::span<T> shard_params(size_t b) {
     const BucketShard& s = layout_.buckets[b];
-    return padded.subspan(s.padded_offset + comm_.rank() * s.shard_size, s.real);
+    return params_.span().subspan(s.padded_offset + comm_.rank() * s.shard_size, s.real);
   }
-  std::span<float> shard_params(size_t b) { return shard_of(params_.span(), b); }
-  std::span<float> shard_grads(size_t b) {
+  std::span<R> shard_grads(size_t b) {
     return grad_shard_.span().subspan(layout_.buckets[b].shard_offset, layout_.buckets[b].real);
-  }
-  // The same in 16 bits.
-  std::span<uint16_t> shard_of16(std::span<uint16_t> padded, size_t b) const {
-    const BucketShard& s = layout_.buckets[b];
-    return padded.subspan(s.padded_offset + comm_.rank() * s.shard_size, s.real);
-  }
-  std::span<uint16_t> shard_params16(size_t b) { return shard_of16(params16_.span(), b); }
-  std::span<uint16_t> shard_grads16(size_t b) {
-    return grad_shard16_.span().subspan(layout_.buckets[b].shard_offset, layout_.buckets[b].real);
-  }
-
-  // --precision bf16|fp16 (sharded_mixed.hpp): this rank's fp32 master weights and moments
-  // are read from the model's fp32 parameters first; then the parameters move, rounded, to
-  // their padded places in params16_ and the model's fp32 buffers are freed (HalfStorage,
-  // whose gradient-ready hooks add each 16-bit gradient into its bucket in flight, registered
-  // before ours); the 16-bit gradient shard; the ring's 16-bit scratch chunk, and for
-  // --reduce-dtype fp32 an fp32 bucket.
-  void move_to_16_bits(const TrainConfig& config, int64_t largest_chunk) {
-    RZ_CHECK(options_.collectives == Collectives::ring,
-             "--collectives mpi with --precision "
-                 << config.precision
-                 << ": MPI has no bf16/fp16 sum, so 16-bit gradients are reduced by chapter 04's "
-                    "ring only; drop --collectives mpi (ring is the default) or use --precision "
-                    "fp32");
-    mixed_.emplace(model_, layout_, comm_.rank(), config);
-    const int64_t padding = layout_.padded_total - psi_;
-    params16_ = PaddedBuffer16(layout_.padded_total, padding, MemTag::parameters);
-    grad_shard16_ = PaddedBuffer16(layout_.shard_total, layout_.shard_total - layout_.shard_real,
-                                   MemTag::gradients);
-    half_.emplace(model_, mixed_->dtype(), params16_.span(), layout_.param_offset);
-    // A parameter's 16-bit gradient storage exists only while its bucket is in flight
-    // (allocate_bucket's set_grad16).
-    scratch16_ = Buffer16(largest_chunk, MemTag::comm_buffers);  // (s) the ring's incoming chunk
-    int64_t largest_bucket = 0;
-    for (const BucketShard& s : layout_.buckets)
-      largest_bucket = std::max(largest_bucket, s.padded_size());
-    if (mixed_->reduce_dtype() == Dtype::fp32)  // (n + padding + s) widened bucket + scratch
-      wide_ = Buffer(largest_bucket + largest_chunk, MemTag::comm_buffers);
-  }
-
-  // Bucket b's 16-bit reduce-scatter (comm thread): the sum of the pre-divided gradients, the
-  // mean, lands in this rank's chunk of the bucket, which is all we keep (bucket_collectives.hpp).
-  void reduce_scatter16(size_t b) {
-    const BucketShard& s = layout_.buckets[b];
-    std::span<uint16_t> shard =
-        reduce_scatter_bucket16(comm_, bucket_grads16_[b].span(), s.shard_size, mixed_->dtype(),
-                                mixed_->reduce_dtype(), scratch16_.span(), wide_.span());
-    std::copy(shard.begin(), shard.end(), grad_shard16_.data() + s.shard_offset);
   }
 
   // Gives bucket b its full gradient (zeros) and points its parameters' grads into it, first
   // freeing bucket b − 2 and older: at most two buckets exist at a time. Main thread.
   void allocate_bucket(int b) {
-    if (bucket_grads_[b].size() > 0 || bucket_grads16_[b].size() > 0)
-      return;  // already there (this step, or accumulating)
+    if (bucket_grads_[b].size() > 0) return;  // already there (this step, or accumulating)
     for (int old = 0; old + 1 < b; ++old)
       if (tickets_[old] != 0) free_bucket(old);
     const BucketShard& s = layout_.buckets[b];
-    if (half_) {  // 16 bits: HalfStorage adds the parameters' 16-bit gradients into the bucket
-      bucket_grads16_[b] = PaddedBuffer16(s.padded_size(), s.padding, MemTag::gradients);
-      for (int p : buckets_[b].params)
-        half_->set_grad16(static_cast<size_t>(p),
-                          bucket_grads16_[b].span().subspan(
+    bucket_grads_[b] = PaddedBufferOf<T>(s.padded_size(), s.padding, MemTag::gradients);
+    for (int p : buckets_[b].params)
+      binding_->bind_grad(static_cast<size_t>(p),
+                          bucket_grads_[b].span().subspan(
                               static_cast<size_t>(model_.offsets()[p] - s.offset),
                               static_cast<size_t>(model_.parameters()[p]->numel())));
-      return;
-    }
-    bucket_grads_[b] = PaddedBuffer(s.padded_size(), s.padding, MemTag::gradients);
-    for (int p : buckets_[b].params) {
-      Parameter& param = *model_.parameters()[p];
-      param.grad =
-          Tensor(bucket_grads_[b].data() + (model_.offsets()[p] - s.offset), param.shape());
-    }
   }
 
   // Waits until bucket b is reduced (if it was launched), then frees its full gradient.
   void free_bucket(size_t b) {
     if (tickets_[b] != 0) comm_thread_.wait(tickets_[b]);
     tickets_[b] = 0;
-    if (half_ && bucket_grads16_[b].size() > 0) {  // 16 bits
-      bucket_grads16_[b].release();
-      for (int p : buckets_[b].params) half_->set_grad16(static_cast<size_t>(p), {});
-    }
     if (bucket_grads_[b].size() == 0) return;
     bucket_grads_[b].release();
-    for (int p : buckets_[b].params) model_.parameters()[p]->grad = Tensor();
+    for (int p : buckets_[b].params) binding_->bind_grad(static_cast<size_t>(p), {});
   }
 
   void reset() {
@@ -434,23 +317,17 @@ class Zero2 {
       sequence_.check(comm_, header);  // --check-collectives: every rank, this reduce-scatter
       const double start = tracer ? tracer->now_us() : 0;
       const BucketShard& s = layout_.buckets[b];
-      if (half_) {
-        reduce_scatter16(b);  // 16 bits: the gradients were pre-divided by N, the sum is the mean
-      } else {
-        // BEGIN EXERCISE 07.1 (ZeRO-2: reduce-scatter in backward)
-        std::span<float> bucket = bucket_grads_[b].span();
-        std::span<float> shard = reduce_scatter_bucket(
-            comm_, bucket, s.shard_size, scratch_.span(),
-            options_.collectives);  // bucket_collectives.hpp: ours holds the sum
-        for (float& g : shard)
-          g /= static_cast<float>(comm_.world_size());  // as chapter 05: the mean
-        std::copy(shard.begin(), shard.end(), grad_shard_.data() + s.shard_offset);  // all we keep
-        // END EXERCISE 07.1
-      }
+      // BEGIN EXERCISE 07.1 (ZeRO-2: reduce-scatter in backward)
+      std::span<R> shard = reduce_.reduce(bucket_grads_[b].span(), 0, [&](auto grads, auto scratch) {
+        return reduce_scatter_bucket(comm_, grads, s.shard_size, scratch,
+                                     options_.collectives);  // bucket_collectives.hpp: in R, the mean
+      });
+      std::copy(shard.begin(), shard.end(), grad_shard_.data() + s.shard_offset);  // all we keep
+      // END EXERCISE 07.1
       if (tracer)
         tracer->complete("reduce_scatter bucket " + std::to_string(b), "comm", Tracer::kCommTrack,
                          start, tracer->now_us() - start,
-                         {{"bytes", (half_ ? 2 : 4) * s.padded_size()},
+                         {{"bytes", element_bytes<R>() * s.padded_size()},
                           {"params", buckets_[b].params.size()},
                           {"queued_us", start - launched}});
     });
@@ -461,28 +338,19 @@ class Zero2 {
   Options options_;
   std::vector<Bucket> buckets_;
   ShardLayout layout_;
-  int64_t psi_;                             // Ψ
-  StateBytes states_ = kFp32Adam;           // bytes per parameter: p, g, K (--optimizer)
-  PaddedBuffer params_;                     // (Ψ + padding) every parameter, padded per bucket
-  PaddedBuffer grad_shard_;                 // (Σ s) this rank's shard of every bucket's gradient
-  std::vector<PaddedBuffer> bucket_grads_;  // (buckets) a bucket's full gradient, while in flight
+  int64_t psi_;               // Ψ
+  ShardOptimizer optimizer_;  // this rank's shard: --optimizer, or fp32 masters (16 bits)
+  ShardReduce<T, R> reduce_;  // --reduce-dtype: the collective's scratch (and widening)
+  PaddedBufferOf<T> params_;  // (Ψ + padding) every parameter, padded per bucket
+  PaddedBufferOf<R> grad_shard_;  // (Σ s) this rank's shard of every bucket's reduced gradient
+  std::vector<PaddedBufferOf<T>> bucket_grads_;  // (buckets) a full gradient, while in flight
   std::vector<uint64_t> tickets_;  // (buckets) its reduce-scatter's comm-thread ticket; 0: none
-  // 16 bits (--precision bf16|fp16), in place of params_, grad_shard_, bucket_grads_,
-  // optimizers_ and scratch_:
-  std::optional<ShardedMixedPrecision> mixed_;  // this rank's fp32 masters + moments, scaler
-  PaddedBuffer16 params16_;                     // (Ψ + padding) 16-bit parameters
-  PaddedBuffer16 grad_shard16_;                 // (Σ s) this rank's 16-bit gradient shard
-  std::vector<PaddedBuffer16> bucket_grads16_;  // (buckets) a 16-bit bucket, while in flight
-  std::optional<HalfStorage> half_;    // forward/backward read params16_ via one fp32 layer
-  Buffer16 scratch16_;                 // (s) the 16-bit ring's incoming chunk
-  Buffer wide_;                        // --reduce-dtype fp32: (n + padding + s) widened bucket
-  std::vector<Optimizer> optimizers_;  // (buckets) each over this rank's real shard elements
+  std::unique_ptr<ParameterBinding<T>> binding_;  // forward/backward's view of our buffers
   std::vector<int> bucket_of_;         // (P) bucket of each parameter
   std::vector<int> pending_;           // (buckets) parameters not ready yet in this backward
   std::vector<char> ready_;            // (P) 1 once the parameter's gradient is final
   int next_bucket_ = 0;                // the next bucket to launch: launches happen in plan order
   bool require_sync_ = true;
-  Buffer scratch_;
   CollectiveSequence sequence_;    // numbers the collectives for --check-collectives
   friend struct BucketOrderFault;  // tests/tools/rank_fault.cpp: a rank out of order
   std::shared_ptr<Zero2*> alive_ =

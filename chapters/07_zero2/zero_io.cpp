@@ -12,24 +12,27 @@
 
 namespace ringzero {
 
-/// Between steps: 4 per element of the padded parameters (Ψ + padding) and of the rank's
-/// gradient shard (Σ s), 8 per real element of its shard (AdamW); one entry per rank. During
-/// backward, the buckets in flight come on top (in_flight_peak_bytes()). In 16 bits: 2, 2
-/// and 12 (fp32 master, exp_avg, exp_avg_sq).
-std::vector<int64_t> Zero2::model_states_bytes() const {
-  const StateBytes b = mixed_ ? kMixedPrecisionAdam : states_;
+/// Between steps: p per element of the padded parameters (Ψ + padding), sizeof(R) per element
+/// of the rank's gradient shard (Σ s), K per real element of its shard; one entry per rank.
+/// During backward, the buckets in flight come on top (in_flight_peak_bytes()). fp32: 4, 4 and
+/// K of --optimizer (AdamW 8); 16 bits: 2, 2 (4 with --reduce-dtype fp32) and 12 (fp32 master,
+/// exp_avg, exp_avg_sq).
+template <Element T, Element R>
+std::vector<int64_t> Zero2<T, R>::model_states_bytes() const {
+  const StateBytes b = optimizer_.state_bytes();
   std::vector<int64_t> bytes;
   for (int r = 0; r < comm_.world_size(); ++r)
     bytes.push_back(static_cast<int64_t>(b.param) * layout_.padded_total +
-                    static_cast<int64_t>(b.grad) * layout_.shard_total +
+                    static_cast<int64_t>(element_bytes<R>()) * layout_.shard_total +
                     static_cast<int64_t>(b.optimizer) * shard_real_of(layout_, r));
   return bytes;
 }
 
-/// With one micro-step per optimizer step: the largest two consecutive buckets (padded), or
-/// the only one.
-int64_t Zero2::in_flight_peak_bytes() const {
-  const int64_t g = mixed_ ? 2 : 4;  // bytes per gradient element
+/// With one micro-step per optimizer step: the largest two consecutive buckets (padded, of T),
+/// or the only one.
+template <Element T, Element R>
+int64_t Zero2<T, R>::in_flight_peak_bytes() const {
+  const int64_t g = element_bytes<T>();  // bytes per gradient element
   int64_t most = g * layout_.buckets[0].padded_size();
   for (size_t b = 1; b < layout_.buckets.size(); ++b)
     most = std::max(most,
@@ -37,61 +40,58 @@ int64_t Zero2::in_flight_peak_bytes() const {
   return most;
 }
 
-std::string Zero2::ledger_formula() const {
-  if (mixed_) {  // 16 bits: kMixedPrecisionAdam's p = g = 2, K = 12
-    const StateBytes b = kMixedPrecisionAdam;
-    const ModelStateBytes f =
-        zero_model_state_bytes(2, static_cast<double>(psi_), comm_.world_size(), b);
-    std::string exact;
-    for (int64_t x : model_states_bytes()) exact += (exact.empty() ? "" : ", ") + std::to_string(x);
-    return "formula (ZeRO-2, " + std::string(dtype_name(mixed_->dtype())) +
-           " + AdamW with fp32 master weights): " + zero_formula_text(2, b) + " = " +
-           human_bytes(f.total()) + " per rank, + at most two 16-bit buckets in flight = " +
-           human_bytes(static_cast<double>(in_flight_peak_bytes())) +
-           " (DDP: " + full_copy_formula_text(b) + " = " +
-           human_bytes(b.per_param() * static_cast<double>(psi_)) + "); exactly, with padding " +
-           std::to_string(layout_.padding_total) +
-           ": 2(Ψ + padding) + 2·(shard) + 12·(real shard) = " + exact +
-           " B on ranks 0..N-1 between steps, + " + std::to_string(in_flight_peak_bytes()) +
-           " B in flight at the peak (K = 1); plus one layer's fp32 working copy and gradient "
-           "scratch (activations)";
-  }
+template <Element T, Element R>
+std::string Zero2<T, R>::ledger_formula() const {
+  const StateBytes b = optimizer_.state_bytes();
   const ModelStateBytes f =
-      zero_model_state_bytes(2, static_cast<double>(psi_), comm_.world_size(), states_);
+      zero_model_state_bytes(2, static_cast<double>(psi_), comm_.world_size(), b);
   std::string exact;
-  for (int64_t b : model_states_bytes()) exact += (exact.empty() ? "" : ", ") + std::to_string(b);
-  const int k = static_cast<int>(states_.optimizer);
-  return "formula (ZeRO-2, " + std::string(states_.name) + "): " + zero_formula_text(2, states_) +
-         " = " + human_bytes(f.total()) + " per rank, + at most two buckets in flight = " +
-         human_bytes(static_cast<double>(in_flight_peak_bytes())) +
-         " (DDP: " + full_copy_formula_text(states_) + " = " +
-         human_bytes(states_.per_param() * static_cast<double>(psi_)) +
-         "); exactly, with padding " + std::to_string(layout_.padding_total) +
-         ": 4(Ψ + padding) + 4·(shard) + " + std::to_string(k) + "·(real shard) = " + exact +
+  for (int64_t x : model_states_bytes()) exact += (exact.empty() ? "" : ", ") + std::to_string(x);
+  const bool fp32 = std::is_same_v<T, float>;
+  return "formula (ZeRO-2, " + zero_states_name<T>(b) + "): " + zero_formula_text(2, b) + " = " +
+         human_bytes(f.total()) + " per rank, + at most two " + (fp32 ? "" : "16-bit ") +
+         "buckets in flight = " + human_bytes(static_cast<double>(in_flight_peak_bytes())) +
+         " (DDP: " + full_copy_formula_text(b) + " = " +
+         human_bytes(b.per_param() * static_cast<double>(psi_)) + "); exactly, with padding " +
+         std::to_string(layout_.padding_total) + ": " +
+         std::to_string(static_cast<int>(b.param)) + "(Ψ + padding) + " +
+         std::to_string(element_bytes<R>()) + "·(shard) + " +
+         std::to_string(static_cast<int>(b.optimizer)) + "·(real shard) = " + exact +
          " B on ranks 0..N-1 between steps, + " + std::to_string(in_flight_peak_bytes()) +
-         " B in flight at the peak (K = 1; with K > 1 every bucket stays through accumulation)";
+         " B in flight at the peak " +
+         (fp32 ? "(K = 1; with K > 1 every bucket stays through accumulation)" : "(K = 1)") +
+         zero_states_note<T>();
 }
 
 /// optimizer_state.hpp's gather_optimizer_state. Errors: --optimizer is not adamw.
-std::map<std::string, NamedTensor> Zero2::optimizer_state_dict() {
-  if (mixed_) return mixed_->optimizer_state_dict(comm_, model_, layout_);  // 16 bits
-  return gather_optimizer_state(comm_, model_, layout_, optimizers_);
+template <Element T, Element R>
+std::map<std::string, NamedTensor> Zero2<T, R>::optimizer_state_dict() {
+  return gather_optimizer_state(comm_, model_, layout_, optimizer_);
+}
+
+template <Element T, Element R>
+std::map<std::string, NamedTensor> Zero2<T, R>::model_state_dict() {
+  if constexpr (std::is_same_v<T, float>) return state_dict(model_);
+  else return gather_master_weights(comm_, model_, layout_, optimizer_);
 }
 
 /// Counts the padding elements of the parameters and of the gradient shard that are not zero.
-int64_t Zero2::nonzero_padding() const {
+template <Element T, Element R>
+int64_t Zero2<T, R>::nonzero_padding() const {
   int64_t count = 0;
   for (const BucketShard& s : layout_.buckets) {
     for (int64_t i = s.padded_offset + s.size; i < s.padded_offset + s.padded_size(); ++i)
-      count += mixed_ ? params16_.span()[i] != 0 : params_.span()[i] != 0.0f;
+      count += static_cast<float>(params_.span()[i]) != 0.0f;
     for (int64_t i = s.shard_offset + s.real; i < s.shard_offset + s.shard_size; ++i)
-      count += mixed_ ? grad_shard16_.span()[i] != 0 : grad_shard_.span()[i] != 0.0f;
+      count += static_cast<float>(grad_shard_.span()[i]) != 0.0f;
   }
   return count;
 }
 
-TrainingState Zero2::training_state() {
-  RZ_CHECK(!mixed_, "checkpoints of a 16-bit run are not saved yet; use --precision fp32");
+template <Element T, Element R>
+TrainingState Zero2<T, R>::training_state() {
+  RZ_CHECK((std::is_same_v<T, float>),
+           "checkpoints of a 16-bit run are not saved yet; use --precision fp32");
   TrainingState state;
   state.model = &model_;
   state.sharded = true;
@@ -106,10 +106,17 @@ TrainingState Zero2::training_state() {
                                        {"padding", s.padding},
                                        {"padded_offset", s.padded_offset},
                                        {"shard_size", s.shard_size}});
-    state.pieces.push_back({shard_params(b), s.offset + comm_.rank() * s.shard_size,
-                            &optimizers_[b], s.segment_params});
+    if constexpr (std::is_same_v<T, float>)
+      state.pieces.push_back({shard_params(b), s.offset + comm_.rank() * s.shard_size,
+                              &optimizer_.optimizer(b), s.segment_params});
   }
   return state;
 }
+
+template class Zero2<float, float>;
+template class Zero2<bf16, bf16>;
+template class Zero2<bf16, float>;
+template class Zero2<fp16, fp16>;
+template class Zero2<fp16, float>;
 
 }  // namespace ringzero

@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "chapters/06_zero1/sharded_clip.hpp"
+#include "common/sharded_clip.hpp"
 #include "chapters/08_zero3/desync.hpp"
 #include "chapters/08_zero3/layer_shard.hpp"
 #include "chapters/08_zero3/unused_layers.hpp"

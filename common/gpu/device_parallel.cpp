@@ -52,7 +52,7 @@
 #include <vector>
 
 #include "chapters/04_ring_allreduce/ring.hpp"
-#include "chapters/06_zero1/sharded_clip.hpp"
+#include "common/sharded_clip.hpp"
 #include "common/check.hpp"
 #include "common/checkpoint.hpp"
 #include "common/collective_check.hpp"

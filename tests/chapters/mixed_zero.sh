@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Chapters 06 (ZeRO-1) and 07 (ZeRO-2) in 16 bits (--precision bf16|fp16;
-# chapters/06_zero1/sharded_mixed.hpp), at N = 1, 2, 3, 4:
+# common/shard_precision.hpp), at N = 1, 2, 3, 4:
 #  - the ledger to the byte, per rank, from the summary record: parameters 2Ψ, gradients 2Ψ
 #    (ZeRO-1) or 2·(real shard) (ZeRO-2, between steps), optimizer state 12·(real shard)
 #    (fp32 master + exp_avg + exp_avg_sq), padding 2 bytes per padding element of each 16-bit
@@ -19,7 +19,8 @@
 #    addition rounded to 16 bits: another order, held to AdamW's own bound (compare_runs
 #    --adam-bound, as the fp32 links that change the order);
 #  - fp16 trains (scale reported, skipped steps counted); --reduce-dtype fp32 is within AdamW's
-#    bound of chapter 02 too;
+#    bound of chapter 02 too, and bit for bit chapter 05's --reduce-dtype fp32 (the master weights
+#    step from the fp32 sum in every chapter; ZeRO-2 keeps that sum as its fp32 gradient shard);
 #  - fp32 unchanged: no flag vs --precision fp32, bitwise (ch06_vs_ch05.sh and ch07_vs_ch06.sh
 #    keep the fp32 chain);
 #  - refusals: --collectives mpi with 16 bits, checkpoints in 16 bits; an fp16 forward that
@@ -51,8 +52,8 @@ for r, led in enumerate(s["ledger"]):
     if stage == 1:
         assert g == 2 * psi and led["padding"]["current"] == 4 * pad, (r, g, led["padding"])
     else:
-        shard = (psi + pad) // n
-        assert g == 2 * real and led["padding"]["current"] == 2 * pad + 2 * (shard - real), (r, g)
+        shard = (psi + pad) // n  # the gradient shard holds the reduce dtype: gb bytes
+        assert g == gb * real and led["padding"]["current"] == 2 * pad + gb * (shard - real), (r, g)
     assert led["model_states_current"] == exact[r] == p + g + o + led["padding"]["current"], (r, exact)
     if stage == 1:
         assert led["model_states_peak"] == exact[r], (r, led["model_states_peak"], exact[r])
@@ -61,7 +62,7 @@ for r, led in enumerate(s["ledger"]):
 reals = [l["optimizer_state"]["current"] // 12 for l in s["ledger"]]
 assert sum(reals) == psi, (reals, psi)  # every master element once
 print(f"ok: {name}: Ψ = {psi}, padding {pad}: parameters 2Ψ, gradients "
-      f"{'2Ψ' if stage == 1 else '2·shard'}, optimizer 12·{reals}, model states {exact} B; "
+      f"{'2Ψ' if stage == 1 else f'{gb}·shard'}, optimizer 12·{reals}, model states {exact} B; "
       f"sent {sent[0]:.0f} B/step = (N-1)/N·({gb} + 2)(Ψ + padding)")
 PY
 }
@@ -91,6 +92,8 @@ run ch06_rfp32 3 ch06_zero1 "${zero[@]}" --precision bf16 --reduce-dtype fp32
 check_mixed ch06_rfp32 1 4
 echo "== ch02_k3 vs ch06_rfp32 (AdamW bound)"
 "$COMPARE" "$WORK/ch02_k3.safetensors" "$WORK/ch06_rfp32.safetensors" --adam-bound 1e-3 --steps 12
+run ch05_rfp32 3 ch05_ddp_buckets "${zero[@]}" --precision bf16 --reduce-dtype fp32
+same ch05_rfp32 ch06_rfp32 --bitwise  # one meaning of --reduce-dtype fp32 in 05 and 06
 python3 - "$WORK/ch06_fp16.jsonl" "$WORK/ch06_rfp32.jsonl" "$WORK/ch06_n3.jsonl" <<'PY'
 import json, sys
 def summary(p): return [json.loads(l) for l in open(p) if '"summary"' in l][-1]
@@ -113,8 +116,9 @@ same ch06_fp32 ch06_fp32_flag --bitwise
 run ch07_fp16 3 ch07_zero2 "${zero[@]}" --precision fp16
 check_mixed ch07_fp16 2 2
 same ch06_fp16 ch07_fp16 --bitwise
-run ch07_rfp32 2 ch07_zero2 "${zero[@]}" --precision bf16 --reduce-dtype fp32
+run ch07_rfp32 3 ch07_zero2 "${zero[@]}" --precision bf16 --reduce-dtype fp32
 check_mixed ch07_rfp32 2 4
+same ch06_rfp32 ch07_rfp32 --bitwise
 
 # fp16's range at step 1: weights 1e5 times the initial ones overflow the forward on every rank.
 start_point w0 "${common[@]}"  # lib.bash: the initial weights of these flags

@@ -57,7 +57,7 @@ TEST_CASE("the padded layout: equal shards, every real element owned once", "[ze
 
 TEST_CASE("ZeRO-1 equals chapter 05's DDP bit for bit: parameters, losses, AdamW state",
           "[zero1]") {
-  require_bitwise_equal_to_ddp<Zero1Training>();
+  require_bitwise_equal_to_ddp<Zero1Training<>>();
 }
 
 TEST_CASE("the ledger: model states 4Ψ + 4Ψ + 8·shard + 8·padding per rank", "[zero1]") {
@@ -72,9 +72,9 @@ TEST_CASE("the ledger: model states 4Ψ + 4Ψ + 8·shard + 8·padding per rank",
                   grads_before = ledger.current(MemTag::gradients);
     ZeroCase c;
     c.sizes = sizes;
-    Zero1::Options options;
+    ZeroOptions options;
     options.bucket_cap_mb = cap;
-    Zero1 zero(comm, model, zero_test_config(c), options);
+    Zero1<> zero(comm, model, zero_test_config(c), options);
     const ShardLayout& layout = zero.layout();
     INFO("Ψ = " << psi << ", padding " << layout.padding_total << ", shard " << layout.shard_real);
     REQUIRE(ledger.current(MemTag::parameters) == params_before);  // moved, not copied

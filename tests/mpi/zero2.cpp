@@ -19,7 +19,7 @@ using namespace ringzero::test;
 
 TEST_CASE("ZeRO-2 equals chapter 05's DDP bit for bit: parameters, losses, AdamW state",
           "[zero2]") {
-  require_bitwise_equal_to_ddp<Zero2Training>();
+  require_bitwise_equal_to_ddp<Zero2Training<>>();
 }
 
 TEST_CASE("the ledger: gradients are the shard between steps, two buckets at most in flight",
@@ -36,9 +36,9 @@ TEST_CASE("the ledger: gradients are the shard between steps, two buckets at mos
       c.sizes = sizes;
       c.grad_accum_steps = K;
       c.steps = 1;
-      Zero2::Options options;
+      ZeroOptions options;
       options.bucket_cap_mb = cap;
-      Zero2 zero(comm, model, zero_test_config(c), options);
+      Zero2<> zero(comm, model, zero_test_config(c), options);
       const ShardLayout& layout = zero.layout();
       INFO("Ψ = " << psi << ", " << layout.buckets.size() << " buckets, K = " << K
                   << ", N = " << comm.world_size());

@@ -1,4 +1,4 @@
-// ZeRO-1 and ZeRO-2 in 16 bits (chapters/06_zero1/sharded_mixed.hpp, --precision bf16|fp16)
+// ZeRO-1 and ZeRO-2 in 16 bits (common/shard_precision.hpp, --precision bf16|fp16)
 // under mpirun, np 1..4:
 //  - two ZeRO-1 (and ZeRO-2) optimizer steps equal, BIT FOR BIT, a serial re-enactment written here
 //  from the
@@ -16,7 +16,11 @@
 //  - fp16 overflow (ZeRO-1 and ZeRO-2): an inf in one rank's gradient (a huge target on rank N − 1
 //  only) makes
 //    EVERY rank skip that step: the loss scale halves everywhere, no shard's AdamW step count
-//    advances, the parameters and master weights stay as they were; the next step is taken.
+//    advances, the parameters and master weights stay as they were; the next step is taken;
+//  - --reduce-dtype fp32 (ZeRO-1 and ZeRO-2, bf16 and fp16): the reduce-scatter sums in fp32 and
+//    the master weights step from that fp32 sum, as chapter 05 does: every step's loss, the
+//    gathered master weights and AdamW's state equal chapter 05's DDP with --reduce-dtype fp32
+//    bit for bit (clipping on, one bucket per parameter and one for all).
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -162,7 +166,7 @@ int64_t bits_differ16(const std::vector<uint16_t>& a, const std::vector<uint16_t
 template <class L>
 std::vector<uint16_t> unpadded_params16(L& lesson, const Model& model) {
   std::vector<uint16_t> out;
-  const auto p16 = lesson.zero.parameters16();
+  const auto p16 = as_bits(lesson.zero.parameters());
   for (size_t i = 0; i < model.parameters().size(); ++i) {
     const auto at = static_cast<size_t>(lesson.zero.layout().param_offset[i]);
     out.insert(out.end(), p16.begin() + at, p16.begin() + at + model.parameters()[i]->numel());
@@ -171,37 +175,45 @@ std::vector<uint16_t> unpadded_params16(L& lesson, const Model& model) {
 }
 
 template <class L>
-void require_equal_to_reenactment() {
+void require_equal_to_reenactment_in(Dtype d) {
   Communicator& comm = test_comm();
   const int N = comm.world_size();
+  for (const MixedCase& mc : kMixedCases) {
+    ZeroCase c;
+    c.sizes = mc.sizes;
+    c.bucket_cap_mb = mc.bucket_cap_mb;
+    c.clip_grad_norm = mc.clip;
+    c.steps = 2;
+    INFO(dtype_name(d) << ", sizes[1] = " << c.sizes[1] << ", cap " << c.bucket_cap_mb
+                       << ", clip " << c.clip_grad_norm << ", N = " << N << ", rank "
+                       << comm.rank());
+    const Reference ref = reenact(c, d, N, c.steps);
+    const TrainConfig config = mixed_config(c, d);
+    Model model(c.sizes, /*seed=*/5);
+    Tracer tracer;
+    SetUp setup{&comm, model, config, tracer};
+    typename L::Flags flags;
+    flags.zero.bucket_cap_mb = c.bucket_cap_mb;
+    L lesson(setup, flags);
+    RunResult out;
+    run_steps(c, model, config, lesson, tracer, out);
+    REQUIRE(out.nonzero_padding == 0);
+    REQUIRE(bits_differ16(unpadded_params16(lesson, model), ref.params16) == 0);
+    REQUIRE(bit_differences(flat(lesson.model_state_dict(model), model, ""), ref.master) == 0);
+    const auto opt = *lesson.saved_optimizer_state();
+    REQUIRE(bit_differences(flat(opt, model, ".exp_avg"), ref.exp_avg) == 0);
+    REQUIRE(bit_differences(flat(opt, model, ".exp_avg_sq"), ref.exp_avg_sq) == 0);
+    for (float t : flat(opt, model, ".step")) REQUIRE(t == static_cast<float>(ref.steps));
+  }
+}
+
+template <template <class, class> class Lesson>
+void require_equal_to_reenactment() {
   for (Dtype d : {Dtype::bf16, Dtype::fp16}) {
-    for (const MixedCase& mc : kMixedCases) {
-      ZeroCase c;
-      c.sizes = mc.sizes;
-      c.bucket_cap_mb = mc.bucket_cap_mb;
-      c.clip_grad_norm = mc.clip;
-      c.steps = 2;
-      INFO(dtype_name(d) << ", sizes[1] = " << c.sizes[1] << ", cap " << c.bucket_cap_mb
-                         << ", clip " << c.clip_grad_norm << ", N = " << N << ", rank "
-                         << comm.rank());
-      const Reference ref = reenact(c, d, N, c.steps);
-      const TrainConfig config = mixed_config(c, d);
-      Model model(c.sizes, /*seed=*/5);
-      Tracer tracer;
-      SetUp setup{&comm, model, config, tracer};
-      typename L::Flags flags;
-      flags.zero.bucket_cap_mb = c.bucket_cap_mb;
-      L lesson(setup, flags);
-      RunResult out;
-      run_steps(c, model, config, lesson, tracer, out);
-      REQUIRE(out.nonzero_padding == 0);
-      REQUIRE(bits_differ16(unpadded_params16(lesson, model), ref.params16) == 0);
-      REQUIRE(bit_differences(flat(lesson.model_state_dict(model), model, ""), ref.master) == 0);
-      const auto opt = *lesson.saved_optimizer_state();
-      REQUIRE(bit_differences(flat(opt, model, ".exp_avg"), ref.exp_avg) == 0);
-      REQUIRE(bit_differences(flat(opt, model, ".exp_avg_sq"), ref.exp_avg_sq) == 0);
-      for (float t : flat(opt, model, ".step")) REQUIRE(t == static_cast<float>(ref.steps));
-    }
+    if (d == Dtype::bf16)
+      require_equal_to_reenactment_in<Lesson<bf16, bf16>>(d);
+    else
+      require_equal_to_reenactment_in<Lesson<fp16, fp16>>(d);
   }
 }
 
@@ -219,8 +231,9 @@ TEST_CASE("ZeRO-2 in 16 bits: two steps equal the serial re-enactment bit for bi
 
 namespace {
 
-template <class L>
+template <template <class, class> class Lesson>
 void require_overflow_skipped_everywhere() {
+  using L = Lesson<fp16, fp16>;
   Communicator& comm = test_comm();
   const int N = comm.world_size(), rank = comm.rank();
   ZeroCase c;
@@ -245,21 +258,21 @@ void require_overflow_skipped_everywhere() {
     };
   };
   train_step(lesson, Step{model, config, 1, batch(0, false), tracer});
-  REQUIRE(lesson.zero.mixed()->loss_scale() == 65536.0f);
+  REQUIRE(lesson.zero.optimizer().loss_scale() == 65536.0f);
   const std::vector<uint16_t> params_after_1 = unpadded_params16(lesson, model);
   const std::vector<float> master_after_1 = flat(lesson.model_state_dict(model), model, "");
   for (float t : steps_of()) REQUIRE(t == 1.0f);
 
   train_step(lesson, Step{model, config, 2, batch(1, true), tracer});  // overflow on rank N − 1
   INFO("N = " << N << ", rank " << rank);
-  REQUIRE(lesson.zero.mixed()->loss_scale() == 32768.0f);  // halved on every rank
-  REQUIRE(lesson.zero.mixed()->summary()["skipped_steps"] == 1);
+  REQUIRE(lesson.zero.optimizer().loss_scale() == 32768.0f);  // halved on every rank
+  REQUIRE(lesson.zero.optimizer().summary()["skipped_steps"] == 1);
   for (float t : steps_of()) REQUIRE(t == 1.0f);  // no shard's step count advanced
   REQUIRE(bits_differ16(unpadded_params16(lesson, model), params_after_1) == 0);
   REQUIRE(bit_differences(flat(lesson.model_state_dict(model), model, ""), master_after_1) == 0);
 
   train_step(lesson, Step{model, config, 3, batch(2, false), tracer});  // taken again
-  REQUIRE(lesson.zero.mixed()->loss_scale() == 32768.0f);
+  REQUIRE(lesson.zero.optimizer().loss_scale() == 32768.0f);
   for (float t : steps_of()) REQUIRE(t == 2.0f);
   REQUIRE(bits_differ16(unpadded_params16(lesson, model), params_after_1) > 0);
 }
@@ -282,8 +295,9 @@ namespace {
 // divisible by 1..4, so no padding and every rank's shard is exactly Ψ/N. Then a model with
 // padding: the formula plus the stated padding (2 bytes per padding element of the parameters
 // and of the gradients, counted under padding) and 12 bytes per real shard element.
-template <class L>
+template <template <class, class> class Lesson>
 void require_ledger_equals_calculator(int zero_stage) {
+  using L = Lesson<bf16, bf16>;
   Communicator& comm = test_comm();
   const int N = comm.world_size();
   for (const auto& [sizes, cap] :
@@ -340,4 +354,64 @@ TEST_CASE("ZeRO-1 in bf16: the ledger equals the calculator's mixed-precision ro
 TEST_CASE("ZeRO-2 in bf16: the ledger equals the calculator's mixed-precision row",
           "[zero][mixed]") {
   require_ledger_equals_calculator<Zero2Training>(2);
+}
+
+namespace {
+
+// --reduce-dtype fp32 in 16 bits: ZeRO-`stage`'s lesson L against chapter 05's DDP, which
+// steps its master weights from the fp32 all-reduce. Every step's loss and the master weights
+// after it are compared bit for bit.
+template <template <class, class> class Lesson>
+void require_fp32_reduce_equal_to_ddp() {
+  Communicator& comm = test_comm();
+  for (Dtype d : {Dtype::bf16, Dtype::fp16}) {
+    for (const MixedCase& mc : kMixedCases) {
+      ZeroCase c;
+      c.sizes = mc.sizes;
+      c.bucket_cap_mb = mc.bucket_cap_mb;
+      c.clip_grad_norm = mc.clip;
+      c.steps = 3;
+      TrainConfig config = mixed_config(c, d);
+      config.reduce_dtype = "fp32";
+      INFO(dtype_name(d) << ", sizes[1] = " << c.sizes[1] << ", cap " << c.bucket_cap_mb
+                         << ", clip " << c.clip_grad_norm << ", N = " << comm.world_size());
+      auto run = [&](auto& lesson, Model& model, Tracer& tracer) {
+        RunResult out;
+        run_steps(c, model, config, lesson, tracer, out);
+        return std::pair(out.losses, flat(lesson.model_state_dict(model), model, ""));
+      };
+      Model ddp_model(c.sizes, /*seed=*/5), zero_model(c.sizes, /*seed=*/5);
+      Tracer tracer;
+      SetUp ddp_setup{&comm, ddp_model, config, tracer}, zero_setup{&comm, zero_model, config, tracer};
+      DDPTraining::Flags ddp_flags;
+      ddp_flags.ddp.bucket_cap_mb = c.bucket_cap_mb;
+      DDPTraining ddp(ddp_setup, ddp_flags);
+      const auto [ddp_losses, ddp_master] = run(ddp, ddp_model, tracer);
+      ZeroBucketFlags zero_flags;
+      zero_flags.zero.bucket_cap_mb = c.bucket_cap_mb;
+      if (d == Dtype::bf16) {
+        Lesson<bf16, float> zero(zero_setup, zero_flags);
+        const auto [losses, master] = run(zero, zero_model, tracer);
+        REQUIRE(bit_differences(losses, ddp_losses) == 0);
+        REQUIRE(bit_differences(master, ddp_master) == 0);
+      } else {
+        Lesson<fp16, float> zero(zero_setup, zero_flags);
+        const auto [losses, master] = run(zero, zero_model, tracer);
+        REQUIRE(bit_differences(losses, ddp_losses) == 0);
+        REQUIRE(bit_differences(master, ddp_master) == 0);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO-1 with --reduce-dtype fp32 equals chapter 05's DDP bit for bit",
+          "[zero][mixed]") {
+  require_fp32_reduce_equal_to_ddp<Zero1Training>();
+}
+
+TEST_CASE("ZeRO-2 with --reduce-dtype fp32 equals chapter 05's DDP bit for bit",
+          "[zero][mixed]") {
+  require_fp32_reduce_equal_to_ddp<Zero2Training>();
 }

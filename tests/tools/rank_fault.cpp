@@ -83,7 +83,7 @@ const Chapter kChapter{.name = "05_ddp_buckets",
                        .title = "DDP with one rank launching buckets out of order (tests only)",
                        .trace = true};
 #elif RZ_CHAPTER == 6
-using Training = Zero1Training;
+using Training = Zero1Training<>;
 auto& collectives_of(Training& t) {
   return t.zero;
 }
@@ -92,7 +92,7 @@ const Chapter kChapter{.name = "06_zero1",
                        .optimizer_state = true,
                        .trace = true};
 #else
-using Training = Zero2Training;
+using Training = Zero2Training<>;
 auto& collectives_of(Training& t) {
   return t.zero;
 }

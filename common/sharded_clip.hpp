@@ -7,8 +7,8 @@
 #include <span>
 #include <vector>
 
-#include "common/comm.hpp"
-#include "common/optim.hpp"
+#include "comm.hpp"
+#include "optim.hpp"
 
 namespace ringzero {
 

@@ -1,0 +1,39 @@
+// The options and flags of the bucketed ZeRO engines (chapters 06-07, which share them
+// unchanged): chapter 05's bucket flags, --collectives, --explain-buckets and the memory
+// calculator (common/zero_lesson.hpp's ZeroFlags).
+// Leaves out: the engines (zero.hpp).
+#pragma once
+
+#include "chapters/05_ddp_buckets/buckets.hpp"
+#include "common/collectives.hpp"
+#include "common/trace.hpp"
+#include "common/zero_lesson.hpp"
+
+namespace ringzero {
+
+/// The options of chapters 06-07's engines.
+struct ZeroOptions {
+  double bucket_cap_mb = 25.0;       ///< PyTorch's default
+  double first_bucket_cap_mb = 1.0;  ///< PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES
+  bool find_unused_parameters = false;
+  Collectives collectives =
+      Collectives::ring;  ///< ring (chapter 04's) | mpi (MPI_Reduce_scatter_block, MPI_Allgather)
+  Tracer* tracer = nullptr;  ///< optional: launch, reduce-scatter and all-gather events
+};
+
+/// Chapters 06-07's flags: the engine's options, --explain-buckets, and ZeroFlags'
+/// (--collectives, the memory calculator).
+struct ZeroBucketFlags : ZeroFlags {
+  ZeroOptions zero;
+  bool explain = false;
+
+  void add_flags(CommandLine& cli) override {
+    add_zero_flags(cli, zero.collectives);
+    add_bucket_flags(cli, zero.bucket_cap_mb, zero.first_bucket_cap_mb,
+                     zero.find_unused_parameters);
+    cli.app.add_flag("--explain-buckets", explain,
+                     "print the bucket plan (buckets, parameters, elements, bytes)");
+  }
+};
+
+}  // namespace ringzero
