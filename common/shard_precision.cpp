@@ -54,8 +54,9 @@ Optimizer& ShardOptimizer::optimizer(size_t u) {
 }
 
 std::span<const float> ShardOptimizer::master(size_t u) const {
-  RZ_CHECK(dtype_ != Dtype::fp32, "master weights: an fp32 run has none (its parameters are the "
-                                  "state)");
+  RZ_CHECK(dtype_ != Dtype::fp32,
+           "master weights: an fp32 run has none (its parameters are the "
+           "state)");
   return masters_[u].master();
 }
 

@@ -1,10 +1,10 @@
 // shard_precision: the run's precision for an engine that shards the optimizer (ZeRO, chapters
-// 06-07), written once, so that each engine is written over its element types with no 16-bit
+// 06-08), written once, so that each engine is written over its element types with no 16-bit
 // branch; the sharded counterpart of precision.hpp's ReplicatedPrecision.
 //
 // An engine is a template over two element types (common/half.hpp), chosen once from the flags
-// (with_precision below, llm.c's floatX): T, the parameters' and gradients' (--precision:
-// float, bf16 or fp16), and R, the reduced gradient's (--reduce-dtype, default T). Provides:
+// (llm.c's floatX): T, the parameters' and gradients' (--precision: float, bf16 or fp16), and R,
+// the reduced gradient's (--reduce-dtype, default T). Provides:
 //  - ShardOptimizer: this rank's optimizer over its shard, one per unit (bucket): fp32:
 //    --optimizer over the unit's segments; bf16/fp16: the fp32 master weights and AdamW moments
 //    of the shard (MasterWeights, 12 bytes per element: Rajbhandari et al. 2020, §3.1), whose
@@ -15,10 +15,11 @@
 //    engine's reduce-scatter runs on a bucket in R (T widened exactly when they differ), and
 //    fp32 training divides the shard's sum by N after it (the bitwise chain to chapter 02).
 //  - ParameterBinding<T>: where forward and backward find parameter i and its gradient inside
-//    the engine's buffers: fp32, Tensor views; bf16/fp16, HalfStorage's one-layer fp32 copy.
+//    the engine's buffers: fp32, Tensor views; bf16/fp16, HalfStorage's one-layer fp32 copy;
+//  - for ZeRO-3, which gathers a layer for its compute: widen_for_compute (a gathered layer of T
+//    as fp32), narrow_for_reduce (its fp32 gradient rounded to T, in R), mean_of_sum, narrow_into.
 // with_precision (common/with_precision.hpp) picks T and R once, from the flags.
-// Leaves out: the layout, buffers and collectives (the chapters'); chapter 08 (its own 16-bit
-// path, still to move here).
+// Leaves out: the layouts, buffers and collectives (the chapters').
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -47,11 +48,20 @@
 
 namespace ringzero {
 
-/// This rank's real elements of one unit's shard (a bucket's, chapters 06-07).
+/// This rank's real elements of one unit's shard (a bucket's, chapters 06-07; a layer's, 08).
 struct ShardPiece {
   int64_t model_offset = 0;       ///< its first element in the model's unpadded flat layout
   std::vector<int64_t> segments;  ///< sizes of its parameter pieces, memory order (Σ = real)
 };
+
+/// This rank's piece of every unit of a layout (`units`: BucketShards or LayerShards, which
+/// give offset, shard_size and segments): rank r's shard starts at offset + r·shard_size.
+template <class Units>
+std::vector<ShardPiece> shard_pieces(const Units& units, int rank) {
+  std::vector<ShardPiece> pieces;
+  for (const auto& s : units) pieces.push_back({s.offset + rank * s.shard_size, s.segments});
+  return pieces;
+}
 
 /// This rank's optimizer over its shard of every unit, in --precision (see the header).
 /// Collective where noted: every rank calls in the same order.
@@ -135,12 +145,16 @@ bool ShardOptimizer::prepare(Communicator& comm, const std::vector<std::span<R>>
     }
   }
   auto non_finite = [&](std::span<R> g) {
-    if constexpr (std::is_same_v<R, float>) return has_non_finite(std::span<const float>(g));
-    else return has_non_finite(dtype_, as_bits(std::span<const R>(g)));
+    if constexpr (std::is_same_v<R, float>)
+      return has_non_finite(std::span<const float>(g));
+    else
+      return has_non_finite(dtype_, as_bits(std::span<const R>(g)));
   };
   auto squares = [&](std::span<R> g) {
-    if constexpr (std::is_same_v<R, float>) return sum_of_squares(std::span<const float>(g), factor_);
-    else return sum_of_squares_half(dtype_, as_bits(std::span<const R>(g)), factor_);
+    if constexpr (std::is_same_v<R, float>)
+      return sum_of_squares(std::span<const float>(g), factor_);
+    else
+      return sum_of_squares_half(dtype_, as_bits(std::span<const R>(g)), factor_);
   };
   factor_ = scaler_ ? scaler_->inv_scale() : 1.0f;
   if (scaler_) {
@@ -154,6 +168,56 @@ bool ShardOptimizer::prepare(Communicator& comm, const std::vector<std::span<R>>
     factor_ *= clip_coefficient(sum_in_rank_order(comm, sums), clip_grad_norm_);
   }
   return true;
+}
+
+/// in[i] as T, into out (the same size): a copy for float; bf16/fp16 rounded to nearest even
+/// (convert_to_half).
+template <Element T>
+void narrow_into(std::span<const float> in, std::span<T> out) {
+  if constexpr (std::is_same_v<T, float>)
+    std::copy(in.begin(), in.end(), out.begin());
+  else
+    convert_to_half(T::dtype, in, as_bits(out));
+}
+
+/// The fp32 values a gathered layer computes with (ZeRO-3; autocast's fp32 copy): `gathered`
+/// itself in fp32 (moved out); in bf16/fp16 a new fp32 buffer (tag comm_buffers) of the values
+/// widened (exactly), and `gathered` is freed.
+template <Element T>
+Buffer widen_for_compute(BufferOf<T>& gathered) {
+  if constexpr (std::is_same_v<T, float>) {
+    return std::move(gathered);
+  } else {
+    Buffer out = Buffer::uninitialized(gathered.size(), MemTag::comm_buffers);
+    convert_to_float(T::dtype, as_bits(gathered.span()), out.span());
+    gathered.release();
+    return out;
+  }
+}
+
+/// A layer's gradient as backward computed it in fp32 (`grad`, tag comm_buffers), made the
+/// gradient of T (rounded once: the 16-bit gradient backward writes) and then put in R for the
+/// reduce: R = float, `grad` itself (moved out; in 16 bits its values rounded to T in place);
+/// R = bf16/fp16, a new buffer of R (tag comm_buffers), and `grad` is freed.
+template <Element T, Element R>
+BufferOf<R> narrow_for_reduce(Buffer& grad) {
+  if constexpr (std::is_same_v<R, float>) {
+    if constexpr (!std::is_same_v<T, float>) round_in_place(T::dtype, grad.span());
+    return std::move(grad);
+  } else {
+    BufferOf<R> out = BufferOf<R>::uninitialized(grad.size(), MemTag::comm_buffers);
+    narrow_into<R>(grad.span(), out.span());
+    grad.release();
+    return out;
+  }
+}
+
+/// The mean from the sum over ranks: ÷N in fp32 training (after the sum, the bitwise chain to
+/// chapter 02); nothing in 16 bits (the backward seed pre-divided by N).
+template <Element T, Element R>
+void mean_of_sum(std::span<R> sum, int world_size) {
+  if constexpr (std::is_same_v<T, float>)
+    for (R& g : sum) g /= static_cast<float>(world_size);
 }
 
 /// --reduce-dtype as a communication hook on a padded bucket of T (see the header). Holds, tag
@@ -192,8 +256,7 @@ class ShardReduce {
         shard = kept_.span().subspan(kept_offset, shard.size());
       }
     }
-    if constexpr (std::is_same_v<T, float>)
-      for (float& g : shard) g /= static_cast<float>(world_size_);  // the mean
+    mean_of_sum<T, R>(shard, world_size_);  // fp32: ÷N; 16 bits: pre-divided
     return shard;
   }
 
@@ -201,15 +264,19 @@ class ShardReduce {
   /// shard): the reduce's own when R is T (the two never run at once); empty otherwise (16-bit
   /// parameters are gathered by the ring, which needs none).
   std::span<T> gather_scratch() {
-    if constexpr (std::is_same_v<T, R>) return scratch_.span();
-    else return {};
+    if constexpr (std::is_same_v<T, R>)
+      return scratch_.span();
+    else
+      return {};
   }
 
   /// Where reduce() left a shard of a kept reduction: `in_place` (its real elements inside the
   /// bucket) when R is T, else kept[kept_offset, + in_place.size()).
   std::span<R> shard(std::span<T> in_place, int64_t kept_offset) {
-    if constexpr (std::is_same_v<T, R>) return in_place;
-    else return kept_.span().subspan(kept_offset, in_place.size());
+    if constexpr (std::is_same_v<T, R>)
+      return in_place;
+    else
+      return kept_.span().subspan(kept_offset, in_place.size());
   }
 
  private:
@@ -273,14 +340,18 @@ constexpr int element_bytes() {
 /// "bf16 + AdamW with fp32 master weights" in 16 bits.
 template <Element T>
 std::string zero_states_name(StateBytes b) {
-  if constexpr (std::is_same_v<T, float>) return b.name;
-  else return std::string(dtype_name(T::dtype)) + " + AdamW with fp32 master weights";
+  if constexpr (std::is_same_v<T, float>)
+    return b.name;
+  else
+    return std::string(dtype_name(T::dtype)) + " + AdamW with fp32 master weights";
 }
 /// What a 16-bit run holds beside the model states (HalfStorage's), for the formula line.
 template <Element T>
 std::string zero_states_note() {
-  if constexpr (std::is_same_v<T, float>) return "";
-  else return "; plus one layer's fp32 working copy and gradient scratch (activations)";
+  if constexpr (std::is_same_v<T, float>)
+    return "";
+  else
+    return "; plus one layer's fp32 working copy and gradient scratch (activations)";
 }
 
 }  // namespace ringzero

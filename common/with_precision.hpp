@@ -16,7 +16,8 @@ namespace ringzero {
 template <class F>
 decltype(auto) with_precision(const TrainConfig& config, F&& f) {
   const Dtype p = parse_dtype(config.precision, "--precision");
-  const Dtype r = config.reduce_dtype.empty() ? p : parse_dtype(config.reduce_dtype, "--reduce-dtype");
+  const Dtype r =
+      config.reduce_dtype.empty() ? p : parse_dtype(config.reduce_dtype, "--reduce-dtype");
   if (p == Dtype::fp32 && r == Dtype::fp32) return f.template operator()<float, float>();
   if (p == Dtype::bf16 && r == Dtype::bf16) return f.template operator()<bf16, bf16>();
   if (p == Dtype::bf16 && r == Dtype::fp32) return f.template operator()<bf16, float>();

@@ -86,15 +86,6 @@ struct RingAdd {
     add_into(dst, src);
   }
 };
-/// The hop's add on 16-bit bits whose format is known at run time only (chapters 06-08, until
-/// their engines are written over bf16/fp16 too): accumulate_half(dtype, dst, src).
-struct RingAddHalf {
-  Dtype dtype;  ///< bf16 or fp16: which 16-bit format the uint16_t bits hold
-  void operator()(std::span<uint16_t> dst, std::span<const uint16_t> src) const {
-    accumulate_half(dtype, dst, src);
-  }
-};
-
 namespace ring_detail {
 // The buffer type that owns a scratch chunk of T (common/half.hpp).
 template <class T>
@@ -204,25 +195,6 @@ void all_reduce(Communicator& comm, std::span<T> buf, std::span<T> scratch, bool
   }
   RZ_CHECK(ring, "all_reduce: MPI has no 16-bit sum; use --collectives ring");
   ring_all_reduce(comm, buf, scratch);
-}
-
-/// The same ring on 16-bit bits whose format is a run-time Dtype (chapters 06-08, until their
-/// engines are written over bf16/fp16): the same numbers as the bf16/fp16 ring above.
-inline void ring_reduce_scatter(Communicator& comm, std::span<uint16_t> buf, Dtype dtype,
-                                std::span<uint16_t> scratch = {}) {
-  ring_reduce_scatter_with(comm, buf, scratch, RingAddHalf{dtype});
-}
-
-/// All-gather phase in place on 16-bit values (ring_all_gather_of; copies, any format).
-inline void ring_all_gather(Communicator& comm, std::span<uint16_t> buf) {
-  ring_all_gather_of(comm, buf);
-}
-
-/// 16-bit sum over ranks, in place, on every rank (see the 16-bit ring_reduce_scatter).
-inline void ring_all_reduce(Communicator& comm, std::span<uint16_t> buf, Dtype dtype,
-                            std::span<uint16_t> scratch = {}) {
-  ring_reduce_scatter(comm, buf, dtype, scratch);
-  ring_all_gather(comm, buf);
 }
 
 /// Bytes each rank moves per optimizer step when every parameter (sizes, in elements) is

@@ -20,6 +20,7 @@
 #include "common/dist.hpp"
 #include "common/half.hpp"
 #include "common/metrics.hpp"
+#include "common/typed_collectives.hpp"
 
 namespace ringzero {
 
@@ -80,25 +81,6 @@ inline TrafficTheory zero_traffic_theory(const ShardLayout& layout, int world_si
   return theory;
 }
 
-namespace bucket_detail {
-// MPI's collectives, for float; MPI has no bf16/fp16 sum, and the engines refuse --collectives
-// mpi in 16 bits before training, so these are never reached in 16 bits.
-inline void mpi_reduce_scatter(Communicator& comm, std::span<float> in, std::span<float> out) {
-  comm.reduce_scatter(in, out);
-}
-inline void mpi_all_gather(Communicator& comm, std::span<float> in, std::span<float> out) {
-  comm.all_gather(in, out);
-}
-template <Half T>
-void mpi_reduce_scatter(Communicator&, std::span<T>, std::span<T>) {
-  RZ_CHECK(false, "--collectives mpi: MPI has no bf16/fp16 sum; use --collectives ring");
-}
-template <Half T>
-void mpi_all_gather(Communicator&, std::span<T>, std::span<T>) {
-  RZ_CHECK(false, "--collectives mpi: 16-bit runs gather with the ring; use --collectives ring");
-}
-}  // namespace bucket_detail
-
 /// Collective: reduce-scatters padded bucket `bucket` (n + padding elements of T: float, bf16
 /// or fp16) over the ranks; returns this rank's shard, bucket[r s, (r+1) s), which then holds
 /// the sum over ranks (the rest of the bucket holds partial sums). Collectives::ring: chapter
@@ -111,7 +93,7 @@ std::span<T> reduce_scatter_bucket(Communicator& comm, std::span<T> bucket, int6
   if (collectives == Collectives::ring) {
     ring_reduce_scatter(comm, bucket, scratch);  // chapter 04's first half: our chunk is summed
   } else {                                       // MPI wants the output apart from the input
-    bucket_detail::mpi_reduce_scatter(comm, bucket, scratch.first(shard_size));
+    mpi_reduce_scatter(comm, bucket, scratch.first(shard_size));
     std::copy_n(scratch.data(), shard_size, shard.begin());
   }
   return shard;
@@ -129,7 +111,7 @@ void all_gather_bucket(Communicator& comm, std::span<T> bucket, int64_t shard_si
   } else {                          // MPI wants the input apart from the output
     std::span<T> shard = bucket.subspan(comm.rank() * shard_size, shard_size);
     std::copy(shard.begin(), shard.end(), scratch.data());
-    bucket_detail::mpi_all_gather(comm, scratch.first(shard_size), bucket);
+    mpi_all_gather(comm, scratch.first(shard_size), bucket);
   }
 }
 

@@ -47,18 +47,11 @@
 #include "common/safetensors.hpp"
 #include "common/shard_precision.hpp"
 #include "common/trace.hpp"
+#include "common/typed_collectives.hpp"
 #include "common/train.hpp"
 #include "common/zero_memory.hpp"
 
 namespace ringzero {
-
-/// This rank's real elements of every bucket's shard, for its ShardOptimizer.
-inline std::vector<ShardPiece> shard_pieces(const ShardLayout& layout, int rank) {
-  std::vector<ShardPiece> pieces;
-  for (const BucketShard& s : layout.buckets)
-    pieces.push_back({s.offset + rank * s.shard_size, s.segments});
-  return pieces;
-}
 
 /// ZeRO stage 1 (the ZeRO paper's P_os) on chapter 05's buckets: every rank holds every
 /// parameter and gradient (padded per bucket) and the optimizer state of its shard only.
@@ -84,13 +77,8 @@ class Zero1 {
                               mib_to_bytes(options.first_bucket_cap_mb))),
         layout_(plan_shards(model, buckets_, comm.rank(), comm.world_size())),
         psi_(model.num_parameters()),
-        optimizer_(model, config, shard_pieces(layout_, comm.rank()), comm.world_size()) {
-    RZ_CHECK((std::is_same_v<T, float> || options.collectives == Collectives::ring),
-             "--collectives mpi with --precision "
-                 << config.precision
-                 << ": MPI has no bf16/fp16 sum, so 16-bit gradients are reduced by chapter 04's "
-                    "ring only; drop --collectives mpi (ring is the default) or use --precision "
-                    "fp32");
+        optimizer_(model, config, shard_pieces(layout_.buckets, comm.rank()), comm.world_size()) {
+    check_collectives_for<T>(options.collectives, config.precision);  // mpi: fp32 only
     check_bucket_plans_match(comm, buckets_);
     const auto& params = model.parameters();
     bucket_of_.resize(params.size());
@@ -102,8 +90,8 @@ class Zero1 {
     }
     // (s) the collective's incoming chunk; with R wider than T, the widened bucket and the
     // reduced shard of every bucket (kept until the step).
-    reduce_ = ShardReduce<T, R>(comm.world_size(), largest_bucket, largest_chunk,
-                                layout_.shard_total);
+    reduce_ =
+        ShardReduce<T, R>(comm.world_size(), largest_bucket, largest_chunk, layout_.shard_total);
     const int64_t padding = layout_.padded_total - psi_;
     grads_ = PaddedBufferOf<T>(layout_.padded_total, padding, MemTag::gradients);
     params_ = PaddedBufferOf<T>(layout_.padded_total, padding, MemTag::parameters);
@@ -161,9 +149,7 @@ class Zero1 {
   [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
 
   /// Sets every gradient (and the partial sums a reduce-scatter left outside the shard) to zero.
-  void zero_grad() {
-    std::fill(grads_.data(), grads_.data() + grads_.size(), T{});
-  }
+  void zero_grad() { std::fill(grads_.data(), grads_.data() + grads_.size(), T{}); }
 
   /// After backward, before the optimizer step (PyTorch runs this as backward's final
   /// callback): handles unused parameters, waits until every bucket is reduce-scattered and
@@ -311,10 +297,10 @@ class Zero1 {
   PaddedBufferOf<T> params_;  // (Ψ + padding) every parameter, padded per bucket
   PaddedBufferOf<T> grads_;   // (Ψ + padding) every gradient, same layout
   std::unique_ptr<ParameterBinding<T>> binding_;  // forward/backward's view of params_, grads_
-  std::vector<int> bucket_of_;         // (P) bucket of each parameter
-  std::vector<int> pending_;           // (buckets) parameters not ready yet in this backward
-  std::vector<char> ready_;            // (P) 1 once the parameter's gradient is final
-  int next_bucket_ = 0;                // the next bucket to launch: launches happen in plan order
+  std::vector<int> bucket_of_;                    // (P) bucket of each parameter
+  std::vector<int> pending_;  // (buckets) parameters not ready yet in this backward
+  std::vector<char> ready_;   // (P) 1 once the parameter's gradient is final
+  int next_bucket_ = 0;       // the next bucket to launch: launches happen in plan order
   bool require_sync_ = true;
   CollectiveSequence sequence_;    // numbers the collectives for --check-collectives
   friend struct BucketOrderFault;  // tests/tools/rank_fault.cpp: a rank out of order

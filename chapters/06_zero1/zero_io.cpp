@@ -50,8 +50,10 @@ std::map<std::string, NamedTensor> Zero1<T, R>::optimizer_state_dict() {
 
 template <Element T, Element R>
 std::map<std::string, NamedTensor> Zero1<T, R>::model_state_dict() {
-  if constexpr (std::is_same_v<T, float>) return state_dict(model_);
-  else return gather_master_weights(comm_, model_, layout_, optimizer_);
+  if constexpr (std::is_same_v<T, float>)
+    return state_dict(model_);
+  else
+    return gather_master_weights(comm_, model_, layout_, optimizer_);
 }
 
 /// Counts the parameters' and the gradients' padding elements that are not zero.

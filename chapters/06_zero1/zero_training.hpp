@@ -95,7 +95,7 @@ double train_step(Zero1Training<T, R>& lesson, const Step& step) {
   zero.zero_grad();
   double loss_sum = 0;
   for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
-    Batch batch = step.micro_batch(micro_step);         // (B/(N K), in)
+    Batch batch = step.micro_batch(micro_step);           // (B/(N K), in)
     std::optional<typename Zero1<T, R>::NoSync> no_sync;  // only the last backward sends
     if (micro_step < K - 1) no_sync.emplace(zero);
     Tape tape;

@@ -35,7 +35,6 @@
 #include "chapters/05_ddp_buckets/buckets.hpp"
 #include "chapters/06_zero1/bucket_collectives.hpp"
 #include "chapters/06_zero1/shard.hpp"
-#include "chapters/06_zero1/zero.hpp"  // shard_pieces
 #include "chapters/06_zero1/zero_options.hpp"
 #include "common/checkpoint.hpp"
 #include "common/collective_check.hpp"
@@ -46,6 +45,7 @@
 #include "common/safetensors.hpp"
 #include "common/shard_precision.hpp"
 #include "common/trace.hpp"
+#include "common/typed_collectives.hpp"
 #include "common/train.hpp"
 #include "common/zero_memory.hpp"
 
@@ -76,13 +76,8 @@ class Zero2 {
                               mib_to_bytes(options.first_bucket_cap_mb))),
         layout_(plan_shards(model, buckets_, comm.rank(), comm.world_size())),
         psi_(model.num_parameters()),
-        optimizer_(model, config, shard_pieces(layout_, comm.rank()), comm.world_size()) {
-    RZ_CHECK((std::is_same_v<T, float> || options.collectives == Collectives::ring),
-             "--collectives mpi with --precision "
-                 << config.precision
-                 << ": MPI has no bf16/fp16 sum, so 16-bit gradients are reduced by chapter 04's "
-                    "ring only; drop --collectives mpi (ring is the default) or use --precision "
-                    "fp32");
+        optimizer_(model, config, shard_pieces(layout_.buckets, comm.rank()), comm.world_size()) {
+    check_collectives_for<T>(options.collectives, config.precision);  // mpi: fp32 only
     check_bucket_plans_match(comm, buckets_);
     const auto& params = model.parameters();
     bucket_of_.resize(params.size());
@@ -98,8 +93,8 @@ class Zero2 {
     // its bucket is in flight (allocate_bucket).
     grad_shard_ = PaddedBufferOf<R>(layout_.shard_total, layout_.shard_total - layout_.shard_real,
                                     MemTag::gradients);
-    params_ = PaddedBufferOf<T>(layout_.padded_total, layout_.padded_total - psi_,
-                                MemTag::parameters);
+    params_ =
+        PaddedBufferOf<T>(layout_.padded_total, layout_.padded_total - psi_, MemTag::parameters);
     binding_ = std::make_unique<ParameterBinding<T>>(model, params_.span(), layout_.param_offset);
     bucket_grads_.resize(buckets_.size());
     tickets_.assign(buckets_.size(), 0);
@@ -266,10 +261,10 @@ class Zero2 {
     const BucketShard& s = layout_.buckets[b];
     bucket_grads_[b] = PaddedBufferOf<T>(s.padded_size(), s.padding, MemTag::gradients);
     for (int p : buckets_[b].params)
-      binding_->bind_grad(static_cast<size_t>(p),
-                          bucket_grads_[b].span().subspan(
-                              static_cast<size_t>(model_.offsets()[p] - s.offset),
-                              static_cast<size_t>(model_.parameters()[p]->numel())));
+      binding_->bind_grad(
+          static_cast<size_t>(p),
+          bucket_grads_[b].span().subspan(static_cast<size_t>(model_.offsets()[p] - s.offset),
+                                          static_cast<size_t>(model_.parameters()[p]->numel())));
   }
 
   // Waits until bucket b is reduced (if it was launched), then frees its full gradient.
@@ -318,10 +313,12 @@ class Zero2 {
       const double start = tracer ? tracer->now_us() : 0;
       const BucketShard& s = layout_.buckets[b];
       // BEGIN EXERCISE 07.1 (ZeRO-2: reduce-scatter in backward)
-      std::span<R> shard = reduce_.reduce(bucket_grads_[b].span(), 0, [&](auto grads, auto scratch) {
-        return reduce_scatter_bucket(comm_, grads, s.shard_size, scratch,
-                                     options_.collectives);  // bucket_collectives.hpp: in R, the mean
-      });
+      std::span<R> shard =
+          reduce_.reduce(bucket_grads_[b].span(), 0, [&](auto grads, auto scratch) {
+            return reduce_scatter_bucket(
+                comm_, grads, s.shard_size, scratch,
+                options_.collectives);  // bucket_collectives.hpp: in R, the mean
+          });
       std::copy(shard.begin(), shard.end(), grad_shard_.data() + s.shard_offset);  // all we keep
       // END EXERCISE 07.1
       if (tracer)
@@ -338,18 +335,18 @@ class Zero2 {
   Options options_;
   std::vector<Bucket> buckets_;
   ShardLayout layout_;
-  int64_t psi_;               // Ψ
-  ShardOptimizer optimizer_;  // this rank's shard: --optimizer, or fp32 masters (16 bits)
-  ShardReduce<T, R> reduce_;  // --reduce-dtype: the collective's scratch (and widening)
-  PaddedBufferOf<T> params_;  // (Ψ + padding) every parameter, padded per bucket
+  int64_t psi_;                   // Ψ
+  ShardOptimizer optimizer_;      // this rank's shard: --optimizer, or fp32 masters (16 bits)
+  ShardReduce<T, R> reduce_;      // --reduce-dtype: the collective's scratch (and widening)
+  PaddedBufferOf<T> params_;      // (Ψ + padding) every parameter, padded per bucket
   PaddedBufferOf<R> grad_shard_;  // (Σ s) this rank's shard of every bucket's reduced gradient
   std::vector<PaddedBufferOf<T>> bucket_grads_;  // (buckets) a full gradient, while in flight
   std::vector<uint64_t> tickets_;  // (buckets) its reduce-scatter's comm-thread ticket; 0: none
   std::unique_ptr<ParameterBinding<T>> binding_;  // forward/backward's view of our buffers
-  std::vector<int> bucket_of_;         // (P) bucket of each parameter
-  std::vector<int> pending_;           // (buckets) parameters not ready yet in this backward
-  std::vector<char> ready_;            // (P) 1 once the parameter's gradient is final
-  int next_bucket_ = 0;                // the next bucket to launch: launches happen in plan order
+  std::vector<int> bucket_of_;                    // (P) bucket of each parameter
+  std::vector<int> pending_;  // (buckets) parameters not ready yet in this backward
+  std::vector<char> ready_;   // (P) 1 once the parameter's gradient is final
+  int next_bucket_ = 0;       // the next bucket to launch: launches happen in plan order
   bool require_sync_ = true;
   CollectiveSequence sequence_;    // numbers the collectives for --check-collectives
   friend struct BucketOrderFault;  // tests/tools/rank_fault.cpp: a rank out of order

@@ -53,9 +53,8 @@ std::string Zero2<T, R>::ledger_formula() const {
          "buckets in flight = " + human_bytes(static_cast<double>(in_flight_peak_bytes())) +
          " (DDP: " + full_copy_formula_text(b) + " = " +
          human_bytes(b.per_param() * static_cast<double>(psi_)) + "); exactly, with padding " +
-         std::to_string(layout_.padding_total) + ": " +
-         std::to_string(static_cast<int>(b.param)) + "(Ψ + padding) + " +
-         std::to_string(element_bytes<R>()) + "·(shard) + " +
+         std::to_string(layout_.padding_total) + ": " + std::to_string(static_cast<int>(b.param)) +
+         "(Ψ + padding) + " + std::to_string(element_bytes<R>()) + "·(shard) + " +
          std::to_string(static_cast<int>(b.optimizer)) + "·(real shard) = " + exact +
          " B on ranks 0..N-1 between steps, + " + std::to_string(in_flight_peak_bytes()) +
          " B in flight at the peak " +
@@ -71,8 +70,10 @@ std::map<std::string, NamedTensor> Zero2<T, R>::optimizer_state_dict() {
 
 template <Element T, Element R>
 std::map<std::string, NamedTensor> Zero2<T, R>::model_state_dict() {
-  if constexpr (std::is_same_v<T, float>) return state_dict(model_);
-  else return gather_master_weights(comm_, model_, layout_, optimizer_);
+  if constexpr (std::is_same_v<T, float>)
+    return state_dict(model_);
+  else
+    return gather_master_weights(comm_, model_, layout_, optimizer_);
 }
 
 /// Counts the padding elements of the parameters and of the gradient shard that are not zero.

@@ -58,7 +58,9 @@ class Zero2Training : public Lesson {
   /// optimizer step.
   CommSchedule comm_schedule() const override {
     const std::vector<int64_t> sizes = bucket_sizes(zero.buckets());  // in launch order
-    return {Overlap::backward, {"ring_reduce_scatter"}, {sizes.begin(), sizes.end()},
+    return {Overlap::backward,
+            {"ring_reduce_scatter"},
+            {sizes.begin(), sizes.end()},
             2};  // at most two buckets exist at once (zero.hpp)
   }
   nlohmann::json summary_fields() const override {
@@ -99,7 +101,7 @@ double train_step(Zero2Training<T, R>& lesson, const Step& step) {
   zero.zero_grad();
   double loss_sum = 0;
   for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
-    Batch batch = step.micro_batch(micro_step);         // (B/(N K), in)
+    Batch batch = step.micro_batch(micro_step);           // (B/(N K), in)
     std::optional<typename Zero2<T, R>::NoSync> no_sync;  // only the last backward sends
     if (micro_step < K - 1) no_sync.emplace(zero);
     Tape tape;

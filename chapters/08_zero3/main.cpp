@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
            .title = "ZeRO-3, optimizer state, gradients and parameters sharded, under mpirun",
            .optimizer_state = true,
            .trace = true});
-  Zero3Training::Flags flags;
-  return run.train<Zero3Training>(flags, train_step);
+  Zero3Flags flags;  // the lesson is built over --precision's element types (zero3.hpp)
+  return run.train<Zero3Training>(
+      flags, [](auto& lesson, const Step& step) { return train_step(lesson, step); });
 }

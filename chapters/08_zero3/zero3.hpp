@@ -16,11 +16,12 @@
 //   reduce-scatter per bucket, no_sync → per layer and micro-step, into the gradient shard
 //   all-gather after the step          → before each forward and backward, prefetched
 //   full parameters on every rank      → a layer's, only while it computes
-// In 16 bits (--precision bf16|fp16; docs/mixed-precision.md) the shards are 16-bit, each rank
-// keeps fp32 master weights and AdamW's moments for its shard (MasterWeights), every collective
-// moves 16-bit values (the gradient's reduce-scatter fp32 values with --reduce-dtype fp32), and a
-// gathered layer is widened to fp32 for its compute:
-// model states (2 + 2 + 12)Ψ/N (the ZeRO paper's §3.1 with K = 12).
+// Written once over the element types (common/shard_precision.hpp): T, the shards' and the
+// collectives' (float, or bf16/fp16 with --precision), and R, the gradient shard's and its
+// reduce-scatter's (--reduce-dtype). A layer computes in fp32 either way (in 16 bits its
+// gathered values are widened, its gradient rounded to T once); each rank's optimizer is the
+// fp32 master weights of its shard in 16 bits: model states (2 + 2 + 12)Ψ/N (the ZeRO paper's
+// §3.1 with K = 12; docs/mixed-precision.md).
 // Leaves out: parameters outside Linear layers, CPU offload, prefetching more than one layer,
 // keeping the last layer gathered from forward to backward (FSDP's root unit).
 #pragma once
@@ -35,7 +36,6 @@
 #include <string>
 #include <vector>
 
-#include "common/sharded_clip.hpp"
 #include "chapters/08_zero3/desync.hpp"
 #include "chapters/08_zero3/layer_shard.hpp"
 #include "chapters/08_zero3/unused_layers.hpp"
@@ -44,83 +44,70 @@
 #include "common/comm_thread.hpp"
 #include "common/dist.hpp"
 #include "common/dist_eval.hpp"
-#include "common/mixed.hpp"
-#include "common/optim.hpp"
 #include "common/padded_buffer.hpp"
 #include "common/safetensors.hpp"
+#include "common/shard_precision.hpp"
 #include "common/trace.hpp"
 #include "common/train.hpp"
+#include "common/typed_collectives.hpp"
 #include "common/zero_memory.hpp"
 
 namespace ringzero {
 
+/// The options of chapter 08's engine.
+struct Zero3Options {
+  Collectives collectives =
+      Collectives::ring;  ///< ring (chapter 04's) | mpi (MPI_Allgather, MPI_Reduce_scatter_block)
+  bool prefetch = true;   ///< post the next layer's all-gather while this one computes
+  /// A layer whose backward did not run in a step counts as a zero gradient, as chapter 05's
+  /// find_unused_parameters; without it, finalize_backward() names its parameters and fails.
+  bool find_unused_parameters = false;
+  Tracer* tracer = nullptr;  ///< optional: posts, collectives, waits and each layer's compute
+};
+
 /// ZeRO stage 3 (P_os+g+p, FSDP's FULL_SHARD) per Linear layer: every rank holds its shard of
 /// every layer's parameters, gradients and optimizer state; a layer is gathered while it
-/// computes. Collective: every rank calls its methods, and runs forwards, in the same order.
+/// computes. T, R: the shards' and the gradient shard's element types (above). Collective:
+/// every rank calls its methods, and runs forwards, in the same order.
+template <Element T = float, Element R = T>
 class Zero3 {
  public:
-  struct Options {
-    Collectives collectives =
-        Collectives::ring;  ///< ring (chapter 04's) | mpi (MPI_Allgather, MPI_Reduce_scatter_block)
-    bool prefetch = true;   ///< post the next layer's all-gather while this one computes
-    /// A layer whose backward did not run in a step counts as a zero gradient, as chapter 05's
-    /// find_unused_parameters; without it, finalize_backward() names its parameters and fails.
-    bool find_unused_parameters = false;
-    Tracer* tracer = nullptr;  ///< optional: posts, collectives, waits and each layer's compute
-  };
+  using Options = Zero3Options;
   /// What a collective is for; part of the desync header.
   enum Kind : uint32_t { kForwardGather, kBackwardGather, kReduceScatter, kStateGather };
 
-  /// Cuts every layer of `model` into shards and keeps this rank's, frees the model's full
-  /// parameters and gradients (Model::num_parameters() still reads Ψ), builds this rank's
-  /// optimizers (--optimizer of `config`, one per layer over its real shard elements) and hooks
-  /// every Linear. The model keeps no parameters of its own: it runs only through its Zero3.
+  /// Cuts every layer of `model` into shards and keeps this rank's, builds this rank's optimizer
+  /// (--optimizer of `config` over its real shard elements, one unit per layer; in 16 bits the
+  /// fp32 master weights), frees the model's full parameters and gradients
+  /// (Model::num_parameters() still reads Ψ) and hooks every Linear. The model keeps no
+  /// parameters of its own: it runs only through its Zero3. Errors: --collectives mpi in 16 bits.
   Zero3(Communicator& comm, Model& model, const TrainConfig& config, Options options)
       : comm_(comm),
         model_(model),
         options_(options),
         psi_(model.num_parameters()),
-        dtype_(zero3_dtype(config, options)),
-        reduce_fp32_(dtype_ != Dtype::fp32 && config.reduce_dtype == "fp32"),
-        layout_(plan_layer_shards(model, comm.rank(), comm.world_size())) {
+        layout_(plan_layer_shards(model, comm.rank(), comm.world_size())),
+        optimizer_(model, config, shard_pieces(layout_.layers, comm.rank()), comm.world_size()) {
+    check_collectives_for<T>(options.collectives, config.precision);  // mpi: fp32 only
     const int64_t total = layout_.shard_total, padding = total - layout_.shard_real;
+    params_ = PaddedBufferOf<T>(total, padding, MemTag::parameters);
+    grads_ = PaddedBufferOf<R>(total, padding, MemTag::gradients);
     int64_t largest_chunk = 0;
-    if (dtype_ == Dtype::fp32) {
-      states_ = fp32_state_bytes(config.optimizer, config.momentum);  // K of --optimizer
-      params_ = PaddedBuffer(total, padding, MemTag::parameters);
-      grads_ = PaddedBuffer(total, padding, MemTag::gradients);
-    } else {  // 16 bits: 16-bit shards, fp32 master weights (K = 12)
-      states_ = kMixedPrecisionAdam;
-      params16_ = PaddedBuffer16(total, padding, MemTag::parameters);
-      grads16_ = PaddedBuffer16(total, padding, MemTag::gradients);
-      if (dtype_ == Dtype::fp16) scaler_.emplace();  // GradScaler's defaults
-    }
-    for (const LayerShard& s :
-         layout_.layers) {  // this rank's real elements; its padding stays zero
-      std::span<const float> mine =
-          model.params_memory.span().subspan(s.offset + comm.rank() * s.shard_size, s.real);
-      if (dtype_ == Dtype::fp32) {
-        std::copy(mine.begin(), mine.end(), params_.data() + s.shard_offset);
-        optimizers_.emplace_back(config, s.segments);
-      } else {
-        convert_to_half(dtype_, mine, params16_.span().subspan(s.shard_offset, s.real));
-        masters_.emplace_back(dtype_, mine, s.segments, adamw_options(config));
-        s.layer->compute_dtype = dtype_;  // linear_half: 16-bit inputs, fp32 accumulation
-      }
+    for (const LayerShard& s : layout_.layers) {  // this rank's real elements; padding stays 0
+      narrow_into(model.params_memory.span().subspan(s.offset + comm.rank() * s.shard_size, s.real),
+                  params_.span().subspan(s.shard_offset, s.real));
+      s.layer->compute_dtype = dtype_of<T>();  // 16 bits: linear_half (16-bit inputs)
       largest_chunk = std::max(largest_chunk, s.shard_size);
     }
-    if (dtype_ == Dtype::fp32 || reduce_fp32_)
-      scratch_ = Buffer(largest_chunk, MemTag::comm_buffers);  // (max s_l) the ring's chunk
-    else
-      scratch16_ = Buffer16(largest_chunk, MemTag::comm_buffers);  // the same, 16-bit
-    model.params_memory.release();                                 // at rest: the shards only
+    scratch_ = BufferOf<R>(largest_chunk, MemTag::comm_buffers);  // (max s_l) the ring's chunk
+    model.params_memory.release();                                // at rest: the shards only
     model.grads_memory.release();
     for (Parameter* p : model.parameters()) p->data = p->grad = Tensor();
     const int L = static_cast<int>(layout_.layers.size());
     gathered_.resize(L);
+    computing_.resize(L);
     full_grads_.resize(L);
-    gathered16_.resize(L);
-    full_grads16_.resize(L);
+    reducing_.resize(L);
     tickets_.assign(L, 0);
     unused_layers_ = UnusedLayers(L);
     for (int l = 0; l < L; ++l) {  // through alive_, so the hooks go quiet once the Zero3 is gone
@@ -158,26 +145,12 @@ class Zero3 {
   std::string ledger_formula() const;
   /// What every rank should send and receive per optimizer step (layer_shard.hpp, zero_io.cpp).
   TrafficTheory traffic_theory(int64_t grad_accum_steps) const;
-  /// Bytes per element of the parameters' all-gathers: 4 (fp32), or 2 in 16 bits.
-  int64_t gather_bytes() const { return dtype_ == Dtype::fp32 ? 4 : 2; }
-  /// Bytes per element of the gradient's reduce-scatter: 2 in 16 bits, else (fp32 or
-  /// --reduce-dtype fp32) 4.
-  int64_t reduce_bytes() const { return dtype_ == Dtype::fp32 || reduce_fp32_ ? 4 : 2; }
-  Dtype dtype() const { return dtype_; }
-  /// What backward's seed is multiplied by: 1/K in fp32 (the reduce-scatter divides by N);
-  /// in 16 bits loss_scale/(N K), the mean taken BEFORE the 16-bit sum, as PyTorch's DDP
-  /// Reducer divides each gradient by world_size before its all-reduce.
-  float backward_seed(int64_t grad_accum_steps) const {
-    if (dtype_ == Dtype::fp32) return 1.0f / static_cast<float>(grad_accum_steps);
-    return (scaler_ ? scaler_->scale() : 1.0f) /
-           static_cast<float>(grad_accum_steps * comm_.world_size());
-  }
+  /// This rank's optimizer: its shard's state, the loss scale, the backward seed.
+  ShardOptimizer& optimizer() { return optimizer_; }
+  const ShardOptimizer& optimizer() const { return optimizer_; }
 
-  void zero_grad() {
-    std::fill(grads_.data(), grads_.data() + grads_.size(), 0.0f);
-    std::fill(grads16_.data(), grads16_.data() + grads16_.size(), uint16_t{0});
-    grad_factor_ = scaler_ ? scaler_->inv_scale() : 1.0f;  // 16 bits: what step() multiplies by
-  }
+  /// Sets this rank's gradient shard to zero.
+  void zero_grad() { std::fill(grads_.data(), grads_.data() + grads_.size(), R{}); }
 
   /// After the last micro-step's backward: every reduce-scatter has finished (the first
   /// layer's is waited for in its hook) and no layer is left gathered. A layer whose backward
@@ -193,49 +166,17 @@ class Zero3 {
     unused_layers_.check(layout_, options_.find_unused_parameters);
   }
 
-  /// Collective, after finalize_backward(): as chapters 06-07, each rank's Σ g² over its shard,
-  /// summed in rank order on every rank; scales this rank's shard by clip_grad_norm_'s factor.
-  /// In 16 bits the shards are not rescaled: the coefficient joins the factor step() applies
-  /// to the widened gradient (with 1/loss scale in fp16), as chapter 01's MixedPrecision does.
-  double clip_grad_norm(float max_norm) {
-    if (dtype_ != Dtype::fp32) {
-      std::vector<double> sums(static_cast<size_t>(comm_.world_size()), 0.0);  // (N) Σ g²
-      for (const LayerShard& s : layout_.layers)
-        sums[comm_.rank()] += sum_of_squares_half(dtype_, shard(grads16_, s), grad_factor_);
-      const double norm = sum_in_rank_order(comm_, sums);  // sharded_clip.hpp
-      grad_factor_ *= clip_coefficient(norm, max_norm);
-      return norm;
-    }
-    std::vector<std::span<float>> shards;  // (layers) this rank's real gradient elements
-    for (const LayerShard& s : layout_.layers) shards.push_back(shard(grads_, s));
-    return clip_sharded_grad_norm(comm_, shards, max_norm);  // sharded_clip.hpp
-  }
-
-  /// Every rank's optimizers update the real elements of its shards. No all-gather follows:
-  /// the next forward gathers each layer when it needs it. In 16 bits each layer's master
-  /// weights take the widened gradient shard times the factor and write the rounded 16-bit
-  /// shard; in fp16 a gradient that overflowed on any rank's shard skips the step on every
-  /// rank (GradScaler), without advancing Adam's step counts. Returns whether it stepped.
+  /// Collective, after finalize_backward(): every rank's optimizer updates the real elements of
+  /// its shards (clipped with --clip-grad-norm over every rank's shards first, as chapters
+  /// 06-07). No all-gather follows: the next forward gathers each layer when it needs it.
+  /// Returns false, on every rank, when fp16's loss scaler found an overflow on some rank.
   bool step() {
-    if (dtype_ != Dtype::fp32) {
-      if (scaler_ &&
-          !scaler_->update(found_inf_on_any_rank(comm_, has_non_finite(dtype_, grads16_.span()))))
-        return false;  // skipped on every rank: the decision was all-reduced
-      for (size_t l = 0; l < layout_.layers.size(); ++l)
-        masters_[l].step(shard(params16_, layout_.layers[l]), shard(grads16_, layout_.layers[l]),
-                         grad_factor_);
-      return true;
-    }
+    std::vector<std::span<R>> grads;  // (layers) this rank's real gradient elements
+    for (const LayerShard& s : layout_.layers) grads.push_back(shard(grads_, s));
+    if (!optimizer_.prepare(comm_, grads)) return false;  // fp16: an overflow on some rank
     for (size_t l = 0; l < layout_.layers.size(); ++l)
-      optimizers_[l].step(shard(params_, layout_.layers[l]), shard(grads_, layout_.layers[l]));
+      optimizer_.step(l, shard(params_, layout_.layers[l]), shard(grads_, layout_.layers[l]));
     return true;
-  }
-  /// In 16 bits: "precision", and in fp16 "loss_scale" and "skipped_steps" (summary record).
-  nlohmann::json precision_summary() const {
-    if (dtype_ == Dtype::fp32) return nlohmann::json::object();
-    nlohmann::json j{{"precision", dtype_name(dtype_)}};
-    if (scaler_) j["loss_scale"] = scaler_->scale(), j["skipped_steps"] = scaler_->skipped_steps();
-    return j;
   }
 
   /// Collective: evaluate_distributed (common/dist_eval.hpp) under ZeRO-3, every rank running as
@@ -246,14 +187,9 @@ class Zero3 {
   /// and copied out as "<param><suffix>" with the parameter's shape (zero_io.cpp).
   std::map<std::string, NamedTensor> gather_full(
       const std::function<std::span<const float>(size_t)>& of, const std::string& suffix = "");
-  /// Collective: the full parameters, named as state_dict() names them (for --save-final).
-  /// In 16 bits: the fp32 master weights (as chapter 01 saves them).
-  std::map<std::string, NamedTensor> state_dict() {
-    if (dtype_ != Dtype::fp32)
-      return gather_full([this](size_t l) { return masters_[l].master(); });
-    return gather_full(
-        [this](size_t l) { return std::span<const float>(shard(params_, layout_.layers[l])); });
-  }
+  /// Collective, --save-final: the full parameters, named as state_dict() names them; in 16
+  /// bits the fp32 master weights (as chapter 01 saves them) (zero_io.cpp).
+  std::map<std::string, NamedTensor> model_state_dict();
   /// Collective: AdamW's state, named as chapters 06-07 name it (zero_io.cpp).
   std::map<std::string, NamedTensor> optimizer_state_dict();
   /// The training state as common/checkpoint.hpp saves and loads it: one piece per layer
@@ -267,14 +203,6 @@ class Zero3 {
   template <class Padded>
   static std::span<typename Padded::T> shard(Padded& buf, const LayerShard& s) {
     return buf.span().subspan(s.shard_offset, s.real);
-  }
-  static Dtype zero3_dtype(const TrainConfig& config, const Options& options) {
-    const Dtype d = parse_dtype(config.precision, "--precision");
-    RZ_CHECK(d == Dtype::fp32 || options.collectives == Collectives::ring,
-             "--precision " << config.precision << " with --collectives mpi: MPI has no "
-                            << config.precision << " sum. Use --collectives ring (ours, 16-bit) "
-                            << "or --precision fp32");
-    return d;  // --reduce-dtype: checked once, before any chapter is built (common/run.cpp)
   }
   std::string name(int l) const { return layout_.layers[l].layer->name(); }
 
@@ -306,14 +234,8 @@ class Zero3 {
     layout_.layers[l].layer->weight.grad = layout_.layers[l].layer->bias.grad = Tensor();
     finish_reduce_scatter();  // the later layer's, posted one layer ago: usually done by now
     rs_layer_ = l;
-    if (reduce_fp32_) {  // the 16-bit gradient, kept in fp32 to be summed in fp32
-      round_in_place(dtype_, full_grads_[l].span());
-    } else if (dtype_ != Dtype::fp32) {  // the 16-bit gradient backward writes: rounded once
-      full_grads16_[l] = Buffer16::uninitialized(full_grads_[l].size(), MemTag::comm_buffers);
-      convert_to_half(dtype_, full_grads_[l].span(), full_grads16_[l].span());
-      full_grads_[l].release();
-    }
-    rs_ticket_ = post(l, kReduceScatter, full_grads_[l].data(), full_grads16_[l].data());
+    reducing_[l] = narrow_for_reduce<T, R>(full_grads_[l]);  // the gradient of T, in R
+    rs_ticket_ = post_reduce_scatter(l);
     if (!options_.prefetch || l == 0) finish_reduce_scatter();  // nothing left to overlap it with
   }
 
@@ -324,34 +246,23 @@ class Zero3 {
     if (!tickets_[l]) post_all_gather(l, kind);
     wait(tickets_[l], "wait all_gather " + name(l));
     const LayerShard& s = layout_.layers[l];
-    if (dtype_ != Dtype::fp32) {  // 16 bits: the layer widened to fp32 for its compute
-      gathered_[l] = Buffer::uninitialized(s.padded_size, MemTag::comm_buffers);
-      convert_to_float(dtype_, gathered16_[l].span(), gathered_[l].span());
-      gathered16_[l].release();
-    }
-    s.layer->weight.data = Tensor(gathered_[l].data(), s.layer->weight.shape());
-    s.layer->bias.data = Tensor(gathered_[l].data() + s.weight_numel, s.layer->bias.shape());
+    computing_[l] = widen_for_compute<T>(gathered_[l]);  // fp32 values (16 bits: widened)
+    s.layer->weight.data = Tensor(computing_[l].data(), s.layer->weight.shape());
+    s.layer->bias.data = Tensor(computing_[l].data() + s.weight_numel, s.layer->bias.shape());
     // END EXERCISE 08.1
   }
   void post_all_gather(int l, Kind kind) {
     const LayerShard& s = layout_.layers[l];
-    if (dtype_ != Dtype::fp32) {  // 16 bits: the 16-bit layer moves (use_gathered widens it)
-      gathered16_[l] = Buffer16::uninitialized(s.padded_size, MemTag::comm_buffers);
-      std::copy_n(params16_.data() + s.shard_offset, s.shard_size,
-                  gathered16_[l].data() + comm_.rank() * s.shard_size);
-      tickets_[l] = post(l, kind, nullptr, gathered16_[l].data());
-      return;
-    }
-    gathered_[l] = Buffer::uninitialized(
+    gathered_[l] = BufferOf<T>::uninitialized(
         s.padded_size, MemTag::comm_buffers);  // (P_l) the layer: all written by the gather
     std::copy_n(params_.data() + s.shard_offset, s.shard_size,
                 gathered_[l].data() + comm_.rank() * s.shard_size);
-    tickets_[l] = post(l, kind, gathered_[l].data());
+    tickets_[l] = post_all_gather(l, kind, gathered_[l].span());
   }
   void release_parameters(int l) {
     // BEGIN EXERCISE 08.1 (ZeRO-3: release a layer after it computed)
-    gathered_[l].release();
-    gathered16_[l].release();  // 16 bits: a prefetched layer that did not run
+    gathered_[l].release();  // a prefetched layer that did not run
+    computing_[l].release();
     tickets_[l] = 0;
     layout_.layers[l].layer->weight.data = layout_.layers[l].layer->bias.data = Tensor();
     // END EXERCISE 08.1
@@ -359,16 +270,14 @@ class Zero3 {
   void finish_reduce_scatter() {
     if (!rs_ticket_) return;
     wait(rs_ticket_, "wait reduce_scatter " + name(rs_layer_));
-    full_grads_[rs_layer_].release();
-    full_grads16_[rs_layer_].release();
+    reducing_[rs_layer_].release();
     rs_ticket_ = 0;
   }
 
-  // Queues layer l's collective on the communication thread, behind the desync check, and
-  // returns its ticket. `full` (P_l): for an all-gather, this rank's chunk is in place; for the
-  // reduce-scatter, the whole local gradient. In 16 bits `full16` holds them instead (except
-  // for kStateGather, which gathers fp32 state).
-  uint64_t post(int l, Kind kind, float* full, uint16_t* full16 = nullptr) {
+  // Queues job(), layer l's collective, on the communication thread behind the desync check,
+  // and returns its ticket; the trace records `bytes`.
+  template <class Job>
+  uint64_t submit(int l, Kind kind, int64_t bytes, Job job) {
     static const char* labels[] = {"all_gather %s (forward)", "all_gather %s (backward)",
                                    "reduce_scatter %s", "all_gather %s (state)"};
     char label[96];
@@ -377,54 +286,56 @@ class Zero3 {
     Tracer* tracer = options_.tracer;
     if (tracer)
       tracer->instant(std::string("post ") + label, "zero3", Tracer::kMainTrack, {{"seq", seq}});
-    return comm_thread_.submit(
-        [this, l, kind, seq, full, full16, tracer, what = std::string(label)] {
-          const double start = tracer ? tracer->now_us() : 0;
-          check_in_step(comm_, layout_, seq, l, kind);  // desync.hpp
-          const LayerShard& s = layout_.layers[l];
-          if (full16 != nullptr) {  // 16 bits: chapter 04's 16-bit ring, no division (pre-divided)
-            std::span<uint16_t> layer16(full16, static_cast<size_t>(s.padded_size));
-            if (kind == kReduceScatter) {
-              ring_reduce_scatter(comm_, layer16, dtype_, scratch16_.span());
-              accumulate_half(dtype_, grads16_.span().subspan(s.shard_offset, s.shard_size),
-                              layer16.subspan(comm_.rank() * s.shard_size, s.shard_size));
-            } else {
-              ring_all_gather(comm_, layer16);
-            }
-            if (tracer)
-              tracer->complete(what, "comm", Tracer::kCommTrack, start, tracer->now_us() - start,
-                               {{"seq", seq}, {"bytes", 2 * s.padded_size}});
-            return;
-          }
-          std::span<float> layer(full, static_cast<size_t>(s.padded_size));
-          std::span<float> mine = layer.subspan(comm_.rank() * s.shard_size, s.shard_size),
-                           chunk = scratch_.span().first(s.shard_size);
-          const bool ring = options_.collectives == Collectives::ring;
-          if (kind == kReduceScatter) {
-            if (ring)
-              ring_reduce_scatter(comm_, layer,
-                                  scratch_.span());  // chapter 04's first half: mine holds Σ
-            else
-              comm_.reduce_scatter(layer, chunk);  // MPI wants the output apart
-            std::span<const float> sum = ring ? mine : chunk;
-            if (reduce_fp32_) {  // 16-bit shard, fp32 sum (pre-divided): one rounding
-              accumulate_half(dtype_, grads16_.span().subspan(s.shard_offset, s.shard_size), sum);
-            } else {
-              const auto world_size = static_cast<float>(comm_.world_size());
-              float* g = grads_.data() + s.shard_offset;
-              for (int64_t i = 0; i < s.shard_size; ++i)
-                g[i] += sum[i] / world_size;  // the mean, accumulated over micro-steps
-            }
-          } else if (ring) {
-            ring_all_gather(comm_, layer);  // chapter 04's second half
-          } else {                          // MPI wants the input apart
-            std::copy(mine.begin(), mine.end(), chunk.begin());
-            comm_.all_gather(chunk, layer);
-          }
-          if (tracer)
-            tracer->complete(what, "comm", Tracer::kCommTrack, start, tracer->now_us() - start,
-                             {{"seq", seq}, {"bytes", 4 * s.padded_size}});
-        });
+    return comm_thread_.submit([this, l, kind, seq, bytes, tracer, job, what = std::string(label)] {
+      const double start = tracer ? tracer->now_us() : 0;
+      check_in_step(comm_, layout_, seq, l, kind);  // desync.hpp
+      job();
+      if (tracer)
+        tracer->complete(what, "comm", Tracer::kCommTrack, start, tracer->now_us() - start,
+                         {{"seq", seq}, {"bytes", bytes}});
+    });
+  }
+
+  // Layer l's all-gather: `layer` (P_l elements of E: the parameters' T, or fp32 optimizer
+  // state) holds this rank's chunk in place; every chunk is there when the ticket is done.
+  template <Element E>
+  uint64_t post_all_gather(int l, Kind kind, std::span<E> layer) {
+    const LayerShard& s = layout_.layers[l];
+    return submit(l, kind, element_bytes<E>() * s.padded_size, [this, &s, layer] {
+      if (options_.collectives == Collectives::ring)
+        return ring_all_gather(comm_, layer);  // chapter 04's second half
+      std::span<E> mine = layer.subspan(comm_.rank() * s.shard_size, s.shard_size);
+      std::span<E> chunk = scratch_as<E>().first(s.shard_size);  // MPI wants the input apart
+      std::copy(mine.begin(), mine.end(), chunk.begin());
+      mpi_all_gather(comm_, chunk, layer);
+    });
+  }
+
+  // Layer l's reduce-scatter of reducing_[l] (its gradient, in R): this rank's chunk of the sum,
+  // made the mean, is added to its gradient shard (so micro-steps accumulate there).
+  uint64_t post_reduce_scatter(int l) {
+    const LayerShard& s = layout_.layers[l];
+    std::span<R> layer = reducing_[l].span();
+    return submit(l, kReduceScatter, element_bytes<R>() * s.padded_size, [this, &s, layer] {
+      std::span<R> sum = layer.subspan(comm_.rank() * s.shard_size, s.shard_size);
+      if (options_.collectives == Collectives::ring) {
+        ring_reduce_scatter(comm_, layer, scratch_.span());  // chapter 04's first half: Σ in ours
+      } else {                                               // MPI wants the output apart
+        sum = scratch_.span().first(s.shard_size);
+        mpi_reduce_scatter(comm_, layer, sum);
+      }
+      mean_of_sum<T, R>(sum, comm_.world_size());  // fp32: ÷N; 16 bits: pre-divided
+      add_into(grads_.span().subspan(s.shard_offset, s.shard_size), std::span<const R>(sum));
+    });
+  }
+  // The ring's scratch as E (MPI's collectives want their input or output apart): ours when E is
+  // R; empty otherwise (16-bit runs use the ring, which needs none for an all-gather).
+  template <class E>
+  std::span<E> scratch_as() {
+    if constexpr (std::is_same_v<E, R>)
+      return scratch_.span();
+    else
+      return {};
   }
 
   void wait(uint64_t ticket, const std::string& label) {
@@ -444,29 +355,21 @@ class Zero3 {
   Model& model_;
   Options options_;
   int64_t psi_;
-  StateBytes states_ = kFp32Adam;  // bytes per parameter: p, g, K (--optimizer)
-  Dtype dtype_;                    // --precision: fp32, or 16-bit shards with fp32 master weights
-  bool reduce_fp32_;  // 16 bits with --reduce-dtype fp32: the reduce-scatter moves fp32
   LayerLayout layout_;
-  PaddedBuffer params_;  // (Σ s_l) this rank's shard of every layer's parameters (fp32)
-  PaddedBuffer grads_;   // (Σ s_l) and of their gradients, accumulated over micro-steps
-  PaddedBuffer16 params16_, grads16_;   // (Σ s_l) the same in 16 bits (else empty)
-  std::vector<MasterWeights> masters_;  // (layers) 16 bits: fp32 master + AdamW moments
-  std::optional<GradScaler> scaler_;    // fp16: dynamic loss scaling
-  float grad_factor_ = 1.0f;            // 16 bits: 1/loss scale × clip coefficient
-  std::vector<Optimizer> optimizers_;   // (layers) each over this rank's real shard elements
-  std::vector<Buffer> gathered_;        // (layers) a layer's full parameters (P_l) while gathered
-  std::vector<Buffer>
-      full_grads_;  // (layers) a layer's full gradient (P_l), backward to reduce-scatter
-  std::vector<Buffer16> gathered16_, full_grads16_;  // (layers) 16 bits: a layer on the wire
+  ShardOptimizer optimizer_;  // this rank's shard: --optimizer, or fp32 masters (16 bits)
+  PaddedBufferOf<T> params_;  // (Σ s_l) this rank's shard of every layer's parameters
+  PaddedBufferOf<R> grads_;   // (Σ s_l) and of their gradients, accumulated over micro-steps
+  std::vector<BufferOf<T>> gathered_;  // (layers) a layer's full parameters (P_l) on the wire
+  std::vector<Buffer> computing_;      // (layers) the same in fp32 while the layer computes
+  std::vector<Buffer> full_grads_;     // (layers) a layer's full gradient (P_l), in backward
+  std::vector<BufferOf<R>> reducing_;  // (layers) the same, of T in R, while reduce-scattered
   std::vector<uint64_t> tickets_;  // (layers) the all-gather filling gathered_[l]; 0: not gathered
   UnusedLayers unused_layers_;     // which layers ran their backward in this step
   uint64_t rs_ticket_ = 0;         // the reduce-scatter in flight (at most one), of layer rs_layer_
   int rs_layer_ = -1;
   uint32_t seq_ = 0;  // collectives posted so far: the desync header's number
   double compute_start_ = 0;
-  Buffer scratch_;
-  Buffer16 scratch16_;  // 16 bits: the ring's incoming chunk
+  BufferOf<R> scratch_;  // (max s_l) the ring's incoming chunk
   std::shared_ptr<Zero3*> alive_ =
       std::make_shared<Zero3*>(this);  // what the layer hooks reach us by
   CommThread comm_thread_;  // last: destroyed (drained) first, while everything above lives

@@ -16,25 +16,35 @@
 
 namespace ringzero {
 
-std::vector<int64_t> Zero3::model_states_bytes() const {
+/// p per element of the parameter shard, sizeof(R) per element of the gradient shard (Σ s_l
+/// each, padding included), K per real element: fp32 4 + 4 + K of --optimizer; 16 bits 2 + 2
+/// (4 with --reduce-dtype fp32) + 12 (master weights, exp_avg, exp_avg_sq).
+template <Element T, Element R>
+std::vector<int64_t> Zero3<T, R>::model_states_bytes() const {
+  const StateBytes states = optimizer_.state_bytes();
   std::vector<int64_t> bytes;
   for (int r = 0; r < comm_.world_size(); ++r)
-    bytes.push_back(static_cast<int64_t>(states_.param + states_.grad) * layout_.shard_total +
-                    static_cast<int64_t>(states_.optimizer) *
+    bytes.push_back(static_cast<int64_t>(states.param + element_bytes<R>()) * layout_.shard_total +
+                    static_cast<int64_t>(states.optimizer) *
                         plan_layer_shards(model_, r, comm_.world_size()).shard_real);
   return bytes;
 }
 
-int64_t Zero3::in_flight_peak_bytes() const {
-  return ringzero::in_flight_peak_bytes(layout_, options_.prefetch, gather_bytes(), reduce_bytes());
+template <Element T, Element R>
+int64_t Zero3<T, R>::in_flight_peak_bytes() const {
+  return ringzero::in_flight_peak_bytes(layout_, options_.prefetch, element_bytes<T>(),
+                                        element_bytes<R>());
 }
 
-TrafficTheory Zero3::traffic_theory(int64_t grad_accum_steps) const {
+template <Element T, Element R>
+TrafficTheory Zero3<T, R>::traffic_theory(int64_t grad_accum_steps) const {
   return zero3_traffic_theory(layout_, comm_.world_size(), psi_, grad_accum_steps,
-                              options_.collectives, gather_bytes(), reduce_bytes());
+                              options_.collectives, element_bytes<T>(), element_bytes<R>());
 }
 
-std::string Zero3::ledger_formula() const {
+template <Element T, Element R>
+std::string Zero3<T, R>::ledger_formula() const {
+  const StateBytes states_ = optimizer_.state_bytes();
   const ModelStateBytes f =
       zero_model_state_bytes(3, static_cast<double>(psi_), comm_.world_size(), states_);
   std::string exact;
@@ -45,15 +55,16 @@ std::string Zero3::ledger_formula() const {
          "); exactly, with padding " +
          std::to_string(comm_.world_size() * layout_.shard_total - psi_) + ": " +
          std::to_string(static_cast<int>(states_.param)) + "Σs_l + " +
-         std::to_string(static_cast<int>(states_.grad)) + "Σs_l + " +
+         std::to_string(element_bytes<R>()) + "Σs_l + " +
          std::to_string(static_cast<int>(states_.optimizer)) + "·(real shard) = " + exact +
          " B on ranks 0..N-1; comm_buffers at the peak: full layers in flight " +
-         (!options_.prefetch      ? "8·max P_l = "
-          : dtype_ == Dtype::fp32 ? "4·max(P_l-1 + 2P_l + P_l+1) = "
-                                  : "max(" + std::to_string(gather_bytes()) + "P_l-1 + 8P_l + " +
-                                        std::to_string(reduce_bytes()) + "P_l+1) = ") +
+         (!options_.prefetch ? "8·max P_l = "
+          : std::is_same_v<T, float>
+              ? "4·max(P_l-1 + 2P_l + P_l+1) = "
+              : "max(" + std::to_string(element_bytes<T>()) + "P_l-1 + 8P_l + " +
+                    std::to_string(element_bytes<R>()) + "P_l+1) = ") +
          std::to_string(in_flight_peak_bytes()) + " B + one ring chunk " +
-         std::to_string(scratch_.bytes() + scratch16_.bytes()) + " B";
+         std::to_string(scratch_.bytes()) + " B";
 }
 
 /// Every forward now makes collectives, so every rank must run as many forwards as the
@@ -62,7 +73,8 @@ std::string Zero3::ledger_formula() const {
 /// DistributedSampler pads with repeated samples for the same reason). The sums are
 /// evaluate_distributed's, exactly. Its all-gathers are counted as "metrics": they are not a
 /// training step's traffic.
-EvalResult Zero3::evaluate(const Dataset& test) {
+template <Element T, Element R>
+EvalResult Zero3<T, R>::evaluate(const Dataset& test) {
   const auto before = comm_.counters();
   const int N = comm_.world_size();
   int64_t most = 0;  // the largest share, in batches
@@ -87,7 +99,8 @@ EvalResult Zero3::evaluate(const Dataset& test) {
 
 /// `of(l)`: the real elements of layer l's shard, of the parameters or of an optimizer state.
 /// Each layer goes through post() as a kStateGather, behind the desync check.
-std::map<std::string, NamedTensor> Zero3::gather_full(
+template <Element T, Element R>
+std::map<std::string, NamedTensor> Zero3<T, R>::gather_full(
     const std::function<std::span<const float>(size_t)>& of, const std::string& suffix) {
   std::map<std::string, NamedTensor> out;
   for (size_t l = 0; l < layout_.layers.size(); ++l) {
@@ -95,7 +108,7 @@ std::map<std::string, NamedTensor> Zero3::gather_full(
     Buffer full(s.padded_size, MemTag::comm_buffers);  // (P_l) one layer
     std::span<const float> mine = of(l);
     std::copy(mine.begin(), mine.end(), full.data() + comm_.rank() * s.shard_size);
-    comm_thread_.wait(post(static_cast<int>(l), kStateGather, full.data()));
+    comm_thread_.wait(post_all_gather(static_cast<int>(l), kStateGather, full.span()));
     for (auto [p, begin] :
          {std::pair{&s.layer->weight, int64_t{0}}, std::pair{&s.layer->bias, s.weight_numel}})
       out[p->name() + suffix] = {p->shape(),
@@ -104,23 +117,22 @@ std::map<std::string, NamedTensor> Zero3::gather_full(
   return out;
 }
 
-/// "<param>.exp_avg", ".exp_avg_sq" (the parameter's shape) and ".step" (shape (1)).
+template <Element T, Element R>
+std::map<std::string, NamedTensor> Zero3<T, R>::model_state_dict() {
+  if constexpr (std::is_same_v<T, float>)
+    return gather_full(
+        [this](size_t l) { return std::span<const float>(shard(params_, layout_.layers[l])); });
+  else
+    return gather_full([this](size_t l) { return optimizer_.master(l); });
+}
+
+/// "<param>.exp_avg", ".exp_avg_sq" (the parameter's shape) and ".step" (shape (1)): the fp32
+/// optimizer's, or in 16 bits the master weights' moments, named the same.
 /// Errors: not --optimizer adamw.
-/// In 16 bits the moments are the master weights' (MasterWeights), named the same.
-std::map<std::string, NamedTensor> Zero3::optimizer_state_dict() {
-  for (const Optimizer& o : optimizers_)
-    RZ_CHECK(o.adamw(), "optimizer state is saved for --optimizer adamw only");
-  const bool half = dtype_ != Dtype::fp32;
-  auto out = gather_full(
-      [this, half](size_t l) {
-        return half ? masters_[l].exp_avg() : optimizers_[l].adamw()->exp_avg();
-      },
-      ".exp_avg");
-  out.merge(gather_full(
-      [this, half](size_t l) {
-        return half ? masters_[l].exp_avg_sq() : optimizers_[l].adamw()->exp_avg_sq();
-      },
-      ".exp_avg_sq"));
+template <Element T, Element R>
+std::map<std::string, NamedTensor> Zero3<T, R>::optimizer_state_dict() {
+  auto out = gather_full([this](size_t l) { return optimizer_.exp_avg(l); }, ".exp_avg");
+  out.merge(gather_full([this](size_t l) { return optimizer_.exp_avg_sq(l); }, ".exp_avg_sq"));
   for (size_t l = 0; l < layout_.layers.size(); ++l) {
     const LayerShard& s = layout_.layers[l];
     for (Parameter* p : {&s.layer->weight, &s.layer->bias}) {
@@ -128,9 +140,7 @@ std::map<std::string, NamedTensor> Zero3::optimizer_state_dict() {
                                             0};  // every piece of a parameter took the same steps
       for (size_t k = 0; k < s.segment_params.size(); ++k)
         if (s.segment_params[k] == p)
-          step_and_owner = {static_cast<double>(half ? masters_[l].segment_steps()[k]
-                                                     : optimizers_[l].adamw()->segment_steps()[k]),
-                            1};
+          step_and_owner = {static_cast<double>(optimizer_.segment_steps(l)[k]), 1};
       comm_.all_reduce_metrics(step_and_owner);
       out[p->name() + ".step"] = {{1}, {static_cast<float>(step_and_owner[0] / step_and_owner[1])}};
     }
@@ -138,17 +148,19 @@ std::map<std::string, NamedTensor> Zero3::optimizer_state_dict() {
   return out;
 }
 
-int64_t Zero3::nonzero_padding() const {
+template <Element T, Element R>
+int64_t Zero3<T, R>::nonzero_padding() const {
   int64_t count = 0;
   for (const LayerShard& s : layout_.layers)
     for (int64_t i = s.shard_offset + s.real; i < s.shard_offset + s.shard_size; ++i)
-      count += dtype_ == Dtype::fp32 ? (params_.span()[i] != 0.0f) + (grads_.span()[i] != 0.0f)
-                                     : (params16_.span()[i] != 0) + (grads16_.span()[i] != 0);
+      count += (static_cast<float>(params_.span()[i]) != 0.0f) +
+               (static_cast<float>(grads_.span()[i]) != 0.0f);
   return count;
 }
 
-TrainingState Zero3::training_state() {
-  RZ_CHECK(dtype_ == Dtype::fp32, "ZeRO-3 checkpoints hold fp32 training state only");
+template <Element T, Element R>
+TrainingState Zero3<T, R>::training_state() {
+  RZ_CHECK((std::is_same_v<T, float>), "ZeRO-3 checkpoints hold fp32 training state only");
   TrainingState state;
   state.model = &model_;
   state.sharded = true;
@@ -167,10 +179,19 @@ TrainingState Zero3::training_state() {
     for (Parameter* p : s.segment_params)
       segment_params.push_back(
           static_cast<int>(std::find(params.begin(), params.end(), p) - params.begin()));
-    state.pieces.push_back({shard(params_, s), s.offset + comm_.rank() * s.shard_size,
-                            &optimizers_[&s - layout_.layers.data()], std::move(segment_params)});
+    if constexpr (std::is_same_v<T, float>)
+      state.pieces.push_back(
+          {shard(params_, s), s.offset + comm_.rank() * s.shard_size,
+           &optimizer_.optimizer(static_cast<size_t>(&s - layout_.layers.data())),
+           std::move(segment_params)});
   }
   return state;
 }
+
+template class Zero3<float, float>;
+template class Zero3<bf16, bf16>;
+template class Zero3<bf16, float>;
+template class Zero3<fp16, fp16>;
+template class Zero3<fp16, float>;
 
 }  // namespace ringzero

@@ -3,7 +3,8 @@
 //
 // Provides: Zero3Training (the Zero3 engine, which owns this rank's shards of everything), its
 // Flags (--no-prefetch, --explain-layers; --collectives and the memory calculator from
-// common/zero_lesson.hpp) and train_step().
+// common/zero_lesson.hpp) and train_step(), one for every precision: the lesson is built over
+// the element types --precision and --reduce-dtype pick (common/shard_precision.hpp).
 // Leaves out: the layer shards and their collectives (zero3.hpp, layer_shard.hpp).
 #pragma once
 
@@ -19,28 +20,32 @@
 
 namespace ringzero {
 
+/// The chapter's flags: the engine's options, --no-prefetch, --explain-layers, and ZeroFlags'
+/// (--collectives, the memory calculator).
+struct Zero3Flags : ZeroFlags {
+  Zero3Options zero;
+  bool explain = false, no_prefetch = false;
+
+  void add_flags(CommandLine& cli) override {
+    add_zero_flags(cli, zero.collectives);
+    cli.app.add_flag(
+        "--no-prefetch", no_prefetch,
+        "post each all-gather only when its layer needs it; wait for every collective");
+    cli.app.add_flag("--find-unused-parameters", zero.find_unused_parameters,
+                     "count a layer whose backward did not run as a zero gradient instead of "
+                     "failing (chapters 05-07's flag)");
+    cli.app.add_flag("--explain-layers", explain,
+                     "print the layer plan (elements, padding, shard size per layer)");
+  }
+};
+
 /// Chapter 08's lesson object: the ZeRO-3 engine, which owns this rank's shards of the
-/// parameters, the gradients and the optimizer state, and gathers each layer when it is used.
+/// parameters, the gradients and the optimizer state, and gathers each layer when it is used;
+/// over element types T and R (Zero3).
+template <class T = float, class R = T>
 class Zero3Training : public Lesson {
  public:
-  /// The chapter's flags: the engine's options, --no-prefetch, --explain-layers, and ZeroFlags'
-  /// (--collectives, the memory calculator).
-  struct Flags : ZeroFlags {
-    Zero3::Options zero;
-    bool explain = false, no_prefetch = false;
-
-    void add_flags(CommandLine& cli) override {
-      add_zero_flags(cli, zero.collectives);
-      cli.app.add_flag(
-          "--no-prefetch", no_prefetch,
-          "post each all-gather only when its layer needs it; wait for every collective");
-      cli.app.add_flag("--find-unused-parameters", zero.find_unused_parameters,
-                       "count a layer whose backward did not run as a zero gradient instead of "
-                       "failing (chapters 05-07's flag)");
-      cli.app.add_flag("--explain-layers", explain,
-                       "print the layer plan (elements, padding, shard size per layer)");
-    }
-  };
+  using Flags = Zero3Flags;
 
   /// Plans the layer shards, moves the model's parameters into this rank's shards (the model's
   /// buffers go), builds this rank's optimizer shards.
@@ -82,11 +87,11 @@ class Zero3Training : public Lesson {
     fields["layers"] = zero.layout().layers.size();
     fields["prefetch"] = !flags_.no_prefetch;
     fields["in_flight_peak_bytes"] = zero.in_flight_peak_bytes();
-    fields.update(zero.precision_summary());  // 16 bits: precision, loss scale, skipped steps
+    fields.update(zero.optimizer().summary());  // 16 bits: precision, loss scale, skips
     return fields;
   }
   std::map<std::string, NamedTensor> model_state_dict(const Model&) override {
-    return zero.state_dict();  // collective: every layer gathered
+    return zero.model_state_dict();  // collective: every layer gathered
   }
   std::optional<std::map<std::string, NamedTensor>> saved_optimizer_state() override {
     return zero.optimizer_state_dict();
@@ -94,11 +99,11 @@ class Zero3Training : public Lesson {
   TrainingState training_state(Model&) override { return zero.training_state(); }
 
   Communicator& comm;
-  Zero3 zero;
+  Zero3<T, R> zero;
 
  private:
-  static Zero3::Options options_of(const Flags& flags, Tracer& tracer) {
-    Zero3::Options o = flags.zero;
+  static Zero3Options options_of(const Flags& flags, Tracer& tracer) {
+    Zero3Options o = flags.zero;
     o.tracer = &tracer;
     o.prefetch = !flags.no_prefetch;
     return o;
@@ -111,9 +116,10 @@ class Zero3Training : public Lesson {
 /// every layer twice and reduce-scattering its gradient, then each rank's step on its shard.
 /// Returns the global batch's mean loss (on every rank). Errors: a non-finite loss stops every
 /// rank; ranks whose collectives differ (the desync check).
-inline double train_step(Zero3Training& lesson, const Step& step) {
+template <class T, class R>
+double train_step(Zero3Training<T, R>& lesson, const Step& step) {
   Tracer::Span span(step.tracer, "step " + std::to_string(step.step), "step");
-  Zero3& zero = lesson.zero;
+  Zero3<T, R>& zero = lesson.zero;
   const int64_t K = step.config.grad_accum_steps;
   zero.zero_grad();
   double loss_sum = 0;
@@ -122,17 +128,16 @@ inline double train_step(Zero3Training& lesson, const Step& step) {
     Tape tape;
     Var loss = forward_loss(tape, step.model, batch);  // mean over this micro-batch; gathers
     loss_sum += loss->value[0];
-    tape.backward(loss, zero.backward_seed(K));  // gathers again; each gradient shard += mean
+    tape.backward(loss, zero.optimizer().seed(K));  // gathers again; each gradient shard += mean
   }
   zero.finalize_backward();  // nothing in flight, no layer gathered: only the shards
   const double loss_value = global_mean(lesson.comm, loss_sum / K);  // equal shares
+  zero.optimizer().check_first_loss(loss_value, step.step);          // fp16: forward overflow?
   // Every rank stops together; the error names the rank(s) whose loss is not finite.
   check_finite_loss(lesson.comm, loss_sum / K, loss_value, step.step);
 
   Tracer::Span opt(step.tracer, "optimizer step", "optimizer");
-  if (step.config.clip_grad_norm > 0)
-    zero.clip_grad_norm(step.config.clip_grad_norm);  // global norm over the shards
-  zero.step();  // each rank updates its shard; the next forward gathers it
+  zero.step();  // each rank updates its shard (--clip-grad-norm first); the next forward gathers
   return loss_value;
 }
 

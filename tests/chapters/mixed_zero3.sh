@@ -17,19 +17,18 @@
 #    weights, same losses), the scale ends at 2^15 with skipped_steps 1, and the saved Adam
 #    step count is 29 (a skipped step does not advance it);
 #  - --reduce-dtype fp32: the reduce-scatter sends fp32 (the 16-bit gradient widened) and sums
-#    in fp32, then one rounding adds the sum into the 16-bit shard. At N = 2, K = 1 that equals
-#    the 16-bit ring BIT FOR BIT: two 16-bit values (8 or 11 significant bits) whose exponents
-#    differ by at most 16 sum exactly in fp32's 24 bits, and when they differ by more the fp32
-#    sum's rounding cannot reach the 16-bit rounding position (the bits between are zeros), so
-#    rounding fp32(a + b) to 16 bits gives round16(a + b) either way. At N = 3 the roundings
-#    differ (16-bit hops vs one rounding at the end): AdamW's bound against chapter 02. Counters:
-#    (N−1)Σs_l·(2·2 + 4) bytes per step; layers in flight max(2P_l-1 + 8P_l + 4P_l+1);
+#    in fp32 into an fp32 gradient shard, from which the master weights step, as in chapters
+#    03-07 (one meaning of the flag). At N = 2 that is chapter 05's --reduce-dtype fp32 BIT FOR
+#    BIT (a sum of two is the same in either ring order); at N = 3 AdamW's bound against chapter
+#    02. Counters: (N−1)Σs_l·(2·2 + 4) bytes per step; layers in flight max(2P_l-1 + 8P_l +
+#    4P_l+1); the gradient shard 4Σs_l;
 #  - fp32 stays the default and bit-identical (no flag vs --precision fp32);
 #  - refused with a message naming the fix: --collectives mpi in 16 bits (MPI has no bf16 sum)
 #    and a --reduce-dtype that is neither the parameters' dtype nor fp32.
 source "$(dirname "$0")/lib.bash"
 common=(--model mlp --global-batch-size 48 --max-steps 12 --epochs 1 --eval-every-epoch 0 --seed 3)
 check_summary() {  # NAME PREFETCH(on|off) [REDUCE_BYTES: 2, or 4 with --reduce-dtype fp32]
+  # (the reduce dtype is the gradient shard's too: rb bytes per element)
   python3 - "$WORK/$1.jsonl" "$2" "${3:-2}" <<'PY'
 import json, sys
 s = [json.loads(l) for l in open(sys.argv[1]) if '"summary"' in l][-1]
@@ -39,7 +38,7 @@ sizes = [784 * 512 + 512, 512 * 512 + 512, 512 * 10 + 10]  # the MLP's layers, w
 shard = [-(-n // N) for n in sizes]
 P = [N * x for x in shard]
 real = [[max(0, min(x, n - r * x)) for x, n in zip(shard, sizes)] for r in range(N)]
-exact = [2 * sum(shard) + 2 * sum(shard) + 12 * sum(real[r]) for r in range(N)]
+exact = [2 * sum(shard) + rb * sum(shard) + 12 * sum(real[r]) for r in range(N)]
 assert s["precision"] == "bf16"
 assert s["model_states_exact_bytes"] == exact, (s["model_states_exact_bytes"], exact)
 if sys.argv[2] == "on":
@@ -50,9 +49,9 @@ else:
 assert s["in_flight_peak_bytes"] == flight, (s["in_flight_peak_bytes"], flight)
 for r, led in enumerate(s["ledger"]):
     assert led["model_states_peak"] == exact[r], (r, led["model_states_peak"], exact[r])
-    assert led["parameters"]["peak"] == 2 * sum(real[r]) and led["gradients"]["peak"] == 2 * sum(real[r])
+    assert led["parameters"]["peak"] == 2 * sum(real[r]) and led["gradients"]["peak"] == rb * sum(real[r])
     assert led["optimizer_state"]["peak"] == 12 * sum(real[r]), (r, led["optimizer_state"])
-    assert led["padding"]["peak"] == 4 * (sum(shard) - sum(real[r])), (r, led["padding"])
+    assert led["padding"]["peak"] == (2 + rb) * (sum(shard) - sum(real[r])), (r, led["padding"])
     cb = led["comm_buffers"]  # at the end only the ring's chunk is left (of the reduce dtype)
     assert cb["current"] == rb * max(shard) and cb["peak"] == cb["current"] + flight, (r, cb, flight)
 sent = K * ((N - 1) * (2 * 2 + rb) * sum(shard) + (48 * len(sizes) if N > 1 else 0))
@@ -76,7 +75,8 @@ for N in 1 2 3 4; do
   check_summary ch08_n$N on
 done
 run ch08_n2_r32 2 ch08_zero3 "${common[@]}" --precision bf16 --reduce-dtype fp32
-same ch08_n2 ch08_n2_r32 --bitwise
+run ch05_n2_r32 2 ch05_ddp_buckets "${common[@]}" --precision bf16 --reduce-dtype fp32
+same ch05_n2_r32 ch08_n2_r32 --bitwise  # one meaning of --reduce-dtype fp32 in 05 and 08
 run ch08_n3_r32 3 ch08_zero3 "${common[@]}" --precision bf16 --reduce-dtype fp32
 echo "== ch02_k3 vs ch08_n3_r32 (AdamW bound, 12 steps)"
 "$COMPARE" "$WORK/ch02_k3.safetensors" "$WORK/ch08_n3_r32.safetensors" --adam-bound 1e-3 --steps 12
@@ -111,7 +111,7 @@ PY
 run fp32_default 2 ch08_zero3 "${common[@]}"
 run fp32_flag 2 ch08_zero3 "${common[@]}" --precision fp32
 same fp32_default fp32_flag --bitwise
-fails mpi 2 ch08_zero3 "--precision bf16 with --collectives mpi: MPI has no bf16 sum" \
+fails mpi 2 ch08_zero3 "--collectives mpi with --precision bf16: MPI has no bf16 sum" \
   "${common[@]}" --precision bf16 --collectives mpi
 fails reduce 2 ch08_zero3 "--reduce-dtype fp16 with --precision bf16: gradients are summed in" \
   "${common[@]}" --precision bf16 --reduce-dtype fp16

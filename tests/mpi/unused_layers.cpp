@@ -77,7 +77,7 @@ std::vector<float> train_ddp(bool find_unused) {
 std::vector<float> train_zero3(bool find_unused, bool prefetch) {
   Communicator& comm = test_comm();
   Model model({8, 16, 16, 4}, /*seed=*/4);
-  Zero3 zero(comm, model, sgd(), {.prefetch = prefetch, .find_unused_parameters = find_unused});
+  Zero3<> zero(comm, model, sgd(), {.prefetch = prefetch, .find_unused_parameters = find_unused});
   for (int64_t step = 0; step < kSteps; ++step) {
     zero.zero_grad();
     backward_skipping_layer2(model, rank_batch(comm.rank(), step));
@@ -85,7 +85,7 @@ std::vector<float> train_zero3(bool find_unused, bool prefetch) {
     zero.step();
   }
   std::vector<float> out;
-  const auto state = zero.state_dict();
+  const auto state = zero.model_state_dict();
   for (const Parameter* p : model.parameters()) {
     const auto& v = state.at(p->name()).values;
     out.insert(out.end(), v.begin(), v.end());

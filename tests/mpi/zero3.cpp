@@ -122,21 +122,20 @@ Result run_reference(const Case& c) {
 Result run_zero3(const Case& c, Tracer* tracer = nullptr) {
   Communicator& comm = test_comm();
   Model model(c.sizes, /*seed=*/5);
-  Zero3::Options options;
+  Zero3Options options;
   options.prefetch = c.prefetch;
   options.tracer = tracer;
-  Zero3 zero(comm, model, config_of(c), options);
+  Zero3<> zero(comm, model, config_of(c), options);
   Result out;
   for (int64_t step = 0; step < c.steps; ++step) {
     zero.zero_grad();
     for (int64_t k = 0; k < c.grad_accum_steps; ++k)
       out.losses.push_back(micro_step(c, model, comm.rank(), step, k));
     zero.finalize_backward();
-    if (c.clip_grad_norm > 0) zero.clip_grad_norm(c.clip_grad_norm);
-    zero.step();
+    zero.step();  // --clip-grad-norm (config_of) first
     out.nonzero_padding += zero.nonzero_padding();
   }
-  const auto state = zero.state_dict();
+  const auto state = zero.model_state_dict();
   for (const Parameter* p : model.parameters()) {
     const auto& v = state.at(p->name()).values;
     out.params.insert(out.params.end(), v.begin(), v.end());
@@ -254,9 +253,9 @@ TEST_CASE("memory: model states (4 + 4 + 8)Ψ/N throughout, full layers in fligh
                     buffers_before = ledger.current(MemTag::comm_buffers);
       Model model(sizes, 5);
       const int64_t psi = model.num_parameters();
-      Zero3::Options options;
+      Zero3Options options;
       options.prefetch = prefetch;
-      Zero3 zero(comm, model, config_of(c), options);
+      Zero3<> zero(comm, model, config_of(c), options);
       const LayerLayout& layout = zero.layout();
       const int64_t scratch =
           4 * std::max_element(layout.layers.begin(), layout.layers.end(), [](auto& a, auto& b) {
@@ -294,7 +293,7 @@ TEST_CASE("traffic: the counters equal the theory; evaluation is not counted as 
       c.sizes = sizes;
       c.grad_accum_steps = K;
       Model model(sizes, 5);
-      Zero3 zero(comm, model, config_of(c), {});
+      Zero3<> zero(comm, model, config_of(c), {});
       comm.reset_counters();
       const int64_t steps = 2;
       for (int64_t step = 0; step < steps; ++step) {

@@ -184,9 +184,8 @@ void require_equal_to_reenactment_in(Dtype d) {
     c.bucket_cap_mb = mc.bucket_cap_mb;
     c.clip_grad_norm = mc.clip;
     c.steps = 2;
-    INFO(dtype_name(d) << ", sizes[1] = " << c.sizes[1] << ", cap " << c.bucket_cap_mb
-                       << ", clip " << c.clip_grad_norm << ", N = " << N << ", rank "
-                       << comm.rank());
+    INFO(dtype_name(d) << ", sizes[1] = " << c.sizes[1] << ", cap " << c.bucket_cap_mb << ", clip "
+                       << c.clip_grad_norm << ", N = " << N << ", rank " << comm.rank());
     const Reference ref = reenact(c, d, N, c.steps);
     const TrainConfig config = mixed_config(c, d);
     Model model(c.sizes, /*seed=*/5);
@@ -382,7 +381,8 @@ void require_fp32_reduce_equal_to_ddp() {
       };
       Model ddp_model(c.sizes, /*seed=*/5), zero_model(c.sizes, /*seed=*/5);
       Tracer tracer;
-      SetUp ddp_setup{&comm, ddp_model, config, tracer}, zero_setup{&comm, zero_model, config, tracer};
+      SetUp ddp_setup{&comm, ddp_model, config, tracer},
+          zero_setup{&comm, zero_model, config, tracer};
       DDPTraining::Flags ddp_flags;
       ddp_flags.ddp.bucket_cap_mb = c.bucket_cap_mb;
       DDPTraining ddp(ddp_setup, ddp_flags);
@@ -406,12 +406,10 @@ void require_fp32_reduce_equal_to_ddp() {
 
 }  // namespace
 
-TEST_CASE("ZeRO-1 with --reduce-dtype fp32 equals chapter 05's DDP bit for bit",
-          "[zero][mixed]") {
+TEST_CASE("ZeRO-1 with --reduce-dtype fp32 equals chapter 05's DDP bit for bit", "[zero][mixed]") {
   require_fp32_reduce_equal_to_ddp<Zero1Training>();
 }
 
-TEST_CASE("ZeRO-2 with --reduce-dtype fp32 equals chapter 05's DDP bit for bit",
-          "[zero][mixed]") {
+TEST_CASE("ZeRO-2 with --reduce-dtype fp32 equals chapter 05's DDP bit for bit", "[zero][mixed]") {
   require_fp32_reduce_equal_to_ddp<Zero2Training>();
 }

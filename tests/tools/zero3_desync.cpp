@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
            .optimizer_state = true,
            .trace = true});
   run.add_extension(std::make_unique<Desync>());
-  Zero3Training::Flags flags;
-  return run.train<Zero3Training>(flags, train_step);
+  Zero3Flags flags;
+  return run.train<Zero3Training>(
+      flags, [](auto& lesson, const Step& step) { return train_step(lesson, step); });
 }
