@@ -1,5 +1,5 @@
-// padded_buffer: a Buffer whose trailing padding the memory ledger counts apart (MemTag::padding),
-// and its 16-bit twin PaddedBuffer16 (mixed precision: 2 bytes per element, padding included).
+// padded_buffer: a buffer whose trailing padding the memory ledger counts apart (MemTag::padding),
+// for any element type (float, bf16, fp16: sizeof(T) bytes per element, padding included).
 //
 // ZeRO pads every bucket or layer to a multiple of world_size (chapters/06_zero1/shard.hpp);
 // the padding is memory the rank really holds but no model state, so the ledger shows it in
@@ -20,7 +20,7 @@ namespace ringzero {
 /// An Array (Buffer: float; Buffer16: 16-bit bits) of `size` elements whose last `padding` are
 /// counted under MemTag::padding, the rest under `tag`, at sizeof(element) bytes each. The
 /// ledger moves are ordered so that no tag's peak ever includes bytes that belong to another
-/// tag. Use the aliases PaddedBuffer and PaddedBuffer16.
+/// tag. Use the aliases PaddedBuffer and PaddedBufferOf<T>.
 template <class Array>
 class BasicPaddedBuffer {
  public:
@@ -68,10 +68,8 @@ class BasicPaddedBuffer {
 
 /// float32 elements, 4 bytes each (chapters 06-08 in fp32).
 using PaddedBuffer = BasicPaddedBuffer<Buffer>;
-/// 16-bit elements (bf16 or fp16 bits), 2 bytes each (chapter 08 with --precision bf16|fp16).
-using PaddedBuffer16 = BasicPaddedBuffer<Buffer16>;
 /// Elements of type T (float, bf16, fp16; common/half.hpp), sizeof(T) bytes each: the buffers of
-/// an engine written over its element type (chapters 06-07).
+/// an engine written over its element type (chapters 06-08).
 template <class T>
 using PaddedBufferOf = BasicPaddedBuffer<BufferOf<T>>;
 

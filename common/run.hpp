@@ -155,9 +155,11 @@ class Run {
         });
   }
 
-  /// For lessons written over the element types (chapters 06-07): builds L<T, R>, T and R
+  /// For lessons written over the element types (chapters 06-08): builds L<T, R>, T and R
   /// from --precision and --reduce-dtype (common/with_precision.hpp), as L<T, R>(SetUp&, const
-  /// Flags&); train_step(L<T, R>&, step), a generic callable, runs one optimizer step.
+  /// Flags&); train_step(L<T, R>&, step), a generic callable (a lambda that calls the chapter's
+  /// train_step template), runs one optimizer step. Errors: a --precision/--reduce-dtype pair
+  /// with_precision does not build (PrecisionCheck refuses it first, naming the fix).
   template <template <class, class> class L, class Flags, class TrainStep>
   int train(Flags& flags, TrainStep train_step) {
     static_assert(std::is_base_of_v<LessonOptions, Flags>);

@@ -26,10 +26,11 @@ ShardOptimizer::ShardOptimizer(const Model& model, const TrainConfig& config,
   for (const ShardPiece& piece : pieces) {
     int64_t real = 0;
     for (int64_t s : piece.segments) real += s;
-    masters_.emplace_back(dtype_,
-                          model.params_memory.span().subspan(
-                              static_cast<size_t>(piece.model_offset), static_cast<size_t>(real)),
-                          piece.segments, adamw_options(config));
+    std::span<const float> initial;  // a shard of padding only reads nothing (offset past Ψ)
+    if (real > 0)
+      initial = model.params_memory.span().subspan(static_cast<size_t>(piece.model_offset),
+                                                   static_cast<size_t>(real));
+    masters_.emplace_back(dtype_, initial, piece.segments, adamw_options(config));
   }
   if (dtype_ == Dtype::fp16) scaler_.emplace();
 }

@@ -34,6 +34,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "check.hpp"
 #include "comm.hpp"
 #include "config.hpp"
 #include "half.hpp"
@@ -55,7 +56,8 @@ struct ShardPiece {
 };
 
 /// This rank's piece of every unit of a layout (`units`: BucketShards or LayerShards, which
-/// give offset, shard_size and segments): rank r's shard starts at offset + r·shard_size.
+/// give offset, shard_size and segments): rank r's shard starts at offset + r·shard_size (a
+/// piece with no segments, padding only, has no elements to read).
 template <class Units>
 std::vector<ShardPiece> shard_pieces(const Units& units, int rank) {
   std::vector<ShardPiece> pieces;
@@ -75,6 +77,18 @@ class ShardOptimizer {
 
   Dtype dtype() const { return dtype_; }
   Dtype reduce_dtype() const { return reduce_dtype_; }
+  /// Errors unless T and R are the element types of --precision and --reduce-dtype: an engine
+  /// built for other types than the flags' (build lessons through Run::train<Lesson>, which
+  /// picks them with with_precision).
+  template <Element T, Element R>
+  void check_types() const {
+    RZ_CHECK(dtype_of<T>() == dtype_ && dtype_of<R>() == reduce_dtype_,
+             "this engine is built for parameters in "
+                 << dtype_name(dtype_of<T>()) << " and a reduction in " << dtype_name(dtype_of<R>())
+                 << ", the flags ask for --precision " << dtype_name(dtype_) << " --reduce-dtype "
+                 << dtype_name(reduce_dtype_)
+                 << ": build the lesson with Run::train<Lesson> (common/with_precision.hpp)");
+  }
   /// Bytes per parameter of p, g and K: fp32_state_bytes(--optimizer), or 2, 2, 12 in 16 bits.
   StateBytes state_bytes() const { return state_bytes_; }
   /// The GradScaler's scale in fp16, else exactly 1.
@@ -171,9 +185,10 @@ bool ShardOptimizer::prepare(Communicator& comm, const std::vector<std::span<R>>
 }
 
 /// in[i] as T, into out (the same size): a copy for float; bf16/fp16 rounded to nearest even
-/// (convert_to_half).
+/// (convert_to_half). Errors: sizes differ.
 template <Element T>
 void narrow_into(std::span<const float> in, std::span<T> out) {
+  RZ_CHECK(in.size() == out.size(), "narrow_into: " << in.size() << " values into " << out.size());
   if constexpr (std::is_same_v<T, float>)
     std::copy(in.begin(), in.end(), out.begin());
   else
@@ -212,8 +227,9 @@ BufferOf<R> narrow_for_reduce(Buffer& grad) {
   }
 }
 
-/// The mean from the sum over ranks: ÷N in fp32 training (after the sum, the bitwise chain to
-/// chapter 02); nothing in 16 bits (the backward seed pre-divided by N).
+/// The mean from the sum over ranks, in place on `sum` (a shard's elements): ÷N in fp32 training
+/// (T float: after the sum, the bitwise chain to chapter 02); nothing in 16 bits (the backward
+/// seed pre-divided by N, ShardOptimizer::seed).
 template <Element T, Element R>
 void mean_of_sum(std::span<R> sum, int world_size) {
   if constexpr (std::is_same_v<T, float>)
@@ -228,7 +244,9 @@ template <Element T, Element R>
 class ShardReduce {
  public:
   ShardReduce() = default;
-  /// largest_bucket, largest_chunk: elements of the largest padded bucket and shard.
+  /// largest_bucket, largest_chunk: elements of the largest padded bucket and shard; kept: 0,
+  /// or (R wider than T) the elements of every reduced shard the engine keeps (Σ s: ZeRO-1,
+  /// whose gradients stay whole in T, keeps the fp32 sums of its shard here until the step).
   ShardReduce(int world_size, int64_t largest_bucket, int64_t largest_chunk, int64_t kept = 0)
       : world_size_(world_size), scratch_(largest_chunk, MemTag::comm_buffers) {
     if constexpr (!std::is_same_v<T, R>) {
@@ -249,7 +267,7 @@ class ShardReduce {
       shard = sum(bucket, scratch_.span());
     } else {
       std::span<R> wide = wide_.span().first(bucket.size());
-      for (size_t i = 0; i < bucket.size(); ++i) wide[i] = static_cast<R>(bucket[i]);  // exact
+      convert_to_float(T::dtype, as_bits(std::span<const T>(bucket)), wide);  // exact
       shard = sum(wide, scratch_.span());
       if (kept_.size() > 0) {
         std::copy(shard.begin(), shard.end(), kept_.data() + kept_offset);

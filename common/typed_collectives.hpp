@@ -24,8 +24,8 @@ void check_collectives_for(Collectives collectives, const std::string& precision
   RZ_CHECK((std::is_same_v<T, float> || collectives == Collectives::ring),
            "--collectives mpi with --precision "
                << precision << ": MPI has no " << precision
-               << " sum, so 16-bit gradients are reduced by chapter 04's ring only; drop "
-                  "--collectives mpi (ring is the default) or use --precision fp32");
+               << " sum, so 16-bit parameters and gradients go through chapter 04's ring only; "
+                  "drop --collectives mpi (ring is the default) or use --precision fp32");
 }
 
 /// Collective: MPI_Reduce_scatter_block of `in` (N·out.size() elements) into `out`.

@@ -1,5 +1,5 @@
 // with_precision: the element types of a run, chosen once from the flags (llm.c's floatX), for
-// the engines written over them (chapters 06-07, common/shard_precision.hpp).
+// the engines written over them (chapters 06-08, common/shard_precision.hpp).
 // Leaves out: the engines; chapters 01-05 pick at run time (common/precision.hpp).
 #pragma once
 

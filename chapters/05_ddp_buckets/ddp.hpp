@@ -34,7 +34,6 @@
 #pragma once
 
 #include <algorithm>
-#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -63,18 +62,15 @@ class DDP {
   };
 
   /// Plans the buckets, checks the plan is the same on every rank (collective), and hooks
-  /// every parameter of `model`. comm and model must outlive the DDP. `precision`: the run's
-  /// (built first, so that in 16 bits its hooks write the gradients before ours read them);
-  /// null: fp32, the model's own gradients. Errors: --collectives mpi with a 16-bit
-  /// --reduce-dtype (MPI has no bf16/fp16 sum).
-  DDP(Communicator& comm, Model& model, Options options, ReplicatedPrecision* precision = nullptr)
+  /// every parameter of `model`. comm, model and precision must outlive the DDP. `precision`:
+  /// the run's, which holds the gradients, their mean and --reduce-dtype (built first, so that
+  /// in 16 bits its hooks write the gradients before ours read them). Errors: --collectives mpi
+  /// with a 16-bit --reduce-dtype (MPI has no bf16/fp16 sum).
+  DDP(Communicator& comm, Model& model, Options options, ReplicatedPrecision& precision)
       : comm_(comm),
         model_(model),
         options_(options),
-        own_precision_(precision ? nullptr
-                                 : std::make_unique<ReplicatedPrecision>(
-                                       model, TrainConfig{}, comm.world_size(), false)),
-        precision_(precision ? *precision : *own_precision_),
+        precision_(precision),
         buckets_(plan_buckets(parameter_sizes(model), mib_to_bytes(options.bucket_cap_mb),
                               mib_to_bytes(options.first_bucket_cap_mb))) {
     RZ_CHECK(precision_.grad_wire_bytes() == 4 || options.collectives == Collectives::ring,
@@ -200,9 +196,8 @@ class DDP {
       const double start = tracer ? tracer->now_us() : 0;
       // The bucket's range of the gradients: summed by chapter 04's all-reduce, then the mean.
       const bool ring = options_.collectives == Collectives::ring;
-      precision_.reduce(buckets_[b].offset, buckets_[b].size, [&](auto grads, auto scratch) {
-        all_reduce(comm_, grads, scratch, ring);
-      });
+      precision_.reduce(buckets_[b].offset, buckets_[b].size,
+                        [&](auto grads, auto scratch) { all_reduce(comm_, grads, scratch, ring); });
       if (tracer)
         tracer->complete("all_reduce bucket " + std::to_string(b), "comm", Tracer::kCommTrack,
                          start, tracer->now_us() - start,
@@ -215,7 +210,6 @@ class DDP {
   Communicator& comm_;
   Model& model_;
   Options options_;
-  std::unique_ptr<ReplicatedPrecision> own_precision_;  // fp32, when none was given
   ReplicatedPrecision& precision_;  // the gradients, their mean and --reduce-dtype
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_;  // (P) bucket of each parameter

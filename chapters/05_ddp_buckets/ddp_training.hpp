@@ -43,7 +43,7 @@ class DDPTraining : public Lesson {
   DDPTraining(SetUp& s, const Flags& flags)
       : comm(*s.comm),
         precision(s.model, s.config, comm.world_size()),  // before the DDP's hooks
-        ddp(*s.comm, s.model, with_tracer(flags.ddp, s.tracer), &precision),
+        ddp(*s.comm, s.model, with_tracer(flags.ddp, s.tracer), precision),
         model_(s.model),
         explain_(flags.explain),
         states_(fp32_state_bytes(s.config.optimizer, s.config.momentum)) {}

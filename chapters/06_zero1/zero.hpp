@@ -78,6 +78,7 @@ class Zero1 {
         layout_(plan_shards(model, buckets_, comm.rank(), comm.world_size())),
         psi_(model.num_parameters()),
         optimizer_(model, config, shard_pieces(layout_.buckets, comm.rank()), comm.world_size()) {
+    optimizer_.check_types<T, R>();                                   // the flags' precision
     check_collectives_for<T>(options.collectives, config.precision);  // mpi: fp32 only
     check_bucket_plans_match(comm, buckets_);
     const auto& params = model.parameters();
@@ -153,7 +154,7 @@ class Zero1 {
 
   /// After backward, before the optimizer step (PyTorch runs this as backward's final
   /// callback): handles unused parameters, waits until every bucket is reduce-scattered and
-  /// this rank's shard divided by world_size. Does nothing inside no_sync(). Errors: unused
+  /// this rank's shard holds the mean. Does nothing inside no_sync(). Errors: unused
   /// parameters without find_unused_parameters (names them), a failed reduce-scatter.
   void finalize_backward() {
     // BEGIN EXERCISE 05.3 (no_sync: finalize; chapter 05's, copied forward)

@@ -22,5 +22,6 @@ int main(int argc, char** argv) {
            .trace = true});
   ZeroBucketFlags flags;  // the lesson is built over --precision's element types (zero.hpp)
   return run.train<Zero2Training>(
-      flags, [](auto& lesson, const Step& step) { return train_step(lesson, step); });
+      flags,  // train_step is a template (one per precision): a lambda names it
+      [](auto& lesson, const Step& step) { return train_step(lesson, step); });
 }

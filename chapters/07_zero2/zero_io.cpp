@@ -42,7 +42,8 @@ int64_t Zero2<T, R>::in_flight_peak_bytes() const {
 
 template <Element T, Element R>
 std::string Zero2<T, R>::ledger_formula() const {
-  const StateBytes b = optimizer_.state_bytes();
+  StateBytes b = optimizer_.state_bytes();
+  b.grad = element_bytes<R>();  // the gradient shard holds the reduce dtype
   const ModelStateBytes f =
       zero_model_state_bytes(2, static_cast<double>(psi_), comm_.world_size(), b);
   std::string exact;

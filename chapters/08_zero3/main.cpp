@@ -24,5 +24,6 @@ int main(int argc, char** argv) {
            .trace = true});
   Zero3Flags flags;  // the lesson is built over --precision's element types (zero3.hpp)
   return run.train<Zero3Training>(
-      flags, [](auto& lesson, const Step& step) { return train_step(lesson, step); });
+      flags,  // train_step is a template (one per precision): a lambda names it
+      [](auto& lesson, const Step& step) { return train_step(lesson, step); });
 }

@@ -88,14 +88,17 @@ class Zero3 {
         psi_(model.num_parameters()),
         layout_(plan_layer_shards(model, comm.rank(), comm.world_size())),
         optimizer_(model, config, shard_pieces(layout_.layers, comm.rank()), comm.world_size()) {
+    optimizer_.check_types<T, R>();                                   // the flags' precision
     check_collectives_for<T>(options.collectives, config.precision);  // mpi: fp32 only
     const int64_t total = layout_.shard_total, padding = total - layout_.shard_real;
     params_ = PaddedBufferOf<T>(total, padding, MemTag::parameters);
     grads_ = PaddedBufferOf<R>(total, padding, MemTag::gradients);
     int64_t largest_chunk = 0;
     for (const LayerShard& s : layout_.layers) {  // this rank's real elements; padding stays 0
-      narrow_into(model.params_memory.span().subspan(s.offset + comm.rank() * s.shard_size, s.real),
-                  params_.span().subspan(s.shard_offset, s.real));
+      if (s.real > 0)
+        narrow_into(
+            model.params_memory.span().subspan(s.offset + comm.rank() * s.shard_size, s.real),
+            params_.span().subspan(s.shard_offset, s.real));
       s.layer->compute_dtype = dtype_of<T>();  // 16 bits: linear_half (16-bit inputs)
       largest_chunk = std::max(largest_chunk, s.shard_size);
     }
@@ -246,7 +249,7 @@ class Zero3 {
     if (!tickets_[l]) post_all_gather(l, kind);
     wait(tickets_[l], "wait all_gather " + name(l));
     const LayerShard& s = layout_.layers[l];
-    computing_[l] = widen_for_compute<T>(gathered_[l]);  // fp32 values (16 bits: widened)
+    computing_[l] = widen_for_compute<T>(gathered_[l]);  // fp32: the same buffer; 16 bits: widened
     s.layer->weight.data = Tensor(computing_[l].data(), s.layer->weight.shape());
     s.layer->bias.data = Tensor(computing_[l].data() + s.weight_numel, s.layer->bias.shape());
     // END EXERCISE 08.1
@@ -257,7 +260,7 @@ class Zero3 {
         s.padded_size, MemTag::comm_buffers);  // (P_l) the layer: all written by the gather
     std::copy_n(params_.data() + s.shard_offset, s.shard_size,
                 gathered_[l].data() + comm_.rank() * s.shard_size);
-    tickets_[l] = post_all_gather(l, kind, gathered_[l].span());
+    tickets_[l] = post_gather_into(l, kind, gathered_[l].span());
   }
   void release_parameters(int l) {
     // BEGIN EXERCISE 08.1 (ZeRO-3: release a layer after it computed)
@@ -299,7 +302,7 @@ class Zero3 {
   // Layer l's all-gather: `layer` (P_l elements of E: the parameters' T, or fp32 optimizer
   // state) holds this rank's chunk in place; every chunk is there when the ticket is done.
   template <Element E>
-  uint64_t post_all_gather(int l, Kind kind, std::span<E> layer) {
+  uint64_t post_gather_into(int l, Kind kind, std::span<E> layer) {
     const LayerShard& s = layout_.layers[l];
     return submit(l, kind, element_bytes<E>() * s.padded_size, [this, &s, layer] {
       if (options_.collectives == Collectives::ring)

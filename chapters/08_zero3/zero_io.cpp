@@ -44,7 +44,8 @@ TrafficTheory Zero3<T, R>::traffic_theory(int64_t grad_accum_steps) const {
 
 template <Element T, Element R>
 std::string Zero3<T, R>::ledger_formula() const {
-  const StateBytes states_ = optimizer_.state_bytes();
+  StateBytes states_ = optimizer_.state_bytes();
+  states_.grad = element_bytes<R>();  // the gradient shard holds the reduce dtype
   const ModelStateBytes f =
       zero_model_state_bytes(3, static_cast<double>(psi_), comm_.world_size(), states_);
   std::string exact;
@@ -108,7 +109,7 @@ std::map<std::string, NamedTensor> Zero3<T, R>::gather_full(
     Buffer full(s.padded_size, MemTag::comm_buffers);  // (P_l) one layer
     std::span<const float> mine = of(l);
     std::copy(mine.begin(), mine.end(), full.data() + comm_.rank() * s.shard_size);
-    comm_thread_.wait(post_all_gather(static_cast<int>(l), kStateGather, full.span()));
+    comm_thread_.wait(post_gather_into(static_cast<int>(l), kStateGather, full.span()));
     for (auto [p, begin] :
          {std::pair{&s.layer->weight, int64_t{0}}, std::pair{&s.layer->bias, s.weight_numel}})
       out[p->name() + suffix] = {p->shape(),

@@ -10,7 +10,8 @@
 #  - 07(N) vs 06(N) in bf16, BITWISE (parameters = the gathered fp32 master weights, losses,
 #    AdamW's moments and step counts): ZeRO-2 runs chapter 06's 16-bit collectives on the same
 #    padded buckets and keeps only its shard, the same sums in the same order; its gradients
-#    between steps are the 16-bit shard, its peak adds at most two 16-bit buckets;
+#    between steps are the shard (in the reduce dtype), its peak adds at most two 16-bit
+#    buckets;
 #  - 06(N) in bf16 against chapter 02 in bf16 with K = N micro-batches (the same samples: rank
 #    r's share is chapter 02's micro-batch r): BITWISE at N = 1 and 2 (one 16-bit gradient per
 #    rank, pre-divided by N; at N = 2 the ring's one 16-bit addition a + b is chapter 02's

@@ -18,9 +18,9 @@
 //    EVERY rank skip that step: the loss scale halves everywhere, no shard's AdamW step count
 //    advances, the parameters and master weights stay as they were; the next step is taken;
 //  - --reduce-dtype fp32 (ZeRO-1 and ZeRO-2, bf16 and fp16): the reduce-scatter sums in fp32 and
-//    the master weights step from that fp32 sum, as chapter 05 does: every step's loss, the
-//    gathered master weights and AdamW's state equal chapter 05's DDP with --reduce-dtype fp32
-//    bit for bit (clipping on, one bucket per parameter and one for all).
+//    the master weights step from that fp32 sum, as chapter 05 does: every step's loss and the
+//    gathered master weights equal chapter 05's DDP with --reduce-dtype fp32 bit for bit
+//    (clipping on and off, one bucket per parameter and one for all).
 #include <cmath>
 #include <cstring>
 #include <vector>
