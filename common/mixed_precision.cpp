@@ -79,9 +79,13 @@ bool MixedPrecision::step(float clip_grad_norm, Communicator* comm,
 }
 
 void MixedPrecision::check_first_loss(double loss, int64_t step) const {
+  check_fp16_first_loss(dtype(), loss, step);
+}
+
+void check_fp16_first_loss(Dtype dtype, double loss, int64_t step) {
   // At step 1 no update has happened yet: a non-finite loss is the forward overflowing the
   // 16-bit range (fp16's largest value is 65504), not a divergence that --lr could cure.
-  RZ_CHECK(std::isfinite(loss) || step > 1 || dtype() != Dtype::fp16,
+  RZ_CHECK(std::isfinite(loss) || step > 1 || dtype != Dtype::fp16,
            "loss is " << loss << " at step 1, before any update: the forward pass "
                       << "overflowed fp16's range (largest value 65504), e.g. with large "
                       << "--init-from weights. Use --precision bf16 (fp32's range) or fp32, "

@@ -90,6 +90,11 @@ class MixedPrecision {
   std::optional<GradScaler> scaler_;
 };
 
+/// fp16 (`dtype`): a non-finite loss at step 1, before any update, is the forward overflowing
+/// fp16's range (e.g. large --init-from weights), not a divergence: stops with a message naming
+/// the fix. Does nothing for another dtype or step. Call on every rank with the global loss.
+void check_fp16_first_loss(Dtype dtype, double loss, int64_t step);
+
 /// --reduce-dtype, default the --precision's (the values allowed are checked before set-up,
 /// common/run.cpp's PrecisionCheck).
 Dtype reduce_dtype_of(const TrainConfig& config);

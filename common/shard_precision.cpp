@@ -41,11 +41,7 @@ float ShardOptimizer::seed(int64_t grad_accum_steps) const {
 }
 
 void ShardOptimizer::check_first_loss(double loss, int64_t step) const {
-  RZ_CHECK(std::isfinite(loss) || step > 1 || dtype_ != Dtype::fp16,
-           "loss is " << loss << " at step 1, before any update: the forward pass "
-                      << "overflowed fp16's range (largest value 65504), e.g. with large "
-                      << "--init-from weights. Use --precision bf16 (fp32's range) or fp32, "
-                      << "or smaller initial weights");
+  check_fp16_first_loss(dtype_, loss, step);
 }
 
 Optimizer& ShardOptimizer::optimizer(size_t u) {

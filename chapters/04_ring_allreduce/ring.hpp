@@ -86,12 +86,6 @@ struct RingAdd {
     add_into(dst, src);
   }
 };
-namespace ring_detail {
-// The buffer type that owns a scratch chunk of T (common/half.hpp).
-template <class T>
-using OwnedBuffer = BufferOf<T>;
-}  // namespace ring_detail
-
 /// The reduce-scatter phase for elements of type T (float, bf16, fp16), in place; `add` is the
 /// hop's accumulate (RingAdd; a device kernel on the GPU). Callers use the
 /// ring_reduce_scatter overloads below. Afterwards chunk rank() of buf holds the sum over ranks
@@ -108,9 +102,9 @@ void ring_reduce_scatter_with(Comm& comm, std::span<T> buf, std::span<T> scratch
   if (N == 1) return;
   typename Comm::Scope scope(comm, "ring_reduce_scatter");
   const int64_t s = ring_chunk(n, N, 0).size;
-  ring_detail::OwnedBuffer<T> owned;
+  BufferOf<T> owned;  // a scratch chunk of T (common/half.hpp)
   if (scratch.empty()) {
-    owned = ring_detail::OwnedBuffer<T>(s, MemTag::comm_buffers);
+    owned = BufferOf<T>(s, MemTag::comm_buffers);
     scratch = owned.span();
   }
   RZ_CHECK(static_cast<int64_t>(scratch.size()) >= s, "ring_reduce_scatter: scratch has "

@@ -1,10 +1,12 @@
 // The AdamW state of a bucketed ZeRO (chapters 06-07) gathered whole, named as PyTorch's
-// optimizer state is named per parameter (--save-optimizer-state, the equivalence tests).
+// optimizer state is named per parameter (--save-optimizer-state, the equivalence tests), and
+// the training state its checkpoints hold.
 // Leaves out: chapter 08's per-layer gather (its zero_io.cpp), checkpoints
 // (common/checkpoint.hpp).
 #pragma once
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -12,6 +14,7 @@
 
 #include "chapters/04_ring_allreduce/ring.hpp"
 #include "chapters/06_zero1/shard.hpp"
+#include "common/checkpoint.hpp"
 #include "common/comm.hpp"
 #include "common/ledger.hpp"
 #include "common/nn.hpp"
@@ -92,6 +95,34 @@ inline std::map<std::string, NamedTensor> gather_master_weights(Communicator& co
   return gather_shard_states(
       comm, model, layout, {""}, [&](size_t b, size_t) { return optimizer.master(b); },
       [](size_t) { return static_cast<const std::vector<int64_t>*>(nullptr); });
+}
+
+/// The training state common/checkpoint.hpp saves and loads for a bucketed ZeRO (chapters
+/// 06-07, fp32): every rank holds every parameter; one piece per bucket b, this rank's real
+/// shard elements shard_params(b) and their optimizer, at its global offset; the bucket layout
+/// and padding for the manifest.
+inline TrainingState bucket_training_state(
+    Model& model, const ShardLayout& layout, int rank, ShardOptimizer& optimizer,
+    std::string chapter, int zero_stage,
+    const std::function<std::span<float>(size_t)>& shard_params) {
+  TrainingState state;
+  state.model = &model;
+  state.sharded = true;
+  state.params_replicated = true;  // every rank holds every parameter
+  state.chapter = std::move(chapter);
+  state.zero_stage = zero_stage;
+  state.layout = {{"kind", "buckets"}, {"padding_total", layout.padding_total}};
+  for (size_t b = 0; b < layout.buckets.size(); ++b) {
+    const BucketShard& s = layout.buckets[b];
+    state.layout["buckets"].push_back({{"offset", s.offset},
+                                       {"size", s.size},
+                                       {"padding", s.padding},
+                                       {"padded_offset", s.padded_offset},
+                                       {"shard_size", s.shard_size}});
+    state.pieces.push_back({shard_params(b), s.offset + rank * s.shard_size,
+                            &optimizer.optimizer(b), s.segment_params});
+  }
+  return state;
 }
 
 }  // namespace ringzero

@@ -71,25 +71,11 @@ template <Element T, Element R>
 TrainingState Zero1<T, R>::training_state() {
   RZ_CHECK((std::is_same_v<T, float>),
            "checkpoints of a 16-bit run are not saved yet; use --precision fp32");
-  TrainingState state;
-  state.model = &model_;
-  state.sharded = true;
-  state.params_replicated = true;  // params_ holds every parameter on every rank
-  state.chapter = "06_zero1";
-  state.zero_stage = 6;
-  state.layout = {{"kind", "buckets"}, {"padding_total", layout_.padding_total}};
-  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
-    const BucketShard& s = layout_.buckets[b];
-    state.layout["buckets"].push_back({{"offset", s.offset},
-                                       {"size", s.size},
-                                       {"padding", s.padding},
-                                       {"padded_offset", s.padded_offset},
-                                       {"shard_size", s.shard_size}});
-    if constexpr (std::is_same_v<T, float>)
-      state.pieces.push_back({shard_params(b), s.offset + comm_.rank() * s.shard_size,
-                              &optimizer_.optimizer(b), s.segment_params});
-  }
-  return state;
+  if constexpr (std::is_same_v<T, float>)
+    return bucket_training_state(model_, layout_, comm_.rank(), optimizer_, "06_zero1", 6,
+                                 [this](size_t b) { return shard_params(b); });
+  else
+    return {};
 }
 
 template class Zero1<float, float>;

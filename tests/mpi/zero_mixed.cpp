@@ -49,6 +49,16 @@ const std::vector<MixedCase> kMixedCases = {{{5, 7, 3}, 1e-6, 0.0f},
                                             {{6, 1, 3}, 1e-6, 0.05f},
                                             {{9, 13, 4}, 1e-6, 0.05f}};
 
+// The harness's case for a MixedCase, `steps` optimizer steps.
+ZeroCase case_of(const MixedCase& mc, int64_t steps) {
+  ZeroCase c;
+  c.sizes = mc.sizes;
+  c.bucket_cap_mb = mc.bucket_cap_mb;
+  c.clip_grad_norm = mc.clip;
+  c.steps = steps;
+  return c;
+}
+
 TrainConfig mixed_config(const ZeroCase& c, Dtype d) {
   TrainConfig config = zero_test_config(c);
   config.precision = dtype_name(d);
@@ -179,11 +189,7 @@ void require_equal_to_reenactment_in(Dtype d) {
   Communicator& comm = test_comm();
   const int N = comm.world_size();
   for (const MixedCase& mc : kMixedCases) {
-    ZeroCase c;
-    c.sizes = mc.sizes;
-    c.bucket_cap_mb = mc.bucket_cap_mb;
-    c.clip_grad_norm = mc.clip;
-    c.steps = 2;
+    const ZeroCase c = case_of(mc, 2);
     INFO(dtype_name(d) << ", sizes[1] = " << c.sizes[1] << ", cap " << c.bucket_cap_mb << ", clip "
                        << c.clip_grad_norm << ", N = " << N << ", rank " << comm.rank());
     const Reference ref = reenact(c, d, N, c.steps);
@@ -365,11 +371,7 @@ void require_fp32_reduce_equal_to_ddp() {
   Communicator& comm = test_comm();
   for (Dtype d : {Dtype::bf16, Dtype::fp16}) {
     for (const MixedCase& mc : kMixedCases) {
-      ZeroCase c;
-      c.sizes = mc.sizes;
-      c.bucket_cap_mb = mc.bucket_cap_mb;
-      c.clip_grad_norm = mc.clip;
-      c.steps = 3;
+      const ZeroCase c = case_of(mc, 3);
       TrainConfig config = mixed_config(c, d);
       config.reduce_dtype = "fp32";
       INFO(dtype_name(d) << ", sizes[1] = " << c.sizes[1] << ", cap " << c.bucket_cap_mb
