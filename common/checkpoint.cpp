@@ -28,7 +28,7 @@ nlohmann::json checkpoint_flags_that_must_match(const TrainConfig& c) {
           {"seed", c.seed},
           {"shuffle", !c.no_shuffle},
           {"global_batch_size", c.global_batch_size},
-          {"precision", "fp32"}};
+          {"precision", c.precision}};
 }
 
 TrainingState replicated_state(const Model& model, Optimizer* optimizer, std::string chapter) {
@@ -93,20 +93,24 @@ TrainPosition Checkpointer::load(const CheckpointData& ck, const std::string& mp
     const auto g = static_cast<size_t>(piece.global_offset);
     const auto& p = ck.fields.at("params");
     std::copy_n(p.begin() + g, piece.params.size(), piece.params.begin());
-    for (auto& [field, span] : optimizer_fields(piece.optimizer)) {
+    for (auto& [field, span] : optimizer_fields(piece)) {
       const auto& v = ck.fields.at(field);
       std::copy_n(v.begin() + g, span.size(), span.begin());
     }
-    if (piece.optimizer == nullptr) continue;
-    if (AdamW* a = piece.optimizer->adamw()) {
-      auto& steps = a->segment_steps();
-      for (size_t k = 0; k < steps.size(); ++k)
-        steps[k] = tensors[piece.segment_params[k]].at("step").get<int64_t>();
-    } else if (SGD* s = piece.optimizer->sgd()) {
+    if (std::vector<int64_t>* steps = segment_steps_of(piece))
+      for (size_t k = 0; k < steps->size(); ++k)
+        (*steps)[k] = tensors[piece.segment_params[k]].at("step").get<int64_t>();
+    if (SGD* s = piece.optimizer ? piece.optimizer->sgd() : nullptr)
       s->set_started(m.at("optimizer_state").at("started").get<bool>());
-    }
   }
-  if (state.params_replicated)
+  if (state.scaler != nullptr) {  // fp16 (the flags matched: the manifest has one)
+    const nlohmann::json& ls = m.at("loss_scaler");
+    state.scaler->load_state(ls.at("scale").get<float>(), ls.at("growth_tracker").get<int64_t>(),
+                             ls.at("skipped_steps").get<int64_t>());
+  }
+  if (state.load_params)  // 16 bits: the 16-bit parameters, rounded from the master weights
+    state.load_params(ck.fields.at("params"));
+  else if (state.params_replicated)
     for (size_t i = 0; i < params.size(); ++i)
       std::copy_n(ck.fields.at("params").begin() + model.offsets()[i], params[i]->numel(),
                   params[i]->data.data());
@@ -164,8 +168,7 @@ void Checkpointer::save(const TrainingState& state, const TrainPosition& pos,
     std::map<std::string, NamedTensor> tensors;
     nlohmann::json runs = nlohmann::json::array();
     if (!state.sharded) {
-      std::map<std::string, std::span<float>> spans =
-          optimizer_fields(state.pieces.at(0).optimizer);
+      std::map<std::string, std::span<float>> spans = optimizer_fields(state.pieces.at(0));
       spans["params"] = state.pieces.at(0).params;
       for (size_t i = 0; i < params.size(); ++i) {
         const auto off = static_cast<size_t>(model.offsets()[i]);
@@ -179,7 +182,7 @@ void Checkpointer::save(const TrainingState& state, const TrainPosition& pos,
       for (const auto& f : fields) tensors[f].shape = {0};
       int64_t local = 0;
       for (const StatePiece& piece : state.pieces) {
-        std::map<std::string, std::span<float>> spans = optimizer_fields(piece.optimizer);
+        std::map<std::string, std::span<float>> spans = optimizer_fields(piece);
         spans["params"] = piece.params;
         for (const auto& f : fields) {
           // An empty shard (a bucket or layer with fewer elements than ranks) has no SGD
@@ -197,9 +200,9 @@ void Checkpointer::save(const TrainingState& state, const TrainPosition& pos,
       for (const auto& f : fields) tensors[f].shape = {local};
     }
     for (const StatePiece& piece : state.pieces)
-      if (piece.optimizer && piece.optimizer->adamw())
+      if (const std::vector<int64_t>* seg_steps = segment_steps_of(piece))
         for (size_t k = 0; k < piece.segment_params.size(); ++k) {
-          const auto t = static_cast<double>(piece.optimizer->adamw()->segment_steps()[k]);
+          const auto t = static_cast<double>((*seg_steps)[k]);
           double* st = &steps[3 * piece.segment_params[k]];
           st[0] += t, st[1] += t * t, st[2] += 1;
         }
@@ -259,6 +262,10 @@ void Checkpointer::save(const TrainingState& state, const TrainPosition& pos,
     } else {
       m["optimizer_state"] = {{"type", "adamw"}};
     }
+    if (state.scaler != nullptr)  // fp16: torch's GradScaler.state_dict() keeps the same
+      m["loss_scaler"] = {{"scale", state.scaler->scale()},
+                          {"growth_tracker", state.scaler->growth_tracker()},
+                          {"skipped_steps", state.scaler->skipped_steps()}};
     m["tensors"] = nlohmann::json::array();
     for (size_t i = 0; i < params.size(); ++i) {
       nlohmann::json t = {{"name", params[i]->name()},

@@ -21,12 +21,16 @@
 // same way, last. A checkpoint exists only once its manifest does, so a crash at any moment
 // leaves the previous checkpoint whole; --resume D ignores directories without a manifest.
 // Then rank 0 keeps the newest --keep-checkpoints K and removes the rest.
-// Leaves out: asynchronous saving, object stores, dtypes other than float32.
+// A 16-bit run saves the same fields: "params" are its fp32 master weights, with their AdamW
+// moments, and fp16's loss scaler goes to the manifest; resuming rounds the 16-bit parameters
+// from the masters, as each step does, so the run goes on bit for bit (at any world size).
+// Leaves out: asynchronous saving, object stores, files in dtypes other than float32.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -34,6 +38,8 @@
 #include <vector>
 
 #include "config.hpp"
+#include "grad_scaler.hpp"
+#include "mixed.hpp"
 #include "nn.hpp"
 #include "safetensors.hpp"
 #include "train.hpp"
@@ -48,13 +54,16 @@ inline constexpr int kCheckpointFormatVersion = 2;
 
 /// One optimizer's share of the training state on this rank: `optimizer` updates `params`,
 /// which are elements [global_offset, global_offset + params.size()) of the model's unpadded
-/// flat layout; segment k of the optimizer belongs to parameter segment_params[k]. optimizer
+/// flat layout; segment k of the optimizer belongs to parameter segment_params[k]. In a 16-bit
+/// run `master` takes the optimizer's place and `params` are its fp32 master weights (what the
+/// checkpoint's "params" hold in every precision, as PyTorch's AMP keeps fp32 parameters). Both
 /// may be null (chapter 03's ranks other than 0 hold no optimizer).
 struct StatePiece {
   std::span<float> params;
   int64_t global_offset = 0;
   Optimizer* optimizer = nullptr;
   std::vector<int> segment_params;
+  MasterWeights* master = nullptr;
 };
 
 /// What a chapter hands the checkpointer: its model (names, shapes, offsets) and its pieces.
@@ -73,6 +82,14 @@ struct TrainingState {
   /// The training set's fingerprint {"source", "size", "crc32"} (Dataset, as verify_same_data
   /// compares it): written to the manifest's field "data", compared at resume. null: none.
   nlohmann::json data;
+  /// fp16: the loss scaler, saved in the manifest's field "loss_scaler" and restored (the same
+  /// on every rank). null outside fp16.
+  GradScaler* scaler = nullptr;
+  /// 16 bits: sets the lesson's 16-bit parameters from the checkpoint's fp32 "params" (Ψ, the
+  /// model's unpadded flat layout; each rank takes what it holds), rounded to nearest even as
+  /// every step rounds the master weights. Empty in fp32: the pieces, and with params_replicated
+  /// every Parameter::data, are loaded as they are.
+  std::function<void(std::span<const float>)> load_params;
 };
 
 /// The replicated chapters' state: the whole model and `optimizer` (or none).

@@ -11,14 +11,6 @@ namespace {
 class CheckpointExtension : public Extension {
  public:
   void validate(const RunState& run) override {
-    // A 16-bit run keeps its fp32 master weights and moments in MixedPrecision, which the
-    // checkpoint format does not hold yet: refuse rather than resume a silently different run.
-    const bool wants = !run.config.checkpoint_dir.empty() || !run.config.resume.empty();
-    RZ_CHECK(!wants || run.config.precision == "fp32",
-             "--checkpoint-dir/--resume with --precision "
-                 << run.config.precision
-                 << ": checkpoints hold fp32 training state only (the master weights of a "
-                    "16-bit run are not saved yet); use --precision fp32");
     checkpointer_ = std::make_unique<Checkpointer>(run.config, run.comm);
   }
   void after_setup(RunState& run) override {

@@ -81,17 +81,29 @@ inline std::string read_file(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-// The optimizer's state as named flat spans, parallel to the piece's params.
-inline std::map<std::string, std::span<float>> optimizer_fields(Optimizer* optimizer) {
+// The optimizer's state of a piece as named flat spans, parallel to its params: AdamW's
+// moments (an fp32 optimizer's, or the master weights' in 16 bits) or SGD's momentum buffer.
+inline std::map<std::string, std::span<float>> optimizer_fields(const StatePiece& piece) {
   std::map<std::string, std::span<float>> out;
-  if (optimizer == nullptr) return out;
-  if (AdamW* a = optimizer->adamw()) {
+  if (piece.master != nullptr) {
+    out["exp_avg"] = piece.master->exp_avg();
+    out["exp_avg_sq"] = piece.master->exp_avg_sq();
+  } else if (piece.optimizer == nullptr) {
+  } else if (AdamW* a = piece.optimizer->adamw()) {
     out["exp_avg"] = a->exp_avg();
     out["exp_avg_sq"] = a->exp_avg_sq();
-  } else if (SGD* s = optimizer->sgd(); s && !s->momentum_buffer().empty()) {
+  } else if (SGD* s = piece.optimizer->sgd(); s && !s->momentum_buffer().empty()) {
     out["momentum_buffer"] = s->momentum_buffer();
   }
   return out;
+}
+
+// AdamW's step count per segment of a piece (bias correction), or null (SGD, no optimizer).
+inline std::vector<int64_t>* segment_steps_of(const StatePiece& piece) {
+  if (piece.master != nullptr) return &piece.master->segment_steps();
+  if (piece.optimizer != nullptr && piece.optimizer->adamw() != nullptr)
+    return &piece.optimizer->adamw()->segment_steps();
+  return nullptr;
 }
 
 inline std::vector<std::string> field_names(const TrainConfig& c) {

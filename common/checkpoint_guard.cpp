@@ -34,7 +34,7 @@ void check_resume_fits(const nlohmann::json& m, const TrainConfig& config, const
       {"data", "--data"},          {"optimizer", "--optimizer"},
       {"momentum", "--momentum"},  {"seed", "--seed"},
       {"shuffle", "--no-shuffle"}, {"global_batch_size", "--global-batch-size"},
-      {"precision", "precision"}};
+      {"precision", "--precision"}};
   for (const auto& [key, flag] : flag_of) {  // in this order: the model first
     const nlohmann::json& value = now.at(key);
     const nlohmann::json saved = m.at("flags").value(key, nlohmann::json());

@@ -5,6 +5,7 @@
 #include <cctype>
 #include <climits>
 #include <cstdio>
+#include <cmath>
 #include <filesystem>
 #include <set>
 
@@ -74,6 +75,16 @@ void check_manifest_fields(const nlohmann::json& m, const std::string& mpath) {
   if (m["optimizer_state"].value("type", "") == "sgd" &&
       !(m["optimizer_state"].contains("started") && m["optimizer_state"]["started"].is_boolean()))
     fail_field("optimizer_state.started", "a boolean");
+  if (m["flags"].value("precision", "") == "fp16") {  // the loss scaler's state (fp16 only)
+    if (!m.contains("loss_scaler") || !m["loss_scaler"].is_object())
+      fail_field("loss_scaler", "an object (an fp16 run's)");
+    const nlohmann::json& ls = m["loss_scaler"];
+    if (!ls.contains("scale") || !ls["scale"].is_number() || !(ls["scale"].get<double>() > 0) ||
+        !std::isfinite(ls["scale"].get<double>()) || ls["scale"].get<double>() > 3.4e38)
+      fail_field("loss_scaler.scale", "a finite positive number");
+    integer(ls, "growth_tracker", "loss_scaler.", 0);
+    integer(ls, "skipped_steps", "loss_scaler.", 0);
+  }
   array(m, "fields", "");
   for (size_t i = 0; i < m["fields"].size(); ++i) {
     const auto& f = m["fields"][i];

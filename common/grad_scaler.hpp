@@ -42,6 +42,10 @@ class GradScaler {
   bool update(bool found_inf);
   int64_t skipped_steps() const { return skipped_; }
   int64_t growth_tracker() const { return growth_tracker_; }
+  /// Restores a saved state (a checkpoint's; torch's GradScaler.load_state_dict: "scale",
+  /// "_growth_tracker"), so the resumed run scales and skips as the uninterrupted one.
+  /// Errors: a scale that is not finite and positive, negative counts.
+  void load_state(float scale, int64_t growth_tracker, int64_t skipped_steps);
 
  private:
   GradScalerOptions options_;

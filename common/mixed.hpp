@@ -126,6 +126,11 @@ class MasterWeights {
   std::span<const float> exp_avg_sq() const { return exp_avg_sq_.span(); }
   const std::vector<int64_t>& segment_steps() const { return steps_; }
   Dtype dtype() const { return dtype_; }
+  // The same state, writable: what a checkpoint loads into (common/checkpoint.hpp).
+  std::span<float> master() { return master_.span(); }
+  std::span<float> exp_avg() { return exp_avg_.span(); }
+  std::span<float> exp_avg_sq() { return exp_avg_sq_.span(); }
+  std::vector<int64_t>& segment_steps() { return steps_; }
 
  private:
   // The update, with load(begin, n, g) filling g[0, n) with the fp32 gradients of [begin, +n).

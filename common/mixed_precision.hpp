@@ -82,6 +82,10 @@ class MixedPrecision {
   HalfStorage& storage() { return storage_; }
   /// Errors: this rank holds no master weights.
   const MasterWeights& master() const;
+  /// The master weights (null on a rank without them) and fp16's loss scaler (null otherwise):
+  /// what a checkpoint saves and loads (common/checkpoint.hpp).
+  MasterWeights* master_if_held() { return master_ ? &*master_ : nullptr; }
+  GradScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
 
  private:
   std::optional<MasterWeights> master_;  // first: it reads the fp32 parameters HalfStorage frees

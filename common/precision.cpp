@@ -65,6 +65,19 @@ Optimizer& ReplicatedPrecision::optimizer() {
   return *optimizer_;
 }
 
+TrainingState ReplicatedPrecision::training_state(Model& model) {
+  if (!mixed_) return replicated_state(model, optimizer_ ? &*optimizer_ : nullptr, "");
+  TrainingState state = replicated_state(model, nullptr, "");
+  StatePiece& piece = state.pieces.at(0);
+  piece.master = mixed_->master_if_held();
+  piece.params = piece.master ? piece.master->master() : std::span<float>();
+  state.scaler = mixed_->scaler();
+  state.load_params = [this](std::span<const float> params) {
+    convert_to_half(mixed_->dtype(), params, mixed_->storage().params16.span());
+  };
+  return state;
+}
+
 nlohmann::json ReplicatedPrecision::summary() const {
   return mixed_ ? mixed_->summary() : nlohmann::json::object();
 }

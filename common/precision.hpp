@@ -30,6 +30,7 @@
 #include <span>
 #include <string>
 
+#include "checkpoint.hpp"
 #include "comm.hpp"
 #include "config.hpp"
 #include "half.hpp"
@@ -124,7 +125,11 @@ class ReplicatedPrecision {
   /// The optimizer of an fp32 run on a rank that holds it (tests, checkpoints). Errors: none
   /// here (16 bits, or a rank without one).
   Optimizer& optimizer();
-  Optimizer* optimizer_if_held() { return optimizer_ ? &*optimizer_ : nullptr; }
+  /// This rank's training state for checkpoints (common/checkpoint.hpp): the parameters and
+  /// --optimizer's state in fp32; in 16 bits the fp32 master weights, their moments and fp16's
+  /// loss scaler, and on load the 16-bit parameters rounded from the masters. A rank that does
+  /// not step (chapter 03's 1..N-1) holds no optimizer state; it loads the parameters.
+  TrainingState training_state(Model& model);
   /// "precision" (and fp16's "loss_scale", "skipped_steps") in 16 bits; {} in fp32.
   nlohmann::json summary() const;
   /// The weights --save-final writes: the model's in fp32, the fp32 master weights in 16 bits

@@ -44,12 +44,6 @@ void ShardOptimizer::check_first_loss(double loss, int64_t step) const {
   check_fp16_first_loss(dtype_, loss, step);
 }
 
-Optimizer& ShardOptimizer::optimizer(size_t u) {
-  RZ_CHECK(dtype_ == Dtype::fp32,
-           "ShardOptimizer::optimizer: a 16-bit run steps fp32 master weights, not an Optimizer");
-  return optimizers_[u];
-}
-
 std::span<const float> ShardOptimizer::master(size_t u) const {
   RZ_CHECK(dtype_ != Dtype::fp32,
            "master weights: an fp32 run has none (its parameters are the "
@@ -71,6 +65,13 @@ std::span<const float> ShardOptimizer::exp_avg_sq(size_t u) const {
 }
 const std::vector<int64_t>& ShardOptimizer::segment_steps(size_t u) const {
   return masters_.empty() ? adamw(u).segment_steps() : masters_[u].segment_steps();
+}
+
+StatePiece ShardOptimizer::state_piece(size_t u, std::span<float> params, int64_t global_offset,
+                                       std::vector<int> segment_params) {
+  if (masters_.empty()) return {params, global_offset, &optimizers_.at(u), std::move(segment_params)};
+  MasterWeights& m = masters_.at(u);
+  return {m.master(), global_offset, nullptr, std::move(segment_params), &m};
 }
 
 nlohmann::json ShardOptimizer::summary() const {

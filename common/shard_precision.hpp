@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "check.hpp"
+#include "checkpoint.hpp"
 #include "comm.hpp"
 #include "config.hpp"
 #include "half.hpp"
@@ -122,8 +123,6 @@ class ShardOptimizer {
 
   // ---- the state, for reports, --save-optimizer-state and checkpoints ----
   size_t units() const { return masters_.empty() ? optimizers_.size() : masters_.size(); }
-  /// Unit u's fp32 optimizer (fp32 runs; checkpoints). Errors: a 16-bit run.
-  Optimizer& optimizer(size_t u);
   /// Unit u's fp32 master weights (16 bits). Errors: an fp32 run (its parameters are the state).
   std::span<const float> master(size_t u) const;
   /// Unit u's AdamW moments and per-segment step counts. Errors: --optimizer sgd.
@@ -132,6 +131,14 @@ class ShardOptimizer {
   const std::vector<int64_t>& segment_steps(size_t u) const;
   /// {} in fp32; "precision", "reduce_dtype", and in fp16 "loss_scale", "skipped_steps".
   nlohmann::json summary() const;
+  /// Unit u's share of a checkpoint (common/checkpoint.hpp) at `global_offset` of the model's
+  /// flat layout, its segments those of parameters `segment_params`: in fp32 `params` (the
+  /// unit's real shard elements) and its --optimizer; in 16 bits the unit's fp32 master weights
+  /// and moments (`params` unused: the engine's load_params rounds them from the masters).
+  StatePiece state_piece(size_t u, std::span<float> params, int64_t global_offset,
+                         std::vector<int> segment_params);
+  /// fp16's loss scaler, else null (checkpoints).
+  GradScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
 
  private:
   const AdamW& adamw(size_t u) const;

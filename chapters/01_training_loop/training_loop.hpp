@@ -36,7 +36,7 @@ class TrainingLoop : public Lesson {
     return precision.state_dict(model);
   }
   TrainingState training_state(Model& model) override {
-    return replicated_state(model, precision.optimizer_if_held(), "");
+    return precision.training_state(model);
   }
 
   ReplicatedPrecision precision;  ///< the parameters' dtype, the gradients and the optimizer

@@ -132,7 +132,7 @@ class CentralReducer : public Lesson {
     return precision.state_dict(model);  // rank 0's is the one written
   }
   TrainingState training_state(Model& model) override {  // rank 0 writes; every rank loads
-    return replicated_state(model, precision.optimizer_if_held(), "");
+    return precision.training_state(model);
   }
 
   Communicator& comm;

@@ -100,7 +100,7 @@ class RingDataParallel : public Lesson {
     return precision.state_dict(model);
   }
   TrainingState training_state(Model& model) override {
-    return replicated_state(model, precision.optimizer_if_held(), "");
+    return precision.training_state(model);
   }
 
   Communicator& comm;

@@ -98,13 +98,15 @@ inline std::map<std::string, NamedTensor> gather_master_weights(Communicator& co
 }
 
 /// The training state common/checkpoint.hpp saves and loads for a bucketed ZeRO (chapters
-/// 06-07, fp32): every rank holds every parameter; one piece per bucket b, this rank's real
-/// shard elements shard_params(b) and their optimizer, at its global offset; the bucket layout
-/// and padding for the manifest.
-inline TrainingState bucket_training_state(
-    Model& model, const ShardLayout& layout, int rank, ShardOptimizer& optimizer,
-    std::string chapter, int zero_stage,
-    const std::function<std::span<float>(size_t)>& shard_params) {
+/// 06-07): every rank holds every parameter, in `params` (the padded flat buffer of T); one piece
+/// per bucket b, this rank's real shard elements and their optimizer at their global offset
+/// (ShardOptimizer::state_piece: the fp32 master weights and moments in 16 bits); the bucket
+/// layout and padding for the manifest. In 16 bits, loading rounds every bucket's parameters
+/// from the checkpoint's fp32 values, as each step rounds the masters.
+template <Element T>
+TrainingState bucket_training_state(Model& model, const ShardLayout& layout, int rank,
+                                    ShardOptimizer& optimizer, std::span<T> params,
+                                    std::string chapter, int zero_stage) {
   TrainingState state;
   state.model = &model;
   state.sharded = true;
@@ -119,9 +121,18 @@ inline TrainingState bucket_training_state(
                                        {"padding", s.padding},
                                        {"padded_offset", s.padded_offset},
                                        {"shard_size", s.shard_size}});
-    state.pieces.push_back({shard_params(b), s.offset + rank * s.shard_size,
-                            &optimizer.optimizer(b), s.segment_params});
+    std::span<float> shard;
+    if constexpr (std::is_same_v<T, float>)
+      shard = params.subspan(s.padded_offset + rank * s.shard_size, s.real);
+    state.pieces.push_back(
+        optimizer.state_piece(b, shard, s.offset + rank * s.shard_size, s.segment_params));
   }
+  state.scaler = optimizer.scaler();
+  if constexpr (!std::is_same_v<T, float>)
+    state.load_params = [&layout, params](std::span<const float> values) {
+      for (const BucketShard& s : layout.buckets)
+        narrow_into(values.subspan(s.offset, s.size), params.subspan(s.padded_offset, s.size));
+    };
   return state;
 }
 

@@ -69,13 +69,8 @@ int64_t Zero1<T, R>::nonzero_padding() const {
 
 template <Element T, Element R>
 TrainingState Zero1<T, R>::training_state() {
-  RZ_CHECK((std::is_same_v<T, float>),
-           "checkpoints of a 16-bit run are not saved yet; use --precision fp32");
-  if constexpr (std::is_same_v<T, float>)
-    return bucket_training_state(model_, layout_, comm_.rank(), optimizer_, "06_zero1", 6,
-                                 [this](size_t b) { return shard_params(b); });
-  else
-    return {};
+  return bucket_training_state(model_, layout_, comm_.rank(), optimizer_, params_.span(),
+                               "06_zero1", 6);
 }
 
 template class Zero1<float, float>;

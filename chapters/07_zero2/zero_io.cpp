@@ -92,13 +92,8 @@ int64_t Zero2<T, R>::nonzero_padding() const {
 
 template <Element T, Element R>
 TrainingState Zero2<T, R>::training_state() {
-  RZ_CHECK((std::is_same_v<T, float>),
-           "checkpoints of a 16-bit run are not saved yet; use --precision fp32");
-  if constexpr (std::is_same_v<T, float>)
-    return bucket_training_state(model_, layout_, comm_.rank(), optimizer_, "07_zero2", 7,
-                                 [this](size_t b) { return shard_params(b); });
-  else
-    return {};
+  return bucket_training_state(model_, layout_, comm_.rank(), optimizer_, params_.span(),
+                               "07_zero2", 7);
 }
 
 template class Zero2<float, float>;

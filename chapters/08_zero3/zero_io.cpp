@@ -161,7 +161,6 @@ int64_t Zero3<T, R>::nonzero_padding() const {
 
 template <Element T, Element R>
 TrainingState Zero3<T, R>::training_state() {
-  RZ_CHECK((std::is_same_v<T, float>), "ZeRO-3 checkpoints hold fp32 training state only");
   TrainingState state;
   state.model = &model_;
   state.sharded = true;
@@ -170,6 +169,7 @@ TrainingState Zero3<T, R>::training_state() {
   state.zero_stage = 3;
   state.layout = {{"kind", "layers"}};
   const auto& params = model_.parameters();
+  const int rank = comm_.rank();
   for (const LayerShard& s : layout_.layers) {
     state.layout["layers"].push_back({{"name", s.layer->name()},
                                       {"offset", s.offset},
@@ -180,12 +180,19 @@ TrainingState Zero3<T, R>::training_state() {
     for (Parameter* p : s.segment_params)
       segment_params.push_back(
           static_cast<int>(std::find(params.begin(), params.end(), p) - params.begin()));
-    if constexpr (std::is_same_v<T, float>)
-      state.pieces.push_back(
-          {shard(params_, s), s.offset + comm_.rank() * s.shard_size,
-           &optimizer_.optimizer(static_cast<size_t>(&s - layout_.layers.data())),
-           std::move(segment_params)});
+    std::span<float> real;  // in 16 bits the piece holds the master weights instead
+    if constexpr (std::is_same_v<T, float>) real = shard(params_, s);
+    state.pieces.push_back(optimizer_.state_piece(static_cast<size_t>(&s - layout_.layers.data()),
+                                                  real, s.offset + rank * s.shard_size,
+                                                  std::move(segment_params)));
   }
+  state.scaler = optimizer_.scaler();
+  if constexpr (!std::is_same_v<T, float>)  // this rank's shard, rounded from the fp32 values
+    state.load_params = [this, rank](std::span<const float> values) {
+      for (const LayerShard& s : layout_.layers)
+        if (s.real > 0)  // a shard of padding only starts past the layer's end
+          narrow_into(values.subspan(s.offset + rank * s.shard_size, s.real), shard(params_, s));
+    };
   return state;
 }
 
