@@ -4,30 +4,16 @@
 // layer's gradients are final long before the first layer's are computed. DDP registers a
 // gradient-ready hook on every parameter; when the last parameter of a bucket (buckets.hpp)
 // is ready, that bucket's all-reduce is launched on the communication thread
-// (common/comm_thread.hpp) while the main thread carries on with backward:
+// (common/comm_queue.hpp) while the main thread carries on with backward:
 //
 //   main thread:  backward 4 ─▶ backward 2 ────────▶ backward 0 ──▶ finalize ▶ optimizer step
 //   comm thread:            └─ all_reduce bucket 0 ─┘             └ all_reduce bucket 1 ┘
 //
-// Rules that keep every rank in step:
-//  - buckets are launched strictly in plan order (bucket b only after b − 1), even if a later
-//    bucket happens to be ready first, so every rank issues the same all-reduces in the same
-//    order (PyTorch's Reducer does the same with its next_bucket_ counter);
-//  - finalize_backward() waits for every bucket; each is divided by world_size on the comm
-//    thread right after its all-reduce, so the optimizer sees the mean gradient, as in ch04;
-//  - no_sync(): inside it, hooks do nothing and gradients just accumulate locally (chapter
-//    02); the backward after it, on the last micro-step, all-reduces the accumulated sums;
-//  - with --check-collectives, each all-reduce first checks that every rank is about to run the
-//    same one, bucket, size and number (common/collective_check.hpp), so a rank out of order
-//    stops every rank with a message instead of a crash inside MPI or different weights.
-//
-// Unused parameters: a parameter whose gradient never becomes ready would leave its bucket
-// incomplete forever, and every rank would wait for it. finalize_backward() detects it; by
-// default it fails on every rank with the names of those parameters (PyTorch raises "Expected
-// to have finished reduction in the prior iteration ..."); with find_unused_parameters it
-// marks them ready, which counts their missing gradient as zero, so their buckets complete.
-// Before failing it waits for the buckets it already launched: every rank launched at least
-// those of the rank that launched the fewest, so that rank always gets to abort the others.
+// When a bucket is complete, in which order buckets go, no_sync and unused parameters:
+// readiness.hpp (BucketReadiness, shared with chapters 06 and 07). Here: what a launched bucket
+// does. With --check-collectives, each all-reduce first checks that every rank is about to run
+// the same one, bucket, size and number (common/collective_check.hpp), so a rank out of order
+// stops every rank with a message instead of a crash inside MPI or different weights.
 // A bucket is a range of the gradients in their element type (float, bf16, fp16); the mean and
 // the --reduce-dtype are the precision's (common/precision.hpp), the all-reduce chapter 04's.
 // Leaves out: bucket rebuilding, comm hooks (compression), static graphs, broadcast buffers.
@@ -41,9 +27,10 @@
 
 #include "chapters/04_ring_allreduce/ring.hpp"
 #include "chapters/05_ddp_buckets/buckets.hpp"
+#include "chapters/05_ddp_buckets/readiness.hpp"
 #include "common/collective_check.hpp"
 #include "common/collectives.hpp"
-#include "common/comm_thread.hpp"
+#include "common/comm_queue.hpp"
 #include "common/precision.hpp"
 #include "common/train.hpp"
 #include "common/trace.hpp"
@@ -80,24 +67,12 @@ class DDP {
                  << dtype_name(precision_.dtype())
                  << " sum; use --reduce-dtype fp32 (widen and sum in fp32) or --collectives ring");
     check_bucket_plans_match(comm, buckets_);
-    const auto& params = model.parameters();
-    bucket_of_.resize(params.size());
     int64_t largest_chunk = 0;
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      for (int p : buckets_[b].params) bucket_of_[p] = static_cast<int>(b);
-      largest_chunk =
-          std::max(largest_chunk, ring_chunk(buckets_[b].size, comm.world_size(), 0).size);
-    }
+    for (const Bucket& b : buckets_)
+      largest_chunk = std::max(largest_chunk, ring_chunk(b.size, comm.world_size(), 0).size);
     precision_.reserve_scratch(largest_chunk);  // (s) the ring's incoming chunk
-    reset();
-    for (size_t i = 0; i < params.size(); ++i)
-      params[i]->add_grad_ready_hook([this, i](Parameter&) { mark_ready(static_cast<int>(i)); });
   }
 
-  /// Waits for the communication thread and removes the hooks.
-  ~DDP() {
-    for (Parameter* p : model_.parameters()) p->clear_grad_ready_hooks();
-  }
   DDP(const DDP&) = delete;
   DDP& operator=(const DDP&) = delete;
 
@@ -108,103 +83,38 @@ class DDP {
     return explain_buckets(buckets_, model_, options_.bucket_cap_mb, options_.first_bucket_cap_mb);
   }
 
-  /// While a NoSync lives, backward accumulates gradients locally and communicates nothing
-  /// (PyTorch's `with ddp.no_sync():`).
-  class NoSync {
-   public:
-    explicit NoSync(DDP& ddp) : ddp_(ddp), previous_(std::exchange(ddp.require_sync_, false)) {}
-    ~NoSync() { ddp_.require_sync_ = previous_; }
-    NoSync(const NoSync&) = delete;
-    NoSync& operator=(const NoSync&) = delete;
+  /// false: the next backwards accumulate locally and send nothing (PyTorch's no_sync());
+  /// true: the next backward all-reduces (readiness.hpp).
+  void set_require_sync(bool sync) { readiness_.set_require_sync(sync); }
 
-   private:
-    DDP& ddp_;
-    bool previous_;
-  };
-  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
-
-  /// After backward, before the optimizer step (PyTorch runs this as backward's final
-  /// callback): handles unused parameters, waits until every bucket is all-reduced and
-  /// divided by world_size. Does nothing inside no_sync(). Errors: unused parameters without
-  /// find_unused_parameters (names them), a failed all-reduce.
-  void finalize_backward() {
-    // BEGIN EXERCISE 05.3 (no_sync: finalize)
-    if (!require_sync_) return;
-    // END EXERCISE 05.3
-    std::string unused;
-    for (size_t i = 0; i < ready_.size(); ++i)
-      if (!ready_[i]) unused += (unused.empty() ? "" : ", ") + model_.parameters()[i]->name();
-    if (!unused.empty() && options_.find_unused_parameters) {
-      for (int i = static_cast<int>(ready_.size()) - 1; i >= 0; --i)
-        if (!ready_[i]) mark_ready(i);  // their gradient for this backward: zero
-    } else if (!unused.empty()) {
-      comm_thread_.wait_all();  // the buckets launched so far: every rank launched them too
-      reset();
-      RZ_CHECK(
-          false,
-          "parameters that received no gradient in this backward: "
-              << unused
-              << ". Their buckets can never be all-reduced, and every rank would wait for them "
-              << "forever. Make every parameter take part in the loss, or pass "
-                 "--find-unused-parameters "
-              << "(PyTorch: find_unused_parameters=True) to count a missing gradient as zero");
-    }
-    comm_thread_.wait_all();
-    reset();
-  }
+  /// After backward, before the optimizer step: every bucket all-reduced and divided by
+  /// world_size (readiness.hpp: unused parameters, errors). Does nothing when require_sync is
+  /// false.
+  void finalize_backward() { readiness_.finalize_backward(); }
 
   /// The parameter indices of the last synchronised backward, in the order their gradients
   /// became ready (for tests: reverse registration order, layer by layer).
-  const std::vector<int>& last_ready_order() const { return last_ready_order_; }
+  const std::vector<int>& last_ready_order() const { return readiness_.last_ready_order(); }
 
  private:
-  void reset() {
-    ready_.assign(model_.parameters().size(), 0);
-    pending_.clear();
-    for (const Bucket& b : buckets_) pending_.push_back(static_cast<int>(b.params.size()));
-    next_bucket_ = 0;
-    if (!ready_order_.empty()) last_ready_order_ = std::exchange(ready_order_, {});
-  }
-
-  // The gradient-ready hook of parameter i (main thread, during backward).
-  void mark_ready(int i) {
-    // BEGIN EXERCISE 05.3 (no_sync: the hook)
-    if (!require_sync_) return;
-    // END EXERCISE 05.3
-    RZ_CHECK(!ready_[i],
-             "parameter "
-                 << model_.parameters()[i]->name() << " became ready twice in one backward; "
-                 << "call finalize_backward() after every backward that is not inside no_sync()");
-    // BEGIN EXERCISE 05.2 (the gradient-ready hook launches buckets)
-    ready_[i] = 1;
-    ready_order_.push_back(i);
-    --pending_[bucket_of_[i]];
-    while (next_bucket_ < static_cast<int>(buckets_.size()) && pending_[next_bucket_] == 0)
-      launch(next_bucket_++);
-    // END EXERCISE 05.2
-  }
-
   // Queues bucket b's all-reduce on the communication thread; returns at once.
   void launch(int b) {
-    Tracer* tracer = options_.tracer;
-    const double launched = tracer ? tracer->now_us() : 0;
-    if (tracer) tracer->instant("launch bucket " + std::to_string(b), "ddp", Tracer::kMainTrack);
-    const CollectiveHeader header = sequence_.next(CollectiveSequence::kAllReduce, b,
-                                                   buckets_[b].size);  // --check-collectives
-    comm_thread_.submit([this, b, tracer, launched, header] {
-      sequence_.check(comm_, header);  // every rank runs this all-reduce now, or all stop
-      const double start = tracer ? tracer->now_us() : 0;
-      // The bucket's range of the gradients: summed by chapter 04's all-reduce, then the mean.
-      const bool ring = options_.collectives == Collectives::ring;
-      precision_.reduce(buckets_[b].offset, buckets_[b].size,
-                        [&](auto grads, auto scratch) { all_reduce(comm_, grads, scratch, ring); });
-      if (tracer)
-        tracer->complete("all_reduce bucket " + std::to_string(b), "comm", Tracer::kCommTrack,
-                         start, tracer->now_us() - start,
-                         {{"bytes", precision_.grad_wire_bytes() * buckets_[b].size},
-                          {"params", buckets_[b].params.size()},
-                          {"queued_us", start - launched}});
-    });
+    const Bucket& bucket = buckets_[b];
+    const CollectiveHeader header = sequence_.next(CollectiveSequence::kAllReduce, b, bucket.size);
+    comm_queue_.submit(
+        {.name = "all_reduce bucket " + std::to_string(b),
+         .args = {{"bytes", precision_.grad_wire_bytes() * bucket.size},
+                  {"params", bucket.params.size()}},
+         .posted = "launch bucket " + std::to_string(b),
+         .category = "ddp",
+         .queued_us = true},
+        [this, header] { sequence_.check(comm_, header); },  // every rank runs it now, or all stop
+        [this, &bucket] {  // the bucket's gradients: chapter 04's all-reduce, then the mean
+          const bool ring = options_.collectives == Collectives::ring;
+          precision_.reduce(bucket.offset, bucket.size, [&](auto grads, auto scratch) {
+            all_reduce(comm_, grads, scratch, ring);
+          });
+        });
   }
 
   Communicator& comm_;
@@ -212,15 +122,11 @@ class DDP {
   Options options_;
   ReplicatedPrecision& precision_;  // the gradients, their mean and --reduce-dtype
   std::vector<Bucket> buckets_;
-  std::vector<int> bucket_of_;  // (P) bucket of each parameter
-  std::vector<int> pending_;    // (buckets) parameters not ready yet in this backward
-  std::vector<char> ready_;     // (P) 1 once the parameter's gradient is final
-  std::vector<int> ready_order_, last_ready_order_;
-  int next_bucket_ = 0;  // the next bucket to launch: launches happen in plan order
-  bool require_sync_ = true;
+  BucketReadiness readiness_{model_, buckets_, options_.find_unused_parameters, "all-reduced",
+                             [this](int b) { launch(b); }, [this] { comm_queue_.wait_all(); }};
   CollectiveSequence sequence_;    // numbers the all-reduces for --check-collectives
   friend struct BucketOrderFault;  // tests/tools/rank_fault.cpp: a rank out of order
-  CommThread comm_thread_;         // last: destroyed (drained) first, while everything above lives
+  CommQueue comm_queue_{options_.tracer};  // last: drained first, while everything above lives
 };
 
 }  // namespace ringzero

@@ -7,7 +7,6 @@
 // precision (common/precision.hpp).
 #pragma once
 
-#include <optional>
 #include <string>
 
 #include "chapters/05_ddp_buckets/ddp.hpp"
@@ -131,8 +130,7 @@ inline double train_step(DDPTraining& lesson, const Step& step) {
   double loss_sum = 0;
   for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
     Batch batch = step.micro_batch(micro_step);  // (B/(N K), in)
-    std::optional<DDP::NoSync> no_sync;          // only the last micro-step's backward sends
-    if (micro_step < K - 1) no_sync.emplace(lesson.ddp);
+    lesson.ddp.set_require_sync(micro_step == K - 1);  // only the last backward sends
     Tape tape;
     Var loss = forward_loss(tape, model, batch);  // mean over this micro-batch
     loss_sum += loss->value[0];

@@ -29,19 +29,21 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "chapters/05_ddp_buckets/buckets.hpp"
+#include "chapters/05_ddp_buckets/readiness.hpp"
 #include "chapters/06_zero1/bucket_collectives.hpp"
 #include "chapters/06_zero1/shard.hpp"
 #include "chapters/06_zero1/zero_options.hpp"
 #include "common/checkpoint.hpp"
 #include "common/collective_check.hpp"
 #include "common/collectives.hpp"
-#include "common/comm_thread.hpp"
+#include "common/comm_queue.hpp"
 #include "common/dist.hpp"
 #include "common/padded_buffer.hpp"
 #include "common/safetensors.hpp"
@@ -82,12 +84,10 @@ class Zero1 {
     check_collectives_for<T>(options.collectives, config.precision);  // mpi: fp32 only
     check_bucket_plans_match(comm, buckets_);
     const auto& params = model.parameters();
-    bucket_of_.resize(params.size());
     int64_t largest_chunk = 0, largest_bucket = 0;
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      for (int p : buckets_[b].params) bucket_of_[p] = static_cast<int>(b);
-      largest_chunk = std::max(largest_chunk, layout_.buckets[b].shard_size);
-      largest_bucket = std::max(largest_bucket, layout_.buckets[b].padded_size());
+    for (const BucketShard& s : layout_.buckets) {
+      largest_chunk = std::max(largest_chunk, s.shard_size);
+      largest_bucket = std::max(largest_bucket, s.padded_size());
     }
     // (s) the collective's incoming chunk; with R wider than T, the widened bucket and the
     // reduced shard of every bucket (kept until the step).
@@ -100,15 +100,10 @@ class Zero1 {
     for (size_t i = 0; i < params.size(); ++i)  // every gradient at its padded place
       binding_->bind_grad(i, grads_.span().subspan(static_cast<size_t>(layout_.param_offset[i]),
                                                    static_cast<size_t>(params[i]->numel())));
-    reset();
-    for (size_t i = 0; i < params.size(); ++i)
-      params[i]->add_grad_ready_hook([this, i](Parameter&) { mark_ready(static_cast<int>(i)); });
+    readiness_.emplace(model, buckets_, options.find_unused_parameters, "reduce-scattered",
+                       [this](int b) { launch(b); }, [this] { comm_queue_.wait_all(); });
   }
 
-  /// Waits for the communication thread and removes the hooks.
-  ~Zero1() {
-    for (Parameter* p : model_.parameters()) p->clear_grad_ready_hooks();
-  }
   Zero1(const Zero1&) = delete;
   Zero1& operator=(const Zero1&) = delete;
 
@@ -133,54 +128,18 @@ class Zero1 {
   ShardOptimizer& optimizer() { return optimizer_; }
   const ShardOptimizer& optimizer() const { return optimizer_; }
 
-  /// While a NoSync lives, backward accumulates gradients locally and communicates nothing
-  /// (PyTorch's `with ddp.no_sync():`).
-  class NoSync {
-   public:
-    explicit NoSync(Zero1& zero)
-        : zero_(zero), previous_(std::exchange(zero.require_sync_, false)) {}
-    ~NoSync() { zero_.require_sync_ = previous_; }
-    NoSync(const NoSync&) = delete;
-    NoSync& operator=(const NoSync&) = delete;
-
-   private:
-    Zero1& zero_;
-    bool previous_;
-  };
-  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+  /// false: the next backwards accumulate locally and send nothing (PyTorch's no_sync());
+  /// true: the next backward reduce-scatters (chapter 05's readiness.hpp).
+  void set_require_sync(bool sync) { readiness_->set_require_sync(sync); }
 
   /// Sets every gradient (and the partial sums a reduce-scatter left outside the shard) to zero.
   void zero_grad() { std::fill(grads_.data(), grads_.data() + grads_.size(), T{}); }
 
   /// After backward, before the optimizer step (PyTorch runs this as backward's final
   /// callback): handles unused parameters, waits until every bucket is reduce-scattered and
-  /// this rank's shard holds the mean. Does nothing inside no_sync(). Errors: unused
+  /// this rank's shard holds the mean. Does nothing when require_sync is false. Errors: unused
   /// parameters without find_unused_parameters (names them), a failed reduce-scatter.
-  void finalize_backward() {
-    // BEGIN EXERCISE 05.3 (no_sync: finalize; chapter 05's, copied forward)
-    if (!require_sync_) return;
-    // END EXERCISE 05.3
-    std::string unused;
-    for (size_t i = 0; i < ready_.size(); ++i)
-      if (!ready_[i]) unused += (unused.empty() ? "" : ", ") + model_.parameters()[i]->name();
-    if (!unused.empty() && options_.find_unused_parameters) {
-      for (int i = static_cast<int>(ready_.size()) - 1; i >= 0; --i)
-        if (!ready_[i]) mark_ready(i);  // their gradient for this backward: zero
-    } else if (!unused.empty()) {
-      comm_thread_.wait_all();  // the buckets launched so far: every rank launched them too
-      reset();
-      RZ_CHECK(
-          false,
-          "parameters that received no gradient in this backward: "
-              << unused
-              << ". Their buckets can never be reduce-scattered, and every rank would wait for "
-              << "them forever. Make every parameter take part in the loss, or pass "
-                 "--find-unused-parameters "
-              << "(PyTorch: find_unused_parameters=True) to count a missing gradient as zero");
-    }
-    comm_thread_.wait_all();
-    reset();
-  }
+  void finalize_backward() { readiness_->finalize_backward(); }
 
   /// Collective, after finalize_backward(): this rank's optimizer updates the real elements of
   /// its shard of every bucket (clipped with --clip-grad-norm over every rank's shards first:
@@ -195,20 +154,16 @@ class Zero1 {
     // BEGIN EXERCISE 06.1 (ZeRO-1: shard step and parameter all-gather)
     for (size_t b = 0; b < layout_.buckets.size(); ++b) {
       optimizer_.step(b, shard_params(b), shard_grads(b));
-      Tracer* tracer = options_.tracer;
-      comm_thread_.submit([this, b, tracer] {
-        const double start = tracer ? tracer->now_us() : 0;
-        const BucketShard& s = layout_.buckets[b];
-        std::span<T> bucket = params_.span().subspan(s.padded_offset, s.padded_size());
-        all_gather_bucket(comm_, bucket, s.shard_size, reduce_.gather_scratch(),
-                          options_.collectives);  // bucket_collectives.hpp
-        if (tracer)
-          tracer->complete("all_gather bucket " + std::to_string(b), "comm", Tracer::kCommTrack,
-                           start, tracer->now_us() - start,
-                           {{"bytes", element_bytes<T>() * s.padded_size()}});
-      });
+      const BucketShard& s = layout_.buckets[b];
+      std::span<T> bucket = params_.span().subspan(s.padded_offset, s.padded_size());
+      comm_queue_.submit({.name = "all_gather bucket " + std::to_string(b),
+                          .args = {{"bytes", element_bytes<T>() * s.padded_size()}}},
+                         {}, [this, &s, bucket] {
+                           all_gather_bucket(comm_, bucket, s.shard_size, reduce_.gather_scratch(),
+                                             options_.collectives);  // bucket_collectives.hpp
+                         });
     }
-    comm_thread_.wait_all();
+    comm_queue_.wait_all();
     // END EXERCISE 06.1
     return true;
   }
@@ -238,53 +193,26 @@ class Zero1 {
     return reduce_.shard(shard_of(grads_.span(), b), layout_.buckets[b].shard_offset);
   }
 
-  void reset() {
-    ready_.assign(model_.parameters().size(), 0);
-    pending_.clear();
-    for (const Bucket& b : buckets_) pending_.push_back(static_cast<int>(b.params.size()));
-    next_bucket_ = 0;
-  }
-
-  // The gradient-ready hook of parameter i (main thread, during backward).
-  void mark_ready(int i) {
-    // BEGIN EXERCISE 05.3 (no_sync: the hook; chapter 05's, copied forward)
-    if (!require_sync_) return;
-    // END EXERCISE 05.3
-    RZ_CHECK(!ready_[i],
-             "parameter "
-                 << model_.parameters()[i]->name() << " became ready twice in one backward; "
-                 << "call finalize_backward() after every backward that is not inside no_sync()");
-    // BEGIN EXERCISE 05.2 (the gradient-ready hook; chapter 05's, copied forward)
-    ready_[i] = 1;
-    --pending_[bucket_of_[i]];
-    while (next_bucket_ < static_cast<int>(buckets_.size()) && pending_[next_bucket_] == 0)
-      launch(next_bucket_++);
-    // END EXERCISE 05.2
-  }
-
   // Queues bucket b's reduce-scatter on the communication thread; returns at once.
   void launch(int b) {
-    Tracer* tracer = options_.tracer;
-    const double launched = tracer ? tracer->now_us() : 0;
-    if (tracer) tracer->instant("launch bucket " + std::to_string(b), "zero", Tracer::kMainTrack);
+    const BucketShard& s = layout_.buckets[b];
     const CollectiveHeader header =
-        sequence_.next(CollectiveSequence::kReduceScatter, b, layout_.buckets[b].padded_size());
-    comm_thread_.submit([this, b, tracer, launched, header] {
-      sequence_.check(comm_, header);  // --check-collectives: every rank, this reduce-scatter
-      const double start = tracer ? tracer->now_us() : 0;
-      const BucketShard& s = layout_.buckets[b];
-      std::span<T> bucket = grads_.span().subspan(s.padded_offset, s.padded_size());
-      reduce_.reduce(bucket, s.shard_offset, [&](auto grads, auto scratch) {  // in R: the mean
-        return reduce_scatter_bucket(comm_, grads, s.shard_size, scratch,
-                                     options_.collectives);  // bucket_collectives.hpp
-      });
-      if (tracer)
-        tracer->complete("reduce_scatter bucket " + std::to_string(b), "comm", Tracer::kCommTrack,
-                         start, tracer->now_us() - start,
-                         {{"bytes", element_bytes<R>() * s.padded_size()},
-                          {"params", buckets_[b].params.size()},
-                          {"queued_us", start - launched}});
-    });
+        sequence_.next(CollectiveSequence::kReduceScatter, b, s.padded_size());
+    comm_queue_.submit(
+        {.name = "reduce_scatter bucket " + std::to_string(b),
+         .args = {{"bytes", element_bytes<R>() * s.padded_size()},
+                  {"params", buckets_[b].params.size()}},
+         .posted = "launch bucket " + std::to_string(b),
+         .category = "zero",
+         .queued_us = true},
+        [this, header] { sequence_.check(comm_, header); },  // --check-collectives: every rank
+        [this, &s] {
+          std::span<T> bucket = grads_.span().subspan(s.padded_offset, s.padded_size());
+          reduce_.reduce(bucket, s.shard_offset, [&](auto grads, auto scratch) {  // in R: the mean
+            return reduce_scatter_bucket(comm_, grads, s.shard_size, scratch,
+                                         options_.collectives);  // bucket_collectives.hpp
+          });
+        });
   }
 
   Communicator& comm_;
@@ -298,14 +226,10 @@ class Zero1 {
   PaddedBufferOf<T> params_;  // (Ψ + padding) every parameter, padded per bucket
   PaddedBufferOf<T> grads_;   // (Ψ + padding) every gradient, same layout
   std::unique_ptr<ParameterBinding<T>> binding_;  // forward/backward's view of params_, grads_
-  std::vector<int> bucket_of_;                    // (P) bucket of each parameter
-  std::vector<int> pending_;  // (buckets) parameters not ready yet in this backward
-  std::vector<char> ready_;   // (P) 1 once the parameter's gradient is final
-  int next_bucket_ = 0;       // the next bucket to launch: launches happen in plan order
-  bool require_sync_ = true;
+  std::optional<BucketReadiness> readiness_;  // chapter 05's: when a bucket is launched
   CollectiveSequence sequence_;    // numbers the collectives for --check-collectives
   friend struct BucketOrderFault;  // tests/tools/rank_fault.cpp: a rank out of order
-  CommThread comm_thread_;         // last: destroyed (drained) first, while everything above lives
+  CommQueue comm_queue_{options_.tracer};  // last: drained first, while everything above lives
 };
 
 }  // namespace ringzero

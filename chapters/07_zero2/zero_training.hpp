@@ -102,8 +102,7 @@ double train_step(Zero2Training<T, R>& lesson, const Step& step) {
   double loss_sum = 0;
   for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
     Batch batch = step.micro_batch(micro_step);           // (B/(N K), in)
-    std::optional<typename Zero2<T, R>::NoSync> no_sync;  // only the last backward sends
-    if (micro_step < K - 1) no_sync.emplace(zero);
+    zero.set_require_sync(micro_step == K - 1);  // only the last backward sends
     Tape tape;
     Var loss = forward_loss(tape, step.model, batch);  // mean over this micro-batch
     loss_sum += loss->value[0];

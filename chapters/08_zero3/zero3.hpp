@@ -36,12 +36,11 @@
 #include <string>
 #include <vector>
 
-#include "chapters/08_zero3/desync.hpp"
+#include "chapters/08_zero3/layer_collectives.hpp"
 #include "chapters/08_zero3/layer_shard.hpp"
 #include "chapters/08_zero3/unused_layers.hpp"
 #include "common/checkpoint.hpp"
 #include "common/collectives.hpp"
-#include "common/comm_thread.hpp"
 #include "common/dist.hpp"
 #include "common/dist_eval.hpp"
 #include "common/padded_buffer.hpp"
@@ -73,8 +72,7 @@ template <Element T = float, Element R = T>
 class Zero3 {
  public:
   using Options = Zero3Options;
-  /// What a collective is for; part of the desync header.
-  enum Kind : uint32_t { kForwardGather, kBackwardGather, kReduceScatter, kStateGather };
+  using Kind = LayerCollective;  ///< what a collective is for (layer_collectives.hpp)
 
   /// Cuts every layer of `model` into shards and keeps this rank's, builds this rank's optimizer
   /// (--optimizer of `config` over its real shard elements, one unit per layer; in 16 bits the
@@ -93,16 +91,13 @@ class Zero3 {
     const int64_t total = layout_.shard_total, padding = total - layout_.shard_real;
     params_ = PaddedBufferOf<T>(total, padding, MemTag::parameters);
     grads_ = PaddedBufferOf<R>(total, padding, MemTag::gradients);
-    int64_t largest_chunk = 0;
     for (const LayerShard& s : layout_.layers) {  // this rank's real elements; padding stays 0
       if (s.real > 0)
         narrow_into(
             model.params_memory.span().subspan(s.offset + comm.rank() * s.shard_size, s.real),
             params_.span().subspan(s.shard_offset, s.real));
       s.layer->compute_dtype = dtype_of<T>();  // 16 bits: linear_half (16-bit inputs)
-      largest_chunk = std::max(largest_chunk, s.shard_size);
     }
-    scratch_ = BufferOf<R>(largest_chunk, MemTag::comm_buffers);  // (max s_l) the ring's chunk
     model.params_memory.release();                                // at rest: the shards only
     model.grads_memory.release();
     for (Parameter* p : model.parameters()) p->data = p->grad = Tensor();
@@ -163,7 +158,7 @@ class Zero3 {
   /// desync check makes sure), so it is one more collective, not an error.
   void finalize_backward() {
     finish_reduce_scatter();
-    comm_thread_.wait_all();
+    collectives_.wait_all();
     for (size_t l = 0; l < tickets_.size(); ++l)
       if (tickets_[l] != 0) release_parameters(static_cast<int>(l));  // prefetched, not run
     unused_layers_.check(layout_, options_.find_unused_parameters);
@@ -214,7 +209,7 @@ class Zero3 {
     use_gathered(l, kForwardGather);
     if (options_.prefetch && l + 1 < static_cast<int>(tickets_.size()) && !tickets_[l + 1])
       post_all_gather(l + 1, kForwardGather);  // moves while this layer computes
-    compute_start_ = now();
+    compute_start_ = collectives_.now();
   }
   void post_forward(int l) {
     trace_compute("forward " + name(l), "forward");
@@ -228,7 +223,7 @@ class Zero3 {
         Buffer(s.padded_size, MemTag::comm_buffers);  // (P_l) zeros: backward accumulates here
     s.layer->weight.grad = Tensor(full_grads_[l].data(), s.layer->weight.shape());
     s.layer->bias.grad = Tensor(full_grads_[l].data() + s.weight_numel, s.layer->bias.shape());
-    compute_start_ = now();
+    compute_start_ = collectives_.now();
   }
   void post_backward(int l) {
     unused_layers_.ran_backward(l);
@@ -238,7 +233,9 @@ class Zero3 {
     finish_reduce_scatter();  // the later layer's, posted one layer ago: usually done by now
     rs_layer_ = l;
     reducing_[l] = narrow_for_reduce<T, R>(full_grads_[l]);  // the gradient of T, in R
-    rs_ticket_ = post_reduce_scatter(l);
+    const LayerShard& s = layout_.layers[l];
+    rs_ticket_ = collectives_.reduce_scatter(
+        l, reducing_[l].span(), grads_.span().subspan(s.shard_offset, s.shard_size));
     if (!options_.prefetch || l == 0) finish_reduce_scatter();  // nothing left to overlap it with
   }
 
@@ -247,7 +244,7 @@ class Zero3 {
   void use_gathered(int l, Kind kind) {
     // BEGIN EXERCISE 08.1 (ZeRO-3: gather a layer before it computes)
     if (!tickets_[l]) post_all_gather(l, kind);
-    wait(tickets_[l], "wait all_gather " + name(l));
+    collectives_.wait(tickets_[l], "wait all_gather " + name(l));
     const LayerShard& s = layout_.layers[l];
     computing_[l] = widen_for_compute<T>(gathered_[l]);  // fp32: the same buffer; 16 bits: widened
     s.layer->weight.data = Tensor(computing_[l].data(), s.layer->weight.shape());
@@ -260,7 +257,7 @@ class Zero3 {
         s.padded_size, MemTag::comm_buffers);  // (P_l) the layer: all written by the gather
     std::copy_n(params_.data() + s.shard_offset, s.shard_size,
                 gathered_[l].data() + comm_.rank() * s.shard_size);
-    tickets_[l] = post_gather_into(l, kind, gathered_[l].span());
+    tickets_[l] = collectives_.all_gather(l, kind, gathered_[l].span());
   }
   void release_parameters(int l) {
     // BEGIN EXERCISE 08.1 (ZeRO-3: release a layer after it computed)
@@ -272,86 +269,15 @@ class Zero3 {
   }
   void finish_reduce_scatter() {
     if (!rs_ticket_) return;
-    wait(rs_ticket_, "wait reduce_scatter " + name(rs_layer_));
+    collectives_.wait(rs_ticket_, "wait reduce_scatter " + name(rs_layer_));
     reducing_[rs_layer_].release();
     rs_ticket_ = 0;
   }
 
-  // Queues job(), layer l's collective, on the communication thread behind the desync check,
-  // and returns its ticket; the trace records `bytes`.
-  template <class Job>
-  uint64_t submit(int l, Kind kind, int64_t bytes, Job job) {
-    static const char* labels[] = {"all_gather %s (forward)", "all_gather %s (backward)",
-                                   "reduce_scatter %s", "all_gather %s (state)"};
-    char label[96];
-    std::snprintf(label, sizeof label, labels[kind], name(l).c_str());
-    const uint32_t seq = seq_++;
-    Tracer* tracer = options_.tracer;
-    if (tracer)
-      tracer->instant(std::string("post ") + label, "zero3", Tracer::kMainTrack, {{"seq", seq}});
-    return comm_thread_.submit([this, l, kind, seq, bytes, tracer, job, what = std::string(label)] {
-      const double start = tracer ? tracer->now_us() : 0;
-      check_in_step(comm_, layout_, seq, l, kind);  // desync.hpp
-      job();
-      if (tracer)
-        tracer->complete(what, "comm", Tracer::kCommTrack, start, tracer->now_us() - start,
-                         {{"seq", seq}, {"bytes", bytes}});
-    });
-  }
-
-  // Layer l's all-gather: `layer` (P_l elements of E: the parameters' T, or fp32 optimizer
-  // state) holds this rank's chunk in place; every chunk is there when the ticket is done.
-  template <Element E>
-  uint64_t post_gather_into(int l, Kind kind, std::span<E> layer) {
-    const LayerShard& s = layout_.layers[l];
-    return submit(l, kind, element_bytes<E>() * s.padded_size, [this, &s, layer] {
-      if (options_.collectives == Collectives::ring)
-        return ring_all_gather(comm_, layer);  // chapter 04's second half
-      std::span<E> mine = layer.subspan(comm_.rank() * s.shard_size, s.shard_size);
-      std::span<E> chunk = scratch_as<E>().first(s.shard_size);  // MPI wants the input apart
-      std::copy(mine.begin(), mine.end(), chunk.begin());
-      mpi_all_gather(comm_, chunk, layer);
-    });
-  }
-
-  // Layer l's reduce-scatter of reducing_[l] (its gradient, in R): this rank's chunk of the sum,
-  // made the mean, is added to its gradient shard (so micro-steps accumulate there).
-  uint64_t post_reduce_scatter(int l) {
-    const LayerShard& s = layout_.layers[l];
-    std::span<R> layer = reducing_[l].span();
-    return submit(l, kReduceScatter, element_bytes<R>() * s.padded_size, [this, &s, layer] {
-      std::span<R> sum = layer.subspan(comm_.rank() * s.shard_size, s.shard_size);
-      if (options_.collectives == Collectives::ring) {
-        ring_reduce_scatter(comm_, layer, scratch_.span());  // chapter 04's first half: Σ in ours
-      } else {                                               // MPI wants the output apart
-        sum = scratch_.span().first(s.shard_size);
-        mpi_reduce_scatter(comm_, layer, sum);
-      }
-      mean_of_sum<T, R>(sum, comm_.world_size());  // fp32: ÷N; 16 bits: pre-divided
-      add_into(grads_.span().subspan(s.shard_offset, s.shard_size), std::span<const R>(sum));
-    });
-  }
-  // The ring's scratch as E (MPI's collectives want their input or output apart): ours when E is
-  // R; empty otherwise (16-bit runs use the ring, which needs none for an all-gather).
-  template <class E>
-  std::span<E> scratch_as() {
-    if constexpr (std::is_same_v<E, R>)
-      return scratch_.span();
-    else
-      return {};
-  }
-
-  void wait(uint64_t ticket, const std::string& label) {
-    const double start = now();
-    comm_thread_.wait(ticket);
-    if (options_.tracer)
-      options_.tracer->complete(label, "wait", Tracer::kMainTrack, start, now() - start);
-  }
-  double now() const { return options_.tracer ? options_.tracer->now_us() : 0; }
   void trace_compute(const std::string& label, const char* cat) {
     if (options_.tracer)
       options_.tracer->complete(label, cat, Tracer::kMainTrack, compute_start_,
-                                now() - compute_start_);
+                                collectives_.now() - compute_start_);
   }
 
   Communicator& comm_;
@@ -370,12 +296,11 @@ class Zero3 {
   UnusedLayers unused_layers_;     // which layers ran their backward in this step
   uint64_t rs_ticket_ = 0;         // the reduce-scatter in flight (at most one), of layer rs_layer_
   int rs_layer_ = -1;
-  uint32_t seq_ = 0;  // collectives posted so far: the desync header's number
   double compute_start_ = 0;
-  BufferOf<R> scratch_;  // (max s_l) the ring's incoming chunk
   std::shared_ptr<Zero3*> alive_ =
       std::make_shared<Zero3*>(this);  // what the layer hooks reach us by
-  CommThread comm_thread_;  // last: destroyed (drained) first, while everything above lives
+  // Last: its communication thread drains first, while everything above lives.
+  LayerCollectives<T, R> collectives_{comm_, layout_, options_.collectives, options_.tracer};
 };
 
 }  // namespace ringzero

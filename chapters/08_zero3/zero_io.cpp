@@ -65,7 +65,7 @@ std::string Zero3<T, R>::ledger_formula() const {
               : "max(" + std::to_string(element_bytes<T>()) + "P_l-1 + 8P_l + " +
                     std::to_string(element_bytes<R>()) + "P_l+1) = ") +
          std::to_string(in_flight_peak_bytes()) + " B + one ring chunk " +
-         std::to_string(scratch_.bytes()) + " B";
+         std::to_string(collectives_.scratch_bytes()) + " B";
 }
 
 /// Every forward now makes collectives, so every rank must run as many forwards as the
@@ -99,7 +99,7 @@ EvalResult Zero3<T, R>::evaluate(const Dataset& test) {
 }
 
 /// `of(l)`: the real elements of layer l's shard, of the parameters or of an optimizer state.
-/// Each layer goes through post() as a kStateGather, behind the desync check.
+/// Each layer goes through layer_collectives.hpp as a kStateGather, behind the desync check.
 template <Element T, Element R>
 std::map<std::string, NamedTensor> Zero3<T, R>::gather_full(
     const std::function<std::span<const float>(size_t)>& of, const std::string& suffix) {
@@ -109,7 +109,7 @@ std::map<std::string, NamedTensor> Zero3<T, R>::gather_full(
     Buffer full(s.padded_size, MemTag::comm_buffers);  // (P_l) one layer
     std::span<const float> mine = of(l);
     std::copy(mine.begin(), mine.end(), full.data() + comm_.rank() * s.shard_size);
-    comm_thread_.wait(post_gather_into(static_cast<int>(l), kStateGather, full.span()));
+    collectives_.wait(collectives_.all_gather(static_cast<int>(l), kStateGather, full.span()), "");
     for (auto [p, begin] :
          {std::pair{&s.layer->weight, int64_t{0}}, std::pair{&s.layer->bias, s.weight_numel}})
       out[p->name() + suffix] = {p->shape(),

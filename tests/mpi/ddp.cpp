@@ -50,11 +50,10 @@ void backward(Model& model, const Batch& batch) {
 std::vector<float> reference_gradients(Communicator& comm, Model& model, DDP& ddp,
                                        const Batch& batch) {
   model.zero_grad();
-  {
-    auto no_sync = ddp.no_sync();
-    backward(model, batch);
-    ddp.finalize_backward();  // inside no_sync: does nothing
-  }
+  ddp.set_require_sync(false);
+  backward(model, batch);
+  ddp.finalize_backward();  // without sync: does nothing
+  ddp.set_require_sync(true);
   std::vector<float> ref(model.grads_memory.span().begin(), model.grads_memory.span().end());
   for (const Bucket& b : ddp.buckets()) {
     std::span<float> g = std::span<float>(ref).subspan(b.offset, b.size);
@@ -175,11 +174,12 @@ TEST_CASE("one synchronised backward moves the ring's bytes per bucket; no_sync 
   model.zero_grad();
   comm.reset_counters();
   INFO("rank " << r << " of " << N << ", " << ddp.buckets().size() << " buckets");
+  ddp.set_require_sync(false);
   for (int micro_step = 0; micro_step < 3; ++micro_step) {
-    auto no_sync = ddp.no_sync();
     backward(model, batch);
     ddp.finalize_backward();
   }
+  ddp.set_require_sync(true);
   {
     INFO("3 backwards inside no_sync: bytes and messages this rank sent (expected none)");
     REQUIRE(comm.training_traffic().bytes_sent == 0);
@@ -212,10 +212,9 @@ TEST_CASE("no_sync accumulation then one synchronised backward equals the refere
   std::vector<Batch> batches;
   for (int k = 0; k < 3; ++k) batches.push_back(rank_batch(12, 64, 8, 10 * comm.rank() + k));
   model.zero_grad();
-  {
-    auto no_sync = ddp.no_sync();
-    for (const Batch& b : batches) backward(model, b);
-  }
+  ddp.set_require_sync(false);
+  for (const Batch& b : batches) backward(model, b);
+  ddp.set_require_sync(true);
   std::vector<float> ref(model.grads_memory.span().begin(), model.grads_memory.span().end());
   for (const Bucket& b : ddp.buckets()) {
     std::span<float> g = std::span<float>(ref).subspan(b.offset, b.size);
@@ -224,8 +223,7 @@ TEST_CASE("no_sync accumulation then one synchronised backward equals the refere
   }
   model.zero_grad();
   for (int k = 0; k < 3; ++k) {
-    std::optional<DDP::NoSync> no_sync;
-    if (k < 2) no_sync.emplace(ddp);
+    ddp.set_require_sync(k == 2);  // the last of 3 micro-steps sends
     backward(model, batches[k]);
     ddp.finalize_backward();
   }
@@ -275,10 +273,9 @@ TEST_CASE("with find_unused_parameters an unused parameter counts as a zero grad
           fp32);
   const Batch batch = rank_batch(6, 8, 4, comm.rank());
   model.zero_grad();
-  {
-    auto no_sync = ddp.no_sync();
-    backward_skipping_layer2(model, batch);
-  }
+  ddp.set_require_sync(false);
+  backward_skipping_layer2(model, batch);
+  ddp.set_require_sync(true);
   std::vector<float> ref(model.grads_memory.span().begin(), model.grads_memory.span().end());
   for (const Bucket& b : ddp.buckets()) {
     std::span<float> g = std::span<float>(ref).subspan(b.offset, b.size);

@@ -75,12 +75,8 @@ void zero_test_backward(const ZeroCase& c, Model& model, Wrapper& wrapper, int r
       out.losses.push_back(loss->value[0]);
       tape.backward(loss, 1.0f / static_cast<float>(c.grad_accum_steps));
     };
-    if (k + 1 < c.grad_accum_steps) {
-      auto no_sync = wrapper.no_sync();
-      backward();
-    } else {
-      backward();
-    }
+    wrapper.set_require_sync(k + 1 == c.grad_accum_steps);  // only the last backward sends
+    backward();
   }
   wrapper.finalize_backward();
 }

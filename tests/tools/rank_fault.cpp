@@ -27,6 +27,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,16 +50,17 @@ struct BucketOrderFault {
   // order[k]: the bucket this rank launches k-th (a permutation of the plan's buckets).
   template <class D>
   static void install(D& d, Model& model, std::vector<int> order) {
+    BucketReadiness& r = readiness(d.readiness_);
     const auto& params = model.parameters();
     for (size_t i = 0; i < params.size(); ++i) {
       params[i]->clear_grad_ready_hooks();
-      params[i]->add_grad_ready_hook([&d, i, order](Parameter&) {
-        if (!d.require_sync_) return;
-        d.ready_[i] = 1;
-        --d.pending_[d.bucket_of_[i]];
-        while (d.next_bucket_ < static_cast<int>(order.size()) &&
-               d.pending_[order[d.next_bucket_]] == 0)
-          d.launch(order[d.next_bucket_++]);
+      params[i]->add_grad_ready_hook([&r, i, order](Parameter&) {
+        if (!r.require_sync_) return;
+        r.ready_[i] = 1;
+        --r.pending_[r.bucket_of_[i]];
+        while (r.next_bucket_ < static_cast<int>(order.size()) &&
+               r.pending_[order[r.next_bucket_]] == 0)
+          r.launch_(order[r.next_bucket_++]);
       });
     }
   }
@@ -66,6 +68,8 @@ struct BucketOrderFault {
   static std::vector<int64_t> sizes(const D& d) {
     return bucket_sizes(d.buckets_);
   }
+  static BucketReadiness& readiness(BucketReadiness& r) { return r; }
+  static BucketReadiness& readiness(std::optional<BucketReadiness>& r) { return *r; }
 };
 
 }  // namespace ringzero

@@ -1,0 +1,108 @@
+// layer_collectives: ZeRO-3's collectives on one Linear layer, queued on the communication
+// thread. A layer's padded parameters or gradient (P_l = N s_l elements, layer_shard.hpp) is a
+// bucket of N chunks of s_l, so the ring or MPI work is chapter 06's (bucket_collectives.hpp);
+// what is ZeRO-3's here: each collective is numbered and, before its data, swaps a header with
+// its ring neighbours (desync.hpp), and a reduce-scatter adds this rank's chunk of the mean into
+// its gradient shard, so micro-steps accumulate there. The engine (zero3.hpp) decides when.
+// Leaves out: prefetching decisions and buffer lifetimes (zero3.hpp).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <span>
+#include <string>
+#include <type_traits>
+
+#include "chapters/06_zero1/bucket_collectives.hpp"
+#include "chapters/08_zero3/desync.hpp"
+#include "chapters/08_zero3/layer_shard.hpp"
+#include "common/comm_queue.hpp"
+#include "common/padded_buffer.hpp"
+#include "common/shard_buffers.hpp"
+
+namespace ringzero {
+
+/// What a ZeRO-3 collective is for; part of the desync header (desync.hpp).
+enum LayerCollective : uint32_t { kForwardGather, kBackwardGather, kReduceScatter, kStateGather };
+
+/// The collectives of ZeRO-3 with element types T (parameters) and R (gradients), on the
+/// layers of `layout`. Collective: every rank posts the same collectives in the same order.
+template <Element T, Element R>
+class LayerCollectives {
+ public:
+  /// comm and layout must outlive it. tracer: optional (comm_queue.hpp).
+  LayerCollectives(Communicator& comm, const LayerLayout& layout, Collectives collectives,
+                   Tracer* tracer)
+      : comm_(comm), layout_(layout), collectives_(collectives), queue_(tracer) {
+    int64_t largest_chunk = 0;
+    for (const LayerShard& s : layout.layers) largest_chunk = std::max(largest_chunk, s.shard_size);
+    scratch_ = BufferOf<R>(largest_chunk, MemTag::comm_buffers);  // (max s_l) the ring's chunk
+  }
+
+  /// Queues layer l's all-gather: `layer` (P_l elements of E: the parameters' T, or fp32
+  /// optimizer state) holds this rank's chunk in place; every chunk is there when the returned
+  /// ticket is done.
+  template <Element E>
+  uint64_t all_gather(int l, LayerCollective kind, std::span<E> layer) {
+    const LayerShard& s = layout_.layers[l];
+    return submit(l, kind, element_bytes<E>() * s.padded_size, [this, &s, layer] {
+      all_gather_bucket(comm_, layer, s.shard_size, scratch_as<E>(), collectives_);
+    });
+  }
+
+  /// Queues layer l's reduce-scatter of `layer` (its gradient, P_l elements of R): this rank's
+  /// chunk of the sum, made the mean (mean_of_sum<T, R>), is added to `shard` (s_l elements).
+  uint64_t reduce_scatter(int l, std::span<R> layer, std::span<R> shard) {
+    const LayerShard& s = layout_.layers[l];
+    return submit(l, kReduceScatter, element_bytes<R>() * s.padded_size, [this, &s, layer, shard] {
+      std::span<R> sum = reduce_scatter_bucket(comm_, layer, s.shard_size, scratch_.span(),
+                                               collectives_);  // chapter 06's
+      mean_of_sum<T, R>(sum, comm_.world_size());  // fp32: ÷N; 16 bits: pre-divided
+      add_into(shard, std::span<const R>(sum));
+    });
+  }
+
+  /// Waits for `ticket` (traced as `label` on the main track); rethrows a collective's error.
+  void wait(uint64_t ticket, const std::string& label) { queue_.wait(ticket, label); }
+  void wait_all() { queue_.wait_all(); }
+  /// The tracer's clock (0 without one), for the engine's compute spans.
+  double now() const { return queue_.now(); }
+  /// Bytes of the ring's chunk buffer (the ledger's formula line).
+  int64_t scratch_bytes() const { return scratch_.bytes(); }
+
+ private:
+  // Queues job() on the communication thread behind the desync check; the trace records bytes.
+  template <class Job>
+  uint64_t submit(int l, LayerCollective kind, int64_t bytes, Job job) {
+    static const char* labels[] = {"all_gather %s (forward)", "all_gather %s (backward)",
+                                   "reduce_scatter %s", "all_gather %s (state)"};
+    char label[96];
+    std::snprintf(label, sizeof label, labels[kind], layout_.layers[l].layer->name().c_str());
+    const uint32_t seq = seq_++;
+    return queue_.submit({.name = label,
+                          .args = {{"seq", seq}, {"bytes", bytes}},
+                          .posted = std::string("post ") + label,
+                          .category = "zero3",
+                          .posted_args = {{"seq", seq}}},
+                         [this, l, kind, seq] { check_in_step(comm_, layout_, seq, l, kind); },
+                         job);
+  }
+  // The scratch as E (MPI's collectives want their input or output apart): ours when E is R;
+  // empty otherwise (16-bit runs use the ring, which needs none for an all-gather).
+  template <class E>
+  std::span<E> scratch_as() {
+    if constexpr (std::is_same_v<E, R>)
+      return scratch_.span();
+    else
+      return {};
+  }
+
+  Communicator& comm_;
+  const LayerLayout& layout_;
+  Collectives collectives_;
+  BufferOf<R> scratch_;
+  uint32_t seq_ = 0;  // collectives posted so far: the desync header's number
+  CommQueue queue_;   // last: drained first, while everything above lives
+};
+
+}  // namespace ringzero
