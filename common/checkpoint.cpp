@@ -262,7 +262,7 @@ void Checkpointer::save(const TrainingState& state, const TrainPosition& pos,
     } else {
       m["optimizer_state"] = {{"type", "adamw"}};
     }
-    if (state.scaler != nullptr)  // fp16: torch's GradScaler.state_dict() keeps the same
+    if (state.scaler != nullptr)  // fp16: torch's state_dict() has scale, _growth_tracker too
       m["loss_scaler"] = {{"scale", state.scaler->scale()},
                           {"growth_tracker", state.scaler->growth_tracker()},
                           {"skipped_steps", state.scaler->skipped_steps()}};

@@ -23,7 +23,8 @@
 // Then rank 0 keeps the newest --keep-checkpoints K and removes the rest.
 // A 16-bit run saves the same fields: "params" are its fp32 master weights, with their AdamW
 // moments, and fp16's loss scaler goes to the manifest; resuming rounds the 16-bit parameters
-// from the masters, as each step does, so the run goes on bit for bit (at any world size).
+// from the masters, as each step does: bit for bit at the same world size, and at another one
+// the same loaded state, as in fp32.
 // Leaves out: asynchronous saving, object stores, files in dtypes other than float32.
 #pragma once
 

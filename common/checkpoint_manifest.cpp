@@ -3,6 +3,7 @@
 // CRC-32 (seal_manifest, check_manifest_seal). Used by checkpoint_read.cpp (read_checkpoint)
 // and, for the seal, by every writer of a manifest; docs/checkpoints.md has the format.
 #include <cctype>
+#include <cfloat>
 #include <climits>
 #include <cstdio>
 #include <cmath>
@@ -79,10 +80,18 @@ void check_manifest_fields(const nlohmann::json& m, const std::string& mpath) {
     if (!m.contains("loss_scaler") || !m["loss_scaler"].is_object())
       fail_field("loss_scaler", "an object (an fp16 run's)");
     const nlohmann::json& ls = m["loss_scaler"];
-    if (!ls.contains("scale") || !ls["scale"].is_number() || !(ls["scale"].get<double>() > 0) ||
-        !std::isfinite(ls["scale"].get<double>()) || ls["scale"].get<double>() > 3.4e38)
-      fail_field("loss_scaler.scale", "a finite positive number");
-    integer(ls, "growth_tracker", "loss_scaler.", 0);
+    // A power of two in float's normal range: every scaling by it, or by its inverse, is exact
+    // (grad_scaler.hpp), as a scale only ever grown by 2 and halved from 2^16 is.
+    const double scale = ls.contains("scale") && ls["scale"].is_number() ? ls["scale"].get<double>()
+                                                                          : -1.0;
+    int exponent = 0;
+    if (!(scale >= FLT_MIN && scale <= FLT_MAX) || std::frexp(scale, &exponent) != 0.5)
+      fail_field("loss_scaler.scale", "a power of two within float's normal range");
+    if (integer(ls, "growth_tracker", "loss_scaler.", 0) >= GradScalerOptions{}.growth_interval)
+      fail_field("loss_scaler.growth_tracker",
+                 ("below the growth interval, " +
+                  std::to_string(GradScalerOptions{}.growth_interval))
+                     .c_str());
     integer(ls, "skipped_steps", "loss_scaler.", 0);
   }
   array(m, "fields", "");

@@ -39,10 +39,11 @@ bool GradScaler::update(bool found_inf) {
 void GradScaler::load_state(float scale, int64_t growth_tracker, int64_t skipped_steps) {
   RZ_CHECK(std::isfinite(scale) && scale > 0,
            "GradScaler: a saved scale of " << scale << " (finite and positive expected)");
-  RZ_CHECK(growth_tracker >= 0 && growth_tracker < options_.growth_interval && skipped_steps >= 0,
-           "GradScaler: a saved growth tracker of "
-               << growth_tracker << " (0.." << options_.growth_interval - 1
-               << " expected) or skipped steps of " << skipped_steps << " (>= 0 expected)");
+  RZ_CHECK(growth_tracker >= 0 && growth_tracker < options_.growth_interval,
+           "GradScaler: a saved growth tracker of " << growth_tracker << " (0.."
+                                                    << options_.growth_interval - 1 << " expected)");
+  RZ_CHECK(skipped_steps >= 0,
+           "GradScaler: a saved count of " << skipped_steps << " skipped steps (>= 0 expected)");
   scale_ = scale;
   growth_tracker_ = growth_tracker;
   skipped_ = skipped_steps;

@@ -20,43 +20,26 @@ namespace ringzero {
 
 namespace {
 
-// --precision / --reduce-dtype (registered with the shared flags, config.cpp): which chapters
-// train in 16 bits so far. A chapter not yet wired refuses, naming the flag, rather than
-// silently training in fp32.
+// --precision / --reduce-dtype (registered with the shared flags, config.cpp): the pairs every
+// chapter trains with (with_precision.hpp builds the engine for them), checked once, before any
+// chapter is built, naming the flag and the fix.
 class PrecisionCheck : public Extension {
  public:
   void validate(const RunState& s) override {
-    const std::string& name = s.chapter.name;
-    const bool wired = name == "01_training_loop" || name == "02_gradient_accumulation" ||
-                       name == "03_data_parallel" || name == "04_ring_allreduce" ||
-                       name == "05_ddp_buckets" || name == "06_zero1" || name == "07_zero2" ||
-                       name == "08_zero3";
-    RZ_CHECK(s.config.precision == "fp32" || wired,
-             "--precision " << s.config.precision << ": chapter " << name
-                            << " trains in fp32 only so far (16 bits: every chapter); drop "
-                            << "--precision or use --precision fp32");
+    const TrainConfig& c = s.config;
     // One process sums no gradients across ranks: only the --precision's own dtype is a no-op.
-    RZ_CHECK(s.config.reduce_dtype.empty() || s.chapter.distributed ||
-                 s.config.reduce_dtype == s.config.precision,
-             "--reduce-dtype " << s.config.reduce_dtype << ": chapter " << name
+    RZ_CHECK(c.reduce_dtype.empty() || s.chapter.distributed || c.reduce_dtype == c.precision,
+             "--reduce-dtype " << c.reduce_dtype << ": chapter " << s.chapter.name
                                << " runs on one process and reduces no gradients across ranks; "
                                   "drop --reduce-dtype");
-    // Wired chapters sum in the parameters' dtype or in fp32 (16-bit sums of fp32 parameters,
-    // or fp16 sums of bf16 ones, are not offered).
-    RZ_CHECK(s.config.reduce_dtype.empty() || !wired || s.config.reduce_dtype == "fp32" ||
-                 s.config.reduce_dtype == s.config.precision,
-             "--reduce-dtype " << s.config.reduce_dtype << " with --precision "
-                               << s.config.precision
+    // Gradients are summed in the parameters' dtype or in fp32 (16-bit sums of fp32
+    // parameters, or fp16 sums of bf16 ones, are not offered).
+    RZ_CHECK(c.reduce_dtype.empty() || c.reduce_dtype == "fp32" || c.reduce_dtype == c.precision,
+             "--reduce-dtype " << c.reduce_dtype << " with --precision " << c.precision
                                << ": gradients are summed in the parameters' dtype or in fp32; "
-                               << (s.config.precision == "fp32"
-                                       ? "drop --reduce-dtype, or add --precision " +
-                                             s.config.reduce_dtype
-                                       : "use --reduce-dtype " + s.config.precision + " or fp32"));
-    // fp32 is what the chapters not yet wired reduce in: asking for it is accepted.
-    RZ_CHECK(s.config.reduce_dtype.empty() || wired || s.config.reduce_dtype == "fp32",
-             "--reduce-dtype " << s.config.reduce_dtype << ": chapter " << name
-                               << " has no 16-bit gradient reduction yet (16 bits: chapters "
-                                  "01-07); drop --reduce-dtype");
+                               << (c.precision == "fp32"
+                                       ? "drop --reduce-dtype, or add --precision " + c.reduce_dtype
+                                       : "use --reduce-dtype " + c.precision + " or fp32"));
   }
 };
 
@@ -77,7 +60,8 @@ std::vector<std::unique_ptr<Extension>> extensions() {
 Run::Run(int argc, char** argv, Chapter chapter)
     : argc_(argc), argv_(argv), chapter_(std::move(chapter)), extensions_(extensions()) {
   if (chapter_.distributed) comm_ = std::make_unique<Communicator>(argc_, argv_);
-  cli_.app.description("RingZero chapter " + chapter_.name.substr(0, 2) + ": " + chapter_.title);
+  cli_.app.description("RingZero chapter " + chapter_.name.substr(0, chapter_.name.find('_')) +
+                       ": " + chapter_.title);  // the folder's number
   add_train_flags(cli_.app, config_, chapter_.grad_accum);
   if (chapter_.trace) {
     cli_.app.add_option("--trace", trace_path_,

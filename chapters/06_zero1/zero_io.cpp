@@ -70,7 +70,7 @@ int64_t Zero1<T, R>::nonzero_padding() const {
 template <Element T, Element R>
 TrainingState Zero1<T, R>::training_state() {
   return bucket_training_state(model_, layout_, comm_.rank(), optimizer_, params_.span(),
-                               "06_zero1", 6);
+                               "06_zero1", 1);
 }
 
 template class Zero1<float, float>;

@@ -93,7 +93,7 @@ int64_t Zero2<T, R>::nonzero_padding() const {
 template <Element T, Element R>
 TrainingState Zero2<T, R>::training_state() {
   return bucket_training_state(model_, layout_, comm_.rank(), optimizer_, params_.span(),
-                               "07_zero2", 7);
+                               "07_zero2", 2);
 }
 
 template class Zero2<float, float>;

@@ -128,3 +128,28 @@ for ch in 06_zero1 07_zero2 08_zero3; do
   bitwise x05_part.safetensors x05_load_$ch.safetensors
 done
 echo "ok: a chapter 05 bf16 checkpoint loads into 06, 07, 08 bitwise"
+
+# A hand-edited loss scaler (the manifest re-sealed) is refused naming its field, before any
+# step: a scale that is not a power of two in float's normal range (1e-40 would be a denormal
+# and end in a NaN loss that blames the learning rate), a growth tracker past the interval.
+edit_scaler() {  # edit_scaler NAME KEY VALUE: a copy of f16_ck3's step 10 with loss_scaler.KEY = VALUE
+  local d="$WORK/edit_$1"
+  cp -r "$WORK/f16_ck3/step_00000010" "$d"
+  python3 - "$d/manifest.json" "$2" "$3" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1])); m["loss_scaler"][sys.argv[2]] = json.loads(sys.argv[3])
+open(sys.argv[1], "w").write(json.dumps(m, indent=2))
+PY
+  reseal_manifest "$d/manifest.json"
+  echo "$d"
+}
+for bad in "tiny scale 1e-40" "odd scale 100.0" "zero scale 0"; do
+  set -- $bad
+  d=$(edit_scaler "$1" "$2" "$3")
+  fails "scaler_$1" 3 ch07_zero2 "field loss_scaler.scale is missing or not a power of two" \
+    "${common[@]}" --precision fp16 --bucket-cap-mb 0.02 --max-steps 12 --resume "$d"
+done
+d=$(edit_scaler tracker growth_tracker 2000)
+fails scaler_tracker 3 ch07_zero2 "field loss_scaler.growth_tracker is missing or not below the growth interval, 2000" \
+  "${common[@]}" --precision fp16 --bucket-cap-mb 0.02 --max-steps 12 --resume "$d"
+echo "ok: edited loss scalers refused, naming the field"
