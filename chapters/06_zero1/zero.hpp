@@ -13,8 +13,8 @@
 // The same bytes on the wire as DDP and the same sums in the same order (bit for bit,
 // shard.hpp); 1/N of the optimizer state and work: model states 4Ψ + 4Ψ + 8Ψ/N. The gradients
 // stay whole (keeping only the shard is chapter 07). Every rank stays in step by chapter 05's
-// rules (ddp.hpp: "Rules that keep every rank in step", "Unused parameters"), reduce-scatter
-// in place of all-reduce; with --check-collectives each reduce-scatter is first checked across
+// rules, used as they are (readiness.hpp: "Rules that keep every rank in step", "Unused
+// parameters"), reduce-scatter in place of all-reduce; with --check-collectives each reduce-scatter is first checked across
 // ranks (common/collective_check.hpp; the all-gathers of step() run in a fixed loop). Leaves out:
 // bucket rebuilding, comm hooks, static graphs, broadcast buffers, overlapping the all-gather with
 // the next forward (DeepSpeed's prefetch).

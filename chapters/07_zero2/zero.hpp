@@ -14,7 +14,7 @@
 // Same traffic, same sums: bit for bit chapters 05 and 06. With K > 1 the buckets stay through
 // no_sync() and accumulate as in DDP (the full 4Ψ lives again: one reduce per step); DeepSpeed
 // reduce-scatters every micro-step instead (4Ψ/N, K times the traffic, not bitwise).
-// Every rank stays in step by chapter 05's rules (ddp.hpp: "Rules that keep every rank in
+// Every rank stays in step by chapter 05's readiness.hpp ("Rules that keep every rank in
 // step", "Unused parameters"), reduce-scatter in place of all-reduce; --check-collectives checks
 // each reduce-scatter across ranks first (common/collective_check.hpp). Leaves out: what chapter
 // 06's zero.hpp leaves out.

@@ -1,5 +1,5 @@
 // Unused layers: a layer whose backward ran in no micro-step of a step is ZeRO-3's unused
-// parameter, and means what one means in chapters 05-07 (chapter 05's ddp.hpp, "Unused
+// parameter, and means what one means in chapters 05-07 (chapter 05's readiness.hpp, "Unused
 // parameters"; PyTorch's find_unused_parameters). Its gradient shard got nothing, so the
 // optimizer would step it with a zero gradient without saying so: by default every rank fails,
 // naming its parameters, with DDP's message; with find_unused_parameters the zero gradient is
