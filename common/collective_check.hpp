@@ -1,8 +1,8 @@
 // collective_check: every rank checks, before each collective, that its neighbour is about to
 // run the same one (issue 9, item 7).
 //
-// Chapters 05-08 launch their collectives from hooks on a communication thread (ddp.hpp,
-// zero.hpp, zero3.hpp). The launch order is a rule of the code (buckets in plan order, layers in
+// Chapters 05-08 launch their collectives from hooks on a communication thread (readiness.hpp,
+// ddp.hpp, zero.hpp, zero3.hpp, layer_collectives.hpp). The launch order is a rule of the code (buckets in plan order, layers in
 // tape order), not something MPI checks: a rank that launches bucket 2 where the others launch
 // bucket 0 pairs an all-reduce of one length with one of another (a crash inside MPI, or a
 // hang), and a rank that swaps two buckets of equal length exchanges the wrong gradients and

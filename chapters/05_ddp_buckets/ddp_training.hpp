@@ -3,8 +3,8 @@
 //
 // Provides: DDPTraining (the replicated optimizer and the DDP wrapper), its Flags and
 // train_step().
-// Leaves out: the bucket plan (buckets.hpp) and the hooks and communication thread (ddp.hpp), the
-// precision (common/precision.hpp).
+// Leaves out: the bucket plan (buckets.hpp), the hooks (readiness.hpp), the all-reduce
+// (ddp.hpp), the precision (common/precision.hpp).
 #pragma once
 
 #include <string>

@@ -4,7 +4,7 @@
 // On the padded bucket (shard.hpp) every ring chunk is exactly one shard, so rank r's chunk
 // after the reduce-scatter is its shard, summed in the same ring order as chapter 05's
 // all-reduce of the unpadded bucket. Chapters 06 and 07 call these once per bucket.
-// Leaves out: the layout (shard.hpp), chapter 08's per-layer collectives (zero3.hpp).
+// Leaves out: the layout (shard.hpp), chapter 08's per-layer queueing (layer_collectives.hpp).
 #pragma once
 
 #include <algorithm>

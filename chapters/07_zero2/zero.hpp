@@ -12,8 +12,9 @@
 // for it if needed), finalize_backward() frees the rest. So at most two buckets exist at once
 // (DeepSpeed's double-buffered reduce bucket): model states 4Ψ + (4Ψ + 8Ψ)/N plus two buckets.
 // Same traffic, same sums: bit for bit chapters 05 and 06. With K > 1 the buckets stay through
-// no_sync() and accumulate as in DDP (the full 4Ψ lives again: one reduce per step); DeepSpeed
-// reduce-scatters every micro-step instead (4Ψ/N, K times the traffic, not bitwise).
+// set_require_sync(false) (no_sync) and accumulate as in DDP (the full 4Ψ lives again: one
+// reduce per step); DeepSpeed reduce-scatters every micro-step instead (4Ψ/N, K times the
+// traffic, not bitwise).
 // Every rank stays in step by chapter 05's readiness.hpp ("Rules that keep every rank in
 // step", "Unused parameters"), reduce-scatter in place of all-reduce; --check-collectives checks
 // each reduce-scatter across ranks first (common/collective_check.hpp). Leaves out: what chapter
