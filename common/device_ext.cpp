@@ -4,6 +4,7 @@
 
 #include "check.hpp"
 #include "collectives.hpp"
+#include "engine_description.hpp"
 
 namespace ringzero {
 
@@ -15,43 +16,40 @@ bool given(CLI::App* app, const std::string& name) {
   return option != nullptr && option->count() > 0;
 }
 
-// What chapter `name`'s step does on the GPU, from its lesson object: the collectives it
-// chose, its buckets (05: the sizes it posts, backward order, tiling the model from its end;
-// 06-07: its padded layout), its layers (08).
+// What the chapter's step does on the GPU. Chapters 05-08 from their engine's description
+// (common/engine_description.hpp): the collectives, DDP's buckets (the sizes it posts, backward
+// order, tiling the model from its end), ZeRO's stage, prefetch and units with their padding.
+// Chapters 03-04, which have no engine description yet, by their folder number (issue 27
+// replaces this planner by the chapters' own code on a device backend).
 DevicePlan plan_for(const RunState& state) {
   const std::string number = state.chapter.name.substr(0, 2);
   Lesson& lesson = *state.lesson;
-  const nlohmann::json fields = lesson.summary_fields();
   DevicePlan plan;
-  plan.ring = fields.value("collectives", "ring") == "ring";
-  if (number == "03") {
-    plan.kind = DevicePlan::Kind::central;
-  } else if (number == "04") {
-    plan.kind = DevicePlan::Kind::all_reduce;
-  } else if (number == "05") {
+  const std::optional<EngineDescription> d = lesson.description();
+  if (!d) {
+    plan.ring = lesson.summary_fields().value("collectives", "ring") == "ring";
+    RZ_CHECK(number == "03" || number == "04",
+             "--device cuda: chapter " << state.chapter.name << " has no GPU step");
+    plan.kind = number == "03" ? DevicePlan::Kind::central : DevicePlan::Kind::all_reduce;
+    return plan;
+  }
+  plan.ring = d->collectives == Collectives::ring;
+  if (d->zero_stage == 0) {
     plan.kind = DevicePlan::Kind::buckets;
     int64_t end = state.model->num_parameters();
-    for (double size : lesson.comm_schedule().sizes) {
-      const auto n = static_cast<int64_t>(size);
+    for (int64_t n : d->unit_sizes) {
       plan.ranges.push_back({end - n, n, 0});
       end -= n;
     }
-    RZ_CHECK(end == 0, "chapter 05's buckets cover " << state.model->num_parameters() - end
-                                                     << " of " << state.model->num_parameters()
-                                                     << " parameters");
-  } else {
-    RZ_CHECK(number == "06" || number == "07" || number == "08",
-             "--device cuda: chapter " << state.chapter.name << " has no GPU step");
-    plan.kind = DevicePlan::Kind::zero;
-    plan.zero_stage = fields.at("zero_stage").get<int>();
-    plan.prefetch = fields.value("prefetch", true);
-    const nlohmann::json layout = lesson.training_state(*state.model).layout;
-    const bool layers = plan.zero_stage == 3;
-    for (const auto& r : layout.at(layers ? "layers" : "buckets"))
-      plan.ranges.push_back({r.at("offset").get<int64_t>(),
-                             r.at(layers ? "numel" : "size").get<int64_t>(),
-                             r.at("padding").get<int64_t>()});
+    RZ_CHECK(end == 0, "DDP's buckets cover " << state.model->num_parameters() - end << " of "
+                                              << state.model->num_parameters() << " parameters");
+    return plan;
   }
+  plan.kind = DevicePlan::Kind::zero;
+  plan.zero_stage = d->zero_stage;
+  plan.prefetch = d->prefetch.value_or(true);
+  for (const ShardUnit& u : d->units)
+    plan.ranges.push_back({u.offset, u.size, d->world_size * u.shard_size - u.size});
   return plan;
 }
 

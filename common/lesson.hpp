@@ -24,6 +24,7 @@
 #include "cost_model.hpp"
 #include "dist.hpp"
 #include "dist_eval.hpp"
+#include "engine_description.hpp"
 #include "finite_check.hpp"
 #include "safetensors.hpp"
 #include "trace.hpp"
@@ -88,6 +89,9 @@ class Lesson {
   /// What the step's communication overlaps, for the cost model (cost_model.hpp): none, by
   /// default (communicate, then compute).
   virtual CommSchedule comm_schedule() const { return {}; }
+  /// What the lesson's data-parallel engine is, as data (chapters 05-08: EngineLesson); nullopt
+  /// for the chapters without one.
+  virtual std::optional<EngineDescription> description() const { return std::nullopt; }
   /// The chapter's own fields of the summary record ("collectives", "buckets", "zero_stage"...).
   virtual nlohmann::json summary_fields() const { return nlohmann::json::object(); }
   /// The full model's parameters for --save-final, on every rank; collective where the

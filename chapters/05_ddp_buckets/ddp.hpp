@@ -31,9 +31,12 @@
 #include "common/collective_check.hpp"
 #include "common/collectives.hpp"
 #include "common/comm_queue.hpp"
+#include "common/engine_description.hpp"
+#include "common/metrics.hpp"
 #include "common/precision.hpp"
 #include "common/train.hpp"
 #include "common/trace.hpp"
+#include "common/zero_memory.hpp"
 
 namespace ringzero {
 
@@ -48,16 +51,16 @@ class DDP {
     Tracer* tracer = nullptr;                     ///< optional: launch and all-reduce events
   };
 
-  /// Plans the buckets, checks the plan is the same on every rank (collective), and hooks
-  /// every parameter of `model`. comm, model and precision must outlive the DDP. `precision`:
-  /// the run's, which holds the gradients, their mean and --reduce-dtype (built first, so that
-  /// in 16 bits its hooks write the gradients before ours read them). Errors: --collectives mpi
-  /// with a 16-bit --reduce-dtype (MPI has no bf16/fp16 sum).
-  DDP(Communicator& comm, Model& model, Options options, ReplicatedPrecision& precision)
+  /// Builds every rank's optimizer (the same on each, as chapter 04's), plans the buckets,
+  /// checks the plan is the same on every rank (collective), and hooks every parameter of
+  /// `model`. comm and model must outlive the DDP. Errors: --collectives mpi with a 16-bit
+  /// --reduce-dtype (MPI has no bf16/fp16 sum); as ReplicatedPrecision's.
+  DDP(Communicator& comm, Model& model, const TrainConfig& config, Options options)
       : comm_(comm),
         model_(model),
         options_(options),
-        precision_(precision),
+        precision_(model, config, comm.world_size()),
+        states_(fp32_state_bytes(config.optimizer, config.momentum)),
         buckets_(plan_buckets(parameter_sizes(model), mib_to_bytes(options.bucket_cap_mb),
                               mib_to_bytes(options.first_bucket_cap_mb))) {
     RZ_CHECK(precision_.grad_wire_bytes() == 4 || options.collectives == Collectives::ring,
@@ -76,12 +79,21 @@ class DDP {
   DDP(const DDP&) = delete;
   DDP& operator=(const DDP&) = delete;
 
+  Communicator& comm() const { return comm_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const Options& options() const { return options_; }
   /// The --explain-buckets table of this plan.
   std::string explain() const {
     return explain_buckets(buckets_, model_, options_.bucket_cap_mb, options_.first_bucket_cap_mb);
   }
+  /// Every rank's optimizer, the same on each (common/precision.hpp): the gradients, their
+  /// mean and --reduce-dtype, the loss scale, the backward seed.
+  ReplicatedPrecision& optimizer() { return precision_; }
+  const ReplicatedPrecision& optimizer() const { return precision_; }
+
+  void zero_grad() { precision_.zero_grad(); }
+  /// After finalize_backward(): the same optimizer step on every rank (--clip-grad-norm first).
+  void step() { precision_.step(&comm_); }
 
   /// false: the next backwards accumulate locally and send nothing (PyTorch's no_sync());
   /// true: the next backward all-reduces (readiness.hpp).
@@ -91,6 +103,24 @@ class DDP {
   /// world_size (readiness.hpp: unused parameters, errors). Does nothing when require_sync is
   /// false.
   void finalize_backward() { readiness_.finalize_backward(); }
+
+  /// What this engine is, as data (common/engine_description.hpp): no ZeRO stage, buckets.
+  EngineDescription describe() const {
+    return {.zero_stage = 0,
+            .unit = "buckets",
+            .unit_sizes = bucket_sizes(buckets_),  // in launch order
+            .collectives = options_.collectives,
+            .world_size = comm_.world_size(),
+            .reset_ledger_peaks = precision_.reset_ledger_peaks()};  // 16 bits: the masters
+  }
+  /// The ledger's formula line: every rank holds the full model states (below).
+  std::string ledger_formula() const;
+  /// What every rank should move per step: chapter 04's ring per bucket (below).
+  TrafficTheory traffic_theory() const;
+  /// --save-final: the weights (16 bits: the fp32 master weights); checkpoints: every rank's
+  /// full state (common/precision.hpp).
+  std::map<std::string, NamedTensor> model_state_dict() { return precision_.state_dict(model_); }
+  TrainingState training_state() { return precision_.training_state(model_); }
 
   /// The parameter indices of the last synchronised backward, in the order their gradients
   /// became ready (for tests: reverse registration order, layer by layer).
@@ -120,7 +150,9 @@ class DDP {
   Communicator& comm_;
   Model& model_;
   Options options_;
-  ReplicatedPrecision& precision_;  // the gradients, their mean and --reduce-dtype
+  // First of the hooked members: in 16 bits its hooks write the gradients before ours read them.
+  ReplicatedPrecision precision_;  // the gradients, their mean and --reduce-dtype
+  StateBytes states_;              // bytes per parameter in fp32: p, g and --optimizer's state
   std::vector<Bucket> buckets_;
   BucketReadiness readiness_{model_, buckets_, options_.find_unused_parameters, "all-reduced",
                              [this](int b) { launch(b); }, [this] { comm_queue_.wait_all(); }};
@@ -128,5 +160,40 @@ class DDP {
   friend struct BucketOrderFault;  // tests/tools/rank_fault.cpp: a rank out of order
   CommQueue comm_queue_{options_.tracer};  // last: drained first, while everything above lives
 };
+
+// What the driver reports: the chapter's theory of memory and traffic.
+
+inline std::string DDP::ledger_formula() const {
+  const double psi = static_cast<double>(model_.num_parameters());
+  if (!precision_.is_fp32()) {
+    const bool half = precision_.grad_wire_bytes() == 2;
+    return "formula (" + std::string(dtype_name(precision_.dtype())) +
+           " + AdamW with fp32 master weights, every rank): 2Ψ + 2Ψ + 12Ψ = 16Ψ = " +
+           human_bytes(16.0 * psi) + "; comm_buffers: " +
+           (half ? "one 16-bit chunk of the largest bucket"
+                 : "the gradient widened to fp32, 4Ψ, and one fp32 chunk of the largest "
+                   "bucket") +
+           "; activations: one layer's fp32 working copy and gradient scratch";
+  }
+  return "formula (" + std::string(states_.name) +
+         ", every rank): " + full_copy_formula_text(states_) + " = " +
+         human_bytes(states_.per_param() * psi) +
+         "; comm_buffers: one chunk of the largest bucket";
+}
+
+inline TrafficTheory DDP::traffic_theory() const {
+  const int N = comm_.world_size();
+  const int64_t psi = model_.num_parameters();
+  if (options_.collectives == Collectives::mpi)  // MPI does not report its wire traffic
+    return {std::vector<int64_t>(N, 4 * psi), std::vector<int64_t>(N, 4 * psi),
+            "MPI_Allreduce: the counters show the Ψ·4 = " + human_bytes(4.0 * psi) +
+                " handed to MPI per step"};
+  TrafficTheory theory = ring_all_reduce_traffic(bucket_sizes(buckets_), N,
+                                                 precision_.grad_wire_bytes());  // ch. 04's
+  theory.formula += "; counted per bucket here: " + std::to_string(buckets_.size()) +
+                    " all-reduces instead of " + std::to_string(model_.parameters().size()) +
+                    ", the same bytes";
+  return theory;
+}
 
 }  // namespace ringzero

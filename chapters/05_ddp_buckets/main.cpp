@@ -5,11 +5,11 @@
 //   mpirun -np 4 build/bin/ch05_ddp_buckets --grad-accum-steps 4   # sends in micro-step 4 only
 //
 // Same training as chapter 04, same ring, same traffic; what changes is WHEN the gradients
-// travel. DDP (ddp.hpp, driven by ddp_training.hpp) groups them into buckets in reverse layer
+// travel. DDP (ddp.hpp, driven by step.hpp) groups them into buckets in reverse layer
 // order (buckets.hpp) and all-reduces each bucket on a communication thread as soon as backward
 // has produced its last gradient, while backward goes on with the earlier layers. --trace
 // writes the timeline that shows it (open it in ui.perfetto.dev, or see the chapter README).
-#include "chapters/05_ddp_buckets/ddp_training.hpp"
+#include "chapters/05_ddp_buckets/step.hpp"
 #include "common/run.hpp"
 
 using namespace ringzero;
@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
           {.name = "05_ddp_buckets",
            .title = "DDP with gradient buckets overlapped with backward, under mpirun",
            .trace = true});
-  DDPTraining::Flags flags;
-  return run.train<DDPTraining>(flags, train_step);
+  DDPFlags flags;
+  return run.train<DDPTraining>(
+      flags, +[](DDPTraining& lesson, const Step& step) { return train_step(lesson.engine, step); });
 }

@@ -9,7 +9,7 @@
 // halves (zero.hpp). The reduce-scatter leaves each rank the summed gradient of its shard
 // (shard.hpp) of every bucket; each rank's optimizer updates only that shard, so Adam's state
 // shrinks to 8Ψ/N per rank; an all-gather then gives every rank the updated parameters.
-#include "chapters/06_zero1/zero_training.hpp"
+#include "chapters/06_zero1/step.hpp"
 #include "common/run.hpp"
 
 using namespace ringzero;
@@ -22,6 +22,6 @@ int main(int argc, char** argv) {
            .trace = true});
   ZeroBucketFlags flags;  // the lesson is built over --precision's element types (zero.hpp)
   return run.train<Zero1Training>(
-      flags,  // train_step is a template (one per precision): a lambda names it
-      [](auto& lesson, const Step& step) { return train_step(lesson, step); });
+      flags,  // train_step is a template (one per precision) over the lesson's engine
+      [](auto& lesson, const Step& step) { return train_step(lesson.engine, step); });
 }

@@ -1,12 +1,10 @@
 // The AdamW state of a bucketed ZeRO (chapters 06-07) gathered whole, named as PyTorch's
-// optimizer state is named per parameter (--save-optimizer-state, the equivalence tests), and
-// the training state its checkpoints hold.
+// optimizer state is named per parameter (--save-optimizer-state, the equivalence tests).
 // Leaves out: chapter 08's per-layer gather (its zero_io.cpp), checkpoints
-// (common/checkpoint.hpp).
+// (common/checkpoint.hpp, common/shard_state.hpp).
 #pragma once
 
 #include <algorithm>
-#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -14,7 +12,6 @@
 
 #include "chapters/04_ring_allreduce/ring.hpp"
 #include "chapters/06_zero1/shard.hpp"
-#include "common/checkpoint.hpp"
 #include "common/comm.hpp"
 #include "common/ledger.hpp"
 #include "common/nn.hpp"
@@ -95,45 +92,6 @@ inline std::map<std::string, NamedTensor> gather_master_weights(Communicator& co
   return gather_shard_states(
       comm, model, layout, {""}, [&](size_t b, size_t) { return optimizer.master(b); },
       [](size_t) { return static_cast<const std::vector<int64_t>*>(nullptr); });
-}
-
-/// The training state common/checkpoint.hpp saves and loads for a bucketed ZeRO (chapters
-/// 06-07): every rank holds every parameter, in `params` (the padded flat buffer of T); one piece
-/// per bucket b, this rank's real shard elements and their optimizer at their global offset
-/// (ShardOptimizer::state_piece: the fp32 master weights and moments in 16 bits); the bucket
-/// layout and padding for the manifest. In 16 bits, loading rounds every bucket's parameters
-/// from the checkpoint's fp32 values, as each step rounds the masters.
-template <Element T>
-TrainingState bucket_training_state(Model& model, const ShardLayout& layout, int rank,
-                                    ShardOptimizer& optimizer, std::span<T> params,
-                                    std::string chapter, int zero_stage) {
-  TrainingState state;
-  state.model = &model;
-  state.sharded = true;
-  state.params_replicated = true;  // every rank holds every parameter
-  state.chapter = std::move(chapter);
-  state.zero_stage = zero_stage;
-  state.layout = {{"kind", "buckets"}, {"padding_total", layout.padding_total}};
-  for (size_t b = 0; b < layout.buckets.size(); ++b) {
-    const BucketShard& s = layout.buckets[b];
-    state.layout["buckets"].push_back({{"offset", s.offset},
-                                       {"size", s.size},
-                                       {"padding", s.padding},
-                                       {"padded_offset", s.padded_offset},
-                                       {"shard_size", s.shard_size}});
-    std::span<float> shard;
-    if constexpr (std::is_same_v<T, float>)
-      shard = params.subspan(s.padded_offset + rank * s.shard_size, s.real);
-    state.pieces.push_back(
-        optimizer.state_piece(b, shard, s.offset + rank * s.shard_size, s.segment_params));
-  }
-  state.scaler = optimizer.scaler();
-  if constexpr (!std::is_same_v<T, float>)
-    state.load_params = [&layout, params](std::span<const float> values) {
-      for (const BucketShard& s : layout.buckets)
-        narrow_into(values.subspan(s.offset, s.size), params.subspan(s.padded_offset, s.size));
-    };
-  return state;
 }
 
 }  // namespace ringzero

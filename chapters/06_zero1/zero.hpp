@@ -45,6 +45,7 @@
 #include "common/collectives.hpp"
 #include "common/comm_queue.hpp"
 #include "common/dist.hpp"
+#include "common/engine_description.hpp"
 #include "common/padded_buffer.hpp"
 #include "common/safetensors.hpp"
 #include "common/shard_precision.hpp"
@@ -107,8 +108,13 @@ class Zero1 {
   Zero1(const Zero1&) = delete;
   Zero1& operator=(const Zero1&) = delete;
 
+  Communicator& comm() const { return comm_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const ShardLayout& layout() const { return layout_; }
+  /// What this engine is, as data: stage, buckets, collectives, padding (zero_io.cpp).
+  EngineDescription describe() const;
+  /// The --explain-buckets table (zero_io.cpp).
+  std::string explain() const;
 
   /// Model-state bytes each rank should hold (zero_io.cpp).
   std::vector<int64_t> model_states_bytes() const;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "chapters/06_zero1/optimizer_state.hpp"
+#include "common/shard_state.hpp"
 #include "chapters/06_zero1/zero.hpp"
 
 namespace ringzero {
@@ -42,6 +43,25 @@ std::string Zero1<T, R>::ledger_formula() const {
          zero_states_note<T>();
 }
 
+template <Element T, Element R>
+EngineDescription Zero1<T, R>::describe() const {
+  std::vector<ShardUnit> units;
+  for (const BucketShard& s : layout_.buckets) units.push_back({s.offset, s.size, s.shard_size});
+  return {.zero_stage = 1,
+          .unit = "buckets",
+          .unit_sizes = bucket_sizes(buckets_),  // real elements, in launch order
+          .collectives = options_.collectives,
+          .world_size = comm_.world_size(),
+          .units = std::move(units),
+          .padding = layout_.padding_total};
+}
+
+template <Element T, Element R>
+std::string Zero1<T, R>::explain() const {
+  return explain_buckets(buckets_, model_, options_.bucket_cap_mb, options_.first_bucket_cap_mb,
+                         "reduce-scattered");
+}
+
 /// optimizer_state.hpp's gather_optimizer_state. Errors: --optimizer is not adamw.
 template <Element T, Element R>
 std::map<std::string, NamedTensor> Zero1<T, R>::optimizer_state_dict() {
@@ -69,8 +89,7 @@ int64_t Zero1<T, R>::nonzero_padding() const {
 
 template <Element T, Element R>
 TrainingState Zero1<T, R>::training_state() {
-  return bucket_training_state(model_, layout_, comm_.rank(), optimizer_, params_.span(),
-                               "06_zero1", 1);
+  return sharded_training_state(describe(), model_, comm_.rank(), optimizer_, params_.span());
 }
 
 template class Zero1<float, float>;

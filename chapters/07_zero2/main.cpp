@@ -9,7 +9,7 @@
 // the backward of its first layer until its reduce-scatter; then this rank copies out its
 // chunk into its gradient shard and frees the bucket. The ledger shows gradients of 4Ψ/N per
 // rank plus at most two buckets in flight, beside ZeRO-2's formula 4Ψ + (4Ψ + 8Ψ)/N.
-#include "chapters/07_zero2/zero_training.hpp"
+#include "chapters/07_zero2/step.hpp"
 #include "common/run.hpp"
 
 using namespace ringzero;
@@ -22,6 +22,6 @@ int main(int argc, char** argv) {
            .trace = true});
   ZeroBucketFlags flags;  // the lesson is built over --precision's element types (zero.hpp)
   return run.train<Zero2Training>(
-      flags,  // train_step is a template (one per precision): a lambda names it
-      [](auto& lesson, const Step& step) { return train_step(lesson, step); });
+      flags,  // train_step is a template (one per precision) over the lesson's engine
+      [](auto& lesson, const Step& step) { return train_step(lesson.engine, step); });
 }

@@ -44,6 +44,7 @@
 #include "common/collectives.hpp"
 #include "common/comm_queue.hpp"
 #include "common/dist.hpp"
+#include "common/engine_description.hpp"
 #include "common/padded_buffer.hpp"
 #include "common/safetensors.hpp"
 #include "common/shard_precision.hpp"
@@ -119,8 +120,13 @@ class Zero2 {
   Zero2(const Zero2&) = delete;
   Zero2& operator=(const Zero2&) = delete;
 
+  Communicator& comm() const { return comm_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const ShardLayout& layout() const { return layout_; }
+  /// What this engine is, as data: stage, buckets, collectives, padding (zero_io.cpp).
+  EngineDescription describe() const;
+  /// The --explain-buckets table (zero_io.cpp).
+  std::string explain() const;
 
   /// Model-state bytes each rank should hold between steps (zero_io.cpp).
   std::vector<int64_t> model_states_bytes() const;

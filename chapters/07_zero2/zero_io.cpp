@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "chapters/06_zero1/optimizer_state.hpp"
+#include "common/shard_state.hpp"
 #include "chapters/07_zero2/zero.hpp"
 
 namespace ringzero {
@@ -63,6 +64,27 @@ std::string Zero2<T, R>::ledger_formula() const {
          zero_states_note<T>();
 }
 
+template <Element T, Element R>
+EngineDescription Zero2<T, R>::describe() const {
+  std::vector<ShardUnit> units;
+  for (const BucketShard& s : layout_.buckets) units.push_back({s.offset, s.size, s.shard_size});
+  return {.zero_stage = 2,
+          .unit = "buckets",
+          .unit_sizes = bucket_sizes(buckets_),  // real elements, in launch order
+          .collectives = options_.collectives,
+          .world_size = comm_.world_size(),
+          .units = std::move(units),
+          .padding = layout_.padding_total,
+          .max_in_flight = 2,  // at most two buckets exist at once (zero.hpp)
+          .in_flight_peak_bytes = in_flight_peak_bytes()};
+}
+
+template <Element T, Element R>
+std::string Zero2<T, R>::explain() const {
+  return explain_buckets(buckets_, model_, options_.bucket_cap_mb, options_.first_bucket_cap_mb,
+                         "reduce-scattered");
+}
+
 /// optimizer_state.hpp's gather_optimizer_state. Errors: --optimizer is not adamw.
 template <Element T, Element R>
 std::map<std::string, NamedTensor> Zero2<T, R>::optimizer_state_dict() {
@@ -92,8 +114,7 @@ int64_t Zero2<T, R>::nonzero_padding() const {
 
 template <Element T, Element R>
 TrainingState Zero2<T, R>::training_state() {
-  return bucket_training_state(model_, layout_, comm_.rank(), optimizer_, params_.span(),
-                               "07_zero2", 2);
+  return sharded_training_state(describe(), model_, comm_.rank(), optimizer_, params_.span());
 }
 
 template class Zero2<float, float>;

@@ -11,7 +11,7 @@
 // backward ends; no all-gather after the step. The next layer's gather is posted while this
 // one computes (prefetch). Model states fall to (4 + 4 + 8)Ψ/N per rank; the traffic grows
 // to 3(N−1)/N·4Ψ per step, 1.5× chapter 07's: the parameters travel twice.
-#include "chapters/08_zero3/zero_training.hpp"
+#include "chapters/08_zero3/step.hpp"
 #include "common/run.hpp"
 
 using namespace ringzero;
@@ -24,6 +24,6 @@ int main(int argc, char** argv) {
            .trace = true});
   Zero3Flags flags;  // the lesson is built over --precision's element types (zero3.hpp)
   return run.train<Zero3Training>(
-      flags,  // train_step is a template (one per precision): a lambda names it
-      [](auto& lesson, const Step& step) { return train_step(lesson, step); });
+      flags,  // train_step is a template (one per precision) over the lesson's engine
+      [](auto& lesson, const Step& step) { return train_step(lesson.engine, step); });
 }

@@ -43,6 +43,7 @@
 #include "common/collectives.hpp"
 #include "common/dist.hpp"
 #include "common/dist_eval.hpp"
+#include "common/engine_description.hpp"
 #include "common/padded_buffer.hpp"
 #include "common/safetensors.hpp"
 #include "common/shard_precision.hpp"
@@ -84,6 +85,7 @@ class Zero3 {
         model_(model),
         options_(options),
         psi_(model.num_parameters()),
+        grad_accum_steps_(config.grad_accum_steps),
         layout_(plan_layer_shards(model, comm.rank(), comm.world_size())),
         optimizer_(model, config, shard_pieces(layout_.layers, comm.rank()), comm.world_size()) {
     optimizer_.check_types<T, R>();                                   // the flags' precision
@@ -128,7 +130,12 @@ class Zero3 {
   Zero3(const Zero3&) = delete;
   Zero3& operator=(const Zero3&) = delete;
 
+  Communicator& comm() const { return comm_; }
   const LayerLayout& layout() const { return layout_; }
+  /// What this engine is, as data: stage, layers, collectives, prefetch, padding (zero_io.cpp).
+  EngineDescription describe() const;
+  /// The --explain-layers table (layer_shard.hpp).
+  std::string explain() const { return explain_layer_shards(layout_, comm_.world_size()); }
 
   /// Model-state bytes each rank holds, at every moment: 4 per element of its parameter and
   /// gradient shards (Σ s_l each, padding included), 8 per real element (AdamW); in 16 bits
@@ -141,8 +148,9 @@ class Zero3 {
   /// The ledger's formula line: ZeRO-3's formula, the exact bytes of every rank, the layers in
   /// flight (zero_io.cpp).
   std::string ledger_formula() const;
-  /// What every rank should send and receive per optimizer step (layer_shard.hpp, zero_io.cpp).
-  TrafficTheory traffic_theory(int64_t grad_accum_steps) const;
+  /// What every rank should send and receive per optimizer step of K micro-steps
+  /// (layer_shard.hpp, zero_io.cpp).
+  TrafficTheory traffic_theory() const;
   /// This rank's optimizer: its shard's state, the loss scale, the backward seed.
   ShardOptimizer& optimizer() { return optimizer_; }
   const ShardOptimizer& optimizer() const { return optimizer_; }
@@ -284,6 +292,7 @@ class Zero3 {
   Model& model_;
   Options options_;
   int64_t psi_;
+  int64_t grad_accum_steps_;  // K: every micro-step gathers every layer twice
   LayerLayout layout_;
   ShardOptimizer optimizer_;  // this rank's shard: --optimizer, or fp32 masters (16 bits)
   PaddedBufferOf<T> params_;  // (Σ s_l) this rank's shard of every layer's parameters

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "chapters/08_zero3/zero3.hpp"
+#include "common/shard_state.hpp"
 
 namespace ringzero {
 
@@ -37,9 +38,29 @@ int64_t Zero3<T, R>::in_flight_peak_bytes() const {
 }
 
 template <Element T, Element R>
-TrafficTheory Zero3<T, R>::traffic_theory(int64_t grad_accum_steps) const {
-  return zero3_traffic_theory(layout_, comm_.world_size(), psi_, grad_accum_steps,
+TrafficTheory Zero3<T, R>::traffic_theory() const {
+  return zero3_traffic_theory(layout_, comm_.world_size(), psi_, grad_accum_steps_,
                               options_.collectives, element_bytes<T>(), element_bytes<R>());
+}
+
+template <Element T, Element R>
+EngineDescription Zero3<T, R>::describe() const {
+  std::vector<int64_t> sizes;  // P_l per layer, in forward order (the cost model replays them)
+  std::vector<ShardUnit> units;
+  for (const LayerShard& s : layout_.layers) {
+    sizes.push_back(s.padded_size);
+    units.push_back({s.offset, s.numel, s.shard_size});
+  }
+  return {.zero_stage = 3,
+          .unit = "layers",
+          .unit_sizes = std::move(sizes),
+          .collectives = options_.collectives,
+          .prefetch = options_.prefetch,
+          .world_size = comm_.world_size(),
+          .units = std::move(units),
+          .padding = comm_.world_size() * layout_.shard_total - psi_,
+          .in_flight_peak_bytes = in_flight_peak_bytes(),
+          .layer_spans = false};  // zero3.hpp times each layer's compute itself
 }
 
 template <Element T, Element R>
@@ -161,39 +182,7 @@ int64_t Zero3<T, R>::nonzero_padding() const {
 
 template <Element T, Element R>
 TrainingState Zero3<T, R>::training_state() {
-  TrainingState state;
-  state.model = &model_;
-  state.sharded = true;
-  state.params_replicated = false;  // the parameters exist only as shards
-  state.chapter = "08_zero3";
-  state.zero_stage = 3;
-  state.layout = {{"kind", "layers"}};
-  const auto& params = model_.parameters();
-  const int rank = comm_.rank();
-  for (const LayerShard& s : layout_.layers) {
-    state.layout["layers"].push_back({{"name", s.layer->name()},
-                                      {"offset", s.offset},
-                                      {"numel", s.numel},
-                                      {"padding", s.padded_size - s.numel},
-                                      {"shard_size", s.shard_size}});
-    std::vector<int> segment_params;
-    for (Parameter* p : s.segment_params)
-      segment_params.push_back(
-          static_cast<int>(std::find(params.begin(), params.end(), p) - params.begin()));
-    std::span<float> real;  // in 16 bits the piece holds the master weights instead
-    if constexpr (std::is_same_v<T, float>) real = shard(params_, s);
-    state.pieces.push_back(optimizer_.state_piece(static_cast<size_t>(&s - layout_.layers.data()),
-                                                  real, s.offset + rank * s.shard_size,
-                                                  std::move(segment_params)));
-  }
-  state.scaler = optimizer_.scaler();
-  if constexpr (!std::is_same_v<T, float>)  // this rank's shard, rounded from the fp32 values
-    state.load_params = [this, rank](std::span<const float> values) {
-      for (const LayerShard& s : layout_.layers)
-        if (s.real > 0)  // a shard of padding only starts past the layer's end
-          narrow_into(values.subspan(s.offset + rank * s.shard_size, s.real), shard(params_, s));
-    };
-  return state;
+  return sharded_training_state(describe(), model_, comm_.rank(), optimizer_, params_.span());
 }
 
 template class Zero3<float, float>;

@@ -71,9 +71,7 @@ TEST_CASE("DDP gradients equal the ring all-reduce of every bucket, bit for bit"
   for (auto [cap, first] :
        {std::pair{0.1, 0.01}, std::pair{1000.0, 1000.0}, std::pair{0.00001, 1.0}}) {
     Model model({64, 96, 80, 8}, /*seed=*/3);
-    ReplicatedPrecision fp32(model, TrainConfig{}, comm.world_size(),
-                             /*holds_optimizer=*/false);  // fp32: the model's gradients
-    DDP ddp(comm, model, {.bucket_cap_mb = cap, .first_bucket_cap_mb = first}, fp32);
+    DDP ddp(comm, model, TrainConfig{}, {.bucket_cap_mb = cap, .first_bucket_cap_mb = first});
     INFO("cap " << cap << " MiB: " << ddp.buckets().size() << " buckets");
     const Batch batch = rank_batch(12, 64, 8, comm.rank());
     const std::vector<float> ref = reference_gradients(comm, model, ddp, batch);
@@ -88,9 +86,7 @@ TEST_CASE("DDP gradients equal the ring all-reduce of every bucket, bit for bit"
 
 TEST_CASE("gradients become ready in reverse registration order, layer by layer", "[ddp]") {
   Model model({16, 12, 12, 12, 4}, /*seed=*/1);  // params 0.w 0.b 2.w 2.b 4.w 4.b 6.w 6.b
-  ReplicatedPrecision fp32(model, TrainConfig{}, test_comm().world_size(),
-                           /*holds_optimizer=*/false);  // fp32: the model's gradients
-  DDP ddp(test_comm(), model, {}, fp32);
+  DDP ddp(test_comm(), model, TrainConfig{}, {});
   backward(model, rank_batch(4, 16, 4, test_comm().rank()));
   ddp.finalize_backward();
   INFO("rank " << test_comm().rank() << ": the order in which mark_ready saw the parameters");
@@ -105,9 +101,7 @@ TEST_CASE("an evaluation forward (no backward) does not hold back the next backw
   // or every gradient-ready hook of the next backward would stay silent (a hang, or the
   // unused-parameter error naming every parameter).
   Model model({16, 12, 4}, /*seed=*/1);
-  ReplicatedPrecision fp32(model, TrainConfig{}, test_comm().world_size(),
-                           /*holds_optimizer=*/false);  // fp32: the model's gradients
-  DDP ddp(test_comm(), model, {}, fp32);
+  DDP ddp(test_comm(), model, TrainConfig{}, {});
   const Batch batch = rank_batch(4, 16, 4, test_comm().rank());
   {
     Tape eval_tape;
@@ -125,9 +119,7 @@ TEST_CASE("the first bucket is launched while backward still runs", "[ddp][overl
   Model model({512, 1024, 1024, 1024, 16}, /*seed=*/2);
   Tracer tracer(true);
   trace_layers(tracer, model);
-  ReplicatedPrecision fp32(model, TrainConfig{}, comm.world_size(),
-                           /*holds_optimizer=*/false);  // fp32: the model's gradients
-  DDP ddp(comm, model, {.first_bucket_cap_mb = 0.01, .tracer = &tracer}, fp32);
+  DDP ddp(comm, model, TrainConfig{}, {.first_bucket_cap_mb = 0.01, .tracer = &tracer});
   REQUIRE(ddp.buckets().size() >= 2);
   REQUIRE(ddp.buckets()[0].params == std::vector<int>{7, 6});
   const Batch batch = rank_batch(256, 512, 16, comm.rank());
@@ -167,9 +159,7 @@ TEST_CASE("one synchronised backward moves the ring's bytes per bucket; no_sync 
   Communicator& comm = test_comm();
   const int N = comm.world_size(), r = comm.rank();
   Model model({64, 96, 80, 8}, /*seed=*/3);
-  ReplicatedPrecision fp32(model, TrainConfig{}, comm.world_size(),
-                           /*holds_optimizer=*/false);  // fp32: the model's gradients
-  DDP ddp(comm, model, {.bucket_cap_mb = 0.02, .first_bucket_cap_mb = 0.01}, fp32);
+  DDP ddp(comm, model, TrainConfig{}, {.bucket_cap_mb = 0.02, .first_bucket_cap_mb = 0.01});
   const Batch batch = rank_batch(12, 64, 8, r);
   model.zero_grad();
   comm.reset_counters();
@@ -206,9 +196,7 @@ TEST_CASE("no_sync accumulation then one synchronised backward equals the refere
   // K = 3 micro-steps, each on its own batch: the sum of the three local gradients, all-reduced.
   Communicator& comm = test_comm();
   Model model({64, 96, 80, 8}, /*seed=*/3);
-  ReplicatedPrecision fp32(model, TrainConfig{}, comm.world_size(),
-                           /*holds_optimizer=*/false);  // fp32: the model's gradients
-  DDP ddp(comm, model, {.bucket_cap_mb = 0.1, .first_bucket_cap_mb = 0.01}, fp32);
+  DDP ddp(comm, model, TrainConfig{}, {.bucket_cap_mb = 0.1, .first_bucket_cap_mb = 0.01});
   std::vector<Batch> batches;
   for (int k = 0; k < 3; ++k) batches.push_back(rank_batch(12, 64, 8, 10 * comm.rank() + k));
   model.zero_grad();
@@ -248,10 +236,8 @@ void backward_skipping_layer2(Model& model, const Batch& batch) {
 TEST_CASE("an unused parameter fails on every rank, naming it, instead of hanging",
           "[ddp][unused]") {
   Model model({8, 16, 16, 4}, /*seed=*/4);
-  ReplicatedPrecision fp32(model, TrainConfig{}, test_comm().world_size(),
-                           /*holds_optimizer=*/false);  // fp32: the model's gradients
-  DDP ddp(test_comm(), model, {.bucket_cap_mb = 0.0001, .first_bucket_cap_mb = 0.0001},
-          fp32);  // one per parameter
+  DDP ddp(test_comm(), model, TrainConfig{},
+          {.bucket_cap_mb = 0.0001, .first_bucket_cap_mb = 0.0001});  // one per parameter
   model.zero_grad();
   backward_skipping_layer2(model, rank_batch(6, 8, 4, test_comm().rank()));
   REQUIRE_THROWS_WITH(ddp.finalize_backward(),
@@ -266,11 +252,8 @@ TEST_CASE("with find_unused_parameters an unused parameter counts as a zero grad
           "[ddp][unused]") {
   Communicator& comm = test_comm();
   Model model({8, 16, 16, 4}, /*seed=*/4);
-  ReplicatedPrecision fp32(model, TrainConfig{}, comm.world_size(),
-                           /*holds_optimizer=*/false);  // fp32: the model's gradients
-  DDP ddp(comm, model,
-          {.bucket_cap_mb = 0.0001, .first_bucket_cap_mb = 0.0001, .find_unused_parameters = true},
-          fp32);
+  DDP ddp(comm, model, TrainConfig{},
+          {.bucket_cap_mb = 0.0001, .first_bucket_cap_mb = 0.0001, .find_unused_parameters = true});
   const Batch batch = rank_batch(6, 8, 4, comm.rank());
   model.zero_grad();
   ddp.set_require_sync(false);

@@ -64,9 +64,7 @@ std::vector<float> train_ddp(bool find_unused) {
   Communicator& comm = test_comm();
   Model model({8, 16, 16, 4}, /*seed=*/4);
   Optimizer optimizer(sgd(), parameter_sizes(model));
-  ReplicatedPrecision fp32(model, TrainConfig{}, comm.world_size(),
-                           /*holds_optimizer=*/false);  // fp32: the model's gradients
-  DDP ddp(comm, model, {.find_unused_parameters = find_unused}, fp32);
+  DDP ddp(comm, model, TrainConfig{}, {.find_unused_parameters = find_unused});
   for (int64_t step = 0; step < kSteps; ++step) {
     model.zero_grad();
     backward_skipping_layer2(model, rank_batch(comm.rank(), step));

@@ -11,7 +11,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "chapters/06_zero1/zero_training.hpp"
+#include "chapters/06_zero1/step.hpp"
 #include "mpi/zero_cases.hpp"
 #include "mpi/zero_harness.hpp"
 

@@ -10,7 +10,7 @@
 //    bucket (no_sync accumulates full gradients, as DDP does).
 #include <catch2/catch.hpp>
 
-#include "chapters/07_zero2/zero_training.hpp"
+#include "chapters/07_zero2/step.hpp"
 #include "mpi/zero_cases.hpp"
 #include "mpi/zero_harness.hpp"
 

@@ -304,7 +304,7 @@ TEST_CASE("traffic: the counters equal the theory; evaluation is not counted as 
       }
       Dataset test = make_synthetic(7, sizes.front(), sizes.back(), 3, 2);
       zero.evaluate(test);
-      const TrafficTheory theory = zero.traffic_theory(K);
+      const TrafficTheory theory = zero.traffic_theory();  // K from config_of(c)
       const Communicator::Counters t = comm.training_traffic();
       INFO("sizes[1] = " << sizes[1] << ", K = " << K << ", N = " << comm.world_size());
       REQUIRE(t.bytes_sent == steps * theory.bytes_sent[comm.rank()]);

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "chapters/05_ddp_buckets/ddp_training.hpp"
+#include "chapters/05_ddp_buckets/step.hpp"
 #include "common/rng.hpp"
 #include "common/safetensors.hpp"
 #include "common/train.hpp"
@@ -89,11 +89,11 @@ void run_steps(const ZeroCase& c, Model& model, const TrainConfig& config, L& le
   const int rank = test_comm().rank();
   for (int64_t step = 0; step < c.steps; ++step) {
     out.losses.push_back(static_cast<float>(train_step(
-        lesson, Step{model, config, step + 1,
+        lesson.engine, Step{model, config, step + 1,
                      [&](int64_t k) { return zero_test_batch(c, rank, step, k); }, tracer})));
     out.step_params.push_back(model_params(model));
-    if constexpr (requires { lesson.zero.nonzero_padding(); })
-      out.nonzero_padding += lesson.zero.nonzero_padding();
+    if constexpr (requires { lesson.engine.nonzero_padding(); })
+      out.nonzero_padding += lesson.engine.nonzero_padding();
   }
 }
 
@@ -103,13 +103,13 @@ inline RunResult run_ddp_reference(const ZeroCase& c) {
   Model model(c.sizes, /*seed=*/5);
   Tracer tracer;
   SetUp setup{&test_comm(), model, config, tracer};
-  DDPTraining::Flags flags;
+  DDPFlags flags;
   flags.ddp.bucket_cap_mb = c.bucket_cap_mb;
   DDPTraining lesson(setup, flags);
   RunResult out;
   run_steps(c, model, config, lesson, tracer, out);
   out.params = model_params(model);
-  const AdamW& adamw = *lesson.precision.optimizer().adamw();
+  const AdamW& adamw = *lesson.engine.optimizer().optimizer().adamw();
   for (size_t i = 0; i < model.parameters().size(); ++i) {
     const Parameter& p = *model.parameters()[i];
     const int64_t off = model.offsets()[i];
@@ -130,7 +130,7 @@ RunResult run_zero(const ZeroCase& c) {
   Model model(c.sizes, /*seed=*/5);
   Tracer tracer;
   SetUp setup{&test_comm(), model, config, tracer};
-  typename L::Flags flags;
+  ZeroBucketFlags flags;  // chapters 06-07's (zero_options.hpp)
   flags.zero.bucket_cap_mb = c.bucket_cap_mb;
   L lesson(setup, flags);
   RunResult out;

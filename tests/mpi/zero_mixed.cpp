@@ -27,8 +27,8 @@
 
 #include <catch2/catch.hpp>
 
-#include "chapters/06_zero1/zero_training.hpp"
-#include "chapters/07_zero2/zero_training.hpp"
+#include "chapters/06_zero1/step.hpp"
+#include "chapters/07_zero2/step.hpp"
 #include "mpi/zero_harness.hpp"
 
 using namespace ringzero;
@@ -176,9 +176,9 @@ int64_t bits_differ16(const std::vector<uint16_t>& a, const std::vector<uint16_t
 template <class L>
 std::vector<uint16_t> unpadded_params16(L& lesson, const Model& model) {
   std::vector<uint16_t> out;
-  const auto p16 = as_bits(lesson.zero.parameters());
+  const auto p16 = as_bits(lesson.engine.parameters());
   for (size_t i = 0; i < model.parameters().size(); ++i) {
-    const auto at = static_cast<size_t>(lesson.zero.layout().param_offset[i]);
+    const auto at = static_cast<size_t>(lesson.engine.layout().param_offset[i]);
     out.insert(out.end(), p16.begin() + at, p16.begin() + at + model.parameters()[i]->numel());
   }
   return out;
@@ -197,7 +197,7 @@ void require_equal_to_reenactment_in(Dtype d) {
     Model model(c.sizes, /*seed=*/5);
     Tracer tracer;
     SetUp setup{&comm, model, config, tracer};
-    typename L::Flags flags;
+    ZeroBucketFlags flags;
     flags.zero.bucket_cap_mb = c.bucket_cap_mb;
     L lesson(setup, flags);
     RunResult out;
@@ -248,7 +248,7 @@ void require_overflow_skipped_everywhere() {
   Model model(c.sizes, /*seed=*/5);
   Tracer tracer;
   SetUp setup{&comm, model, config, tracer};
-  typename L::Flags flags;
+  ZeroBucketFlags flags;
   flags.zero.bucket_cap_mb = c.bucket_cap_mb;
   L lesson(setup, flags);
   auto steps_of = [&] { return flat(*lesson.saved_optimizer_state(), model, ".step"); };
@@ -262,22 +262,22 @@ void require_overflow_skipped_everywhere() {
       return b;
     };
   };
-  train_step(lesson, Step{model, config, 1, batch(0, false), tracer});
-  REQUIRE(lesson.zero.optimizer().loss_scale() == 65536.0f);
+  train_step(lesson.engine, Step{model, config, 1, batch(0, false), tracer});
+  REQUIRE(lesson.engine.optimizer().loss_scale() == 65536.0f);
   const std::vector<uint16_t> params_after_1 = unpadded_params16(lesson, model);
   const std::vector<float> master_after_1 = flat(lesson.model_state_dict(model), model, "");
   for (float t : steps_of()) REQUIRE(t == 1.0f);
 
-  train_step(lesson, Step{model, config, 2, batch(1, true), tracer});  // overflow on rank N − 1
+  train_step(lesson.engine, Step{model, config, 2, batch(1, true), tracer});  // overflow on rank N − 1
   INFO("N = " << N << ", rank " << rank);
-  REQUIRE(lesson.zero.optimizer().loss_scale() == 32768.0f);  // halved on every rank
-  REQUIRE(lesson.zero.optimizer().summary()["skipped_steps"] == 1);
+  REQUIRE(lesson.engine.optimizer().loss_scale() == 32768.0f);  // halved on every rank
+  REQUIRE(lesson.engine.optimizer().summary()["skipped_steps"] == 1);
   for (float t : steps_of()) REQUIRE(t == 1.0f);  // no shard's step count advanced
   REQUIRE(bits_differ16(unpadded_params16(lesson, model), params_after_1) == 0);
   REQUIRE(bit_differences(flat(lesson.model_state_dict(model), model, ""), master_after_1) == 0);
 
-  train_step(lesson, Step{model, config, 3, batch(2, false), tracer});  // taken again
-  REQUIRE(lesson.zero.optimizer().loss_scale() == 32768.0f);
+  train_step(lesson.engine, Step{model, config, 3, batch(2, false), tracer});  // taken again
+  REQUIRE(lesson.engine.optimizer().loss_scale() == 32768.0f);
   for (float t : steps_of()) REQUIRE(t == 2.0f);
   REQUIRE(bits_differ16(unpadded_params16(lesson, model), params_after_1) > 0);
 }
@@ -319,10 +319,10 @@ void require_ledger_equals_calculator(int zero_stage) {
     Model model(c.sizes, /*seed=*/5);
     Tracer tracer;
     SetUp setup{&comm, model, config, tracer};
-    typename L::Flags flags;
+    ZeroBucketFlags flags;
     flags.zero.bucket_cap_mb = cap;
     L lesson(setup, flags);
-    const ShardLayout& layout = lesson.zero.layout();
+    const ShardLayout& layout = lesson.engine.layout();
     const int64_t psi = model.num_parameters();
     const ModelStateBytes row =
         zero_model_state_bytes(zero_stage, static_cast<double>(psi), N, kMixedPrecisionAdam);
@@ -340,7 +340,7 @@ void require_ledger_equals_calculator(int zero_stage) {
       REQUIRE(grads == 2 * layout.shard_real);
       REQUIRE(pad == 2 * layout.padding_total + 2 * (layout.shard_total - layout.shard_real));
     }
-    REQUIRE(params + grads + opt + pad == lesson.zero.model_states_bytes()[comm.rank()]);
+    REQUIRE(params + grads + opt + pad == lesson.engine.model_states_bytes()[comm.rank()]);
     if (layout.padding_total == 0) {  // the calculator's row, to the byte
       REQUIRE(static_cast<double>(params) == row.parameters);
       REQUIRE(static_cast<double>(grads) == row.gradients);
@@ -385,7 +385,7 @@ void require_fp32_reduce_equal_to_ddp() {
       Tracer tracer;
       SetUp ddp_setup{&comm, ddp_model, config, tracer},
           zero_setup{&comm, zero_model, config, tracer};
-      DDPTraining::Flags ddp_flags;
+      DDPFlags ddp_flags;
       ddp_flags.ddp.bucket_cap_mb = c.bucket_cap_mb;
       DDPTraining ddp(ddp_setup, ddp_flags);
       const auto [ddp_losses, ddp_master] = run(ddp, ddp_model, tracer);

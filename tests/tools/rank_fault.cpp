@@ -32,11 +32,11 @@
 #include <vector>
 
 #if RZ_CHAPTER == 5
-#include "chapters/05_ddp_buckets/ddp_training.hpp"
+#include "chapters/05_ddp_buckets/step.hpp"
 #elif RZ_CHAPTER == 6
-#include "chapters/06_zero1/zero_training.hpp"
+#include "chapters/06_zero1/step.hpp"
 #elif RZ_CHAPTER == 7
-#include "chapters/07_zero2/zero_training.hpp"
+#include "chapters/07_zero2/step.hpp"
 #else
 #error "compile with -DRZ_CHAPTER=5, 6 or 7"
 #endif
@@ -80,26 +80,20 @@ namespace {
 
 #if RZ_CHAPTER == 5
 using Training = DDPTraining;
-auto& collectives_of(Training& t) {
-  return t.ddp;
-}
+using Flags = DDPFlags;
 const Chapter kChapter{.name = "05_ddp_buckets",
                        .title = "DDP with one rank launching buckets out of order (tests only)",
                        .trace = true};
 #elif RZ_CHAPTER == 6
 using Training = Zero1Training<>;
-auto& collectives_of(Training& t) {
-  return t.zero;
-}
+using Flags = ZeroBucketFlags;
 const Chapter kChapter{.name = "06_zero1",
                        .title = "ZeRO-1 with one rank launching buckets out of order (tests only)",
                        .optimizer_state = true,
                        .trace = true};
 #else
 using Training = Zero2Training<>;
-auto& collectives_of(Training& t) {
-  return t.zero;
-}
+using Flags = ZeroBucketFlags;
 const Chapter kChapter{.name = "07_zero2",
                        .title = "ZeRO-2 with one rank launching buckets out of order (tests only)",
                        .optimizer_state = true,
@@ -125,7 +119,7 @@ class OutOfOrder : public Extension {
       });
     }
     if (order_ == "plan") return;
-    auto& d = collectives_of(static_cast<Training&>(*state.lesson));
+    auto& d = static_cast<Training&>(*state.lesson).engine;
     const std::vector<int64_t> sizes = BucketOrderFault::sizes(d);
     std::vector<int> order(sizes.size());
     std::iota(order.begin(), order.end(), 0);
@@ -159,6 +153,7 @@ class OutOfOrder : public Extension {
 int main(int argc, char** argv) {
   Run run(argc, argv, kChapter);
   run.add_extension(std::make_unique<OutOfOrder>());
-  Training::Flags flags;
-  return run.train<Training>(flags, train_step);
+  Flags flags;
+  return run.train<Training>(
+      flags, +[](Training& lesson, const Step& step) { return train_step(lesson.engine, step); });
 }

@@ -8,7 +8,7 @@
 // The fault is an Extension (common/run.hpp): the chapter itself carries no test machinery.
 #include <string>
 
-#include "chapters/08_zero3/zero_training.hpp"
+#include "chapters/08_zero3/step.hpp"
 #include "common/run.hpp"
 
 using namespace ringzero;
@@ -53,5 +53,5 @@ int main(int argc, char** argv) {
   run.add_extension(std::make_unique<Desync>());
   Zero3Flags flags;
   return run.train<Zero3Training>(
-      flags, [](auto& lesson, const Step& step) { return train_step(lesson, step); });
+      flags, [](auto& lesson, const Step& step) { return train_step(lesson.engine, step); });
 }

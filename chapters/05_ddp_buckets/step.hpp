@@ -1,0 +1,73 @@
+// Chapter 05's step: training with DDP (ddp.hpp), gradient buckets all-reduced during
+// backward, and no_sync for gradient accumulation.
+//
+// Provides: train_step() over the DDP engine, its Flags, and DDPTraining, the lesson the driver
+// runs: the engine and its description (common/engine_lesson.hpp).
+// Leaves out: the bucket plan (buckets.hpp), the hooks (readiness.hpp), the all-reduce
+// (ddp.hpp), the precision (common/precision.hpp).
+#pragma once
+
+#include "chapters/05_ddp_buckets/ddp.hpp"
+#include "common/dist_eval.hpp"
+#include "common/engine_lesson.hpp"
+#include "common/lesson.hpp"
+#include "common/train.hpp"
+
+namespace ringzero {
+
+/// One optimizer step on the global batch: K micro-steps on this rank's share, the last one's
+/// backward all-reducing bucket after bucket, and the same optimizer step on every rank.
+/// Returns the global batch's mean loss (on every rank). Errors: a non-finite loss stops every
+/// rank; a parameter without gradient (DDP::finalize_backward).
+inline double train_step(DDP& ddp, const Step& step) {
+  Tracer::Span span(step.tracer, "step " + std::to_string(step.step), "step");
+  const int64_t K = step.config.grad_accum_steps;
+  ddp.zero_grad();
+  double loss_sum = 0;
+  for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
+    Batch batch = step.micro_batch(micro_step);  // (B/(N K), in)
+    ddp.set_require_sync(micro_step == K - 1);   // only the last backward sends
+    Tape tape;
+    Var loss = forward_loss(tape, step.model, batch);  // mean over this micro-batch
+    loss_sum += loss->value[0];
+    tape.backward(loss, ddp.optimizer().seed(K));  // grads += dloss/K; full buckets start
+  }
+  {
+    Tracer::Span wait(step.tracer, "finalize_backward (wait for buckets)", "ddp");
+    ddp.finalize_backward();  // every bucket all-reduced, the mean; MPI is ours again
+  }
+  const double loss_value = global_mean(ddp.comm(), loss_sum / K);  // equal shares
+  ddp.optimizer().check_first_loss(loss_value, step.step);         // fp16: forward overflow?
+  // Every rank stops together; the error names the rank(s) whose loss is not finite.
+  check_finite_loss(ddp.comm(), loss_sum / K, loss_value, step.step);
+
+  Tracer::Span opt(step.tracer, "optimizer step", "optimizer");
+  ddp.step();  // the same step everywhere (--clip-grad-norm first)
+  return loss_value;
+}
+
+/// The chapter's flags: DDP's options and --explain-buckets.
+struct DDPFlags : LessonOptions {
+  DDP::Options ddp;
+  bool explain = false;
+
+  void add_flags(CommandLine& cli) override {
+    add_collectives_flag(cli.app, ddp.collectives,
+                         "ring (ours, chapter 04) | mpi (MPI_Allreduce)");
+    add_bucket_flags(cli, ddp.bucket_cap_mb, ddp.first_bucket_cap_mb, ddp.find_unused_parameters);
+    cli.app.add_flag("--explain-buckets", explain,
+                     "print the bucket plan (buckets, parameters, elements, bytes)");
+  }
+  /// The engine's options, tracing into the run's `tracer`.
+  DDP::Options options(Tracer& tracer) const {
+    DDP::Options o = ddp;
+    o.tracer = &tracer;
+    return o;
+  }
+};
+
+/// Chapter 05's lesson: the DDP engine, which holds every rank's optimizer (replicated state, as
+/// chapter 04) and all-reduces the gradients bucket by bucket during backward.
+using DDPTraining = EngineLesson<DDP>;
+
+}  // namespace ringzero

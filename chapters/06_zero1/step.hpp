@@ -1,0 +1,56 @@
+// Chapter 06's step: training with ZeRO-1 (zero.hpp), optimizer state sharded over ranks.
+//
+// Provides: train_step() over the Zero1 engine, one for every precision (the engine is built
+// over the element types --precision and --reduce-dtype pick: common/shard_precision.hpp), and
+// Zero1Training, the lesson the driver runs: the engine and its description
+// (common/engine_lesson.hpp).
+// Leaves out: the buckets, shards and collectives (zero.hpp, shard.hpp, bucket_collectives.hpp).
+#pragma once
+
+#include "chapters/06_zero1/zero.hpp"
+#include "common/dist_eval.hpp"
+#include "common/engine_lesson.hpp"
+#include "common/lesson.hpp"
+#include "common/train.hpp"
+
+namespace ringzero {
+
+/// One optimizer step on the global batch: K micro-steps on this rank's share, the last one's
+/// backward reduce-scattering bucket after bucket, each rank's step on its shard, and the
+/// all-gather of the parameters. Returns the global batch's mean loss (on every rank).
+/// Errors: a non-finite loss stops every rank; a parameter without gradient.
+template <class T, class R>
+double train_step(Zero1<T, R>& zero, const Step& step) {
+  Tracer::Span span(step.tracer, "step " + std::to_string(step.step), "step");
+  const int64_t K = step.config.grad_accum_steps;
+  zero.zero_grad();
+  double loss_sum = 0;
+  for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
+    Batch batch = step.micro_batch(micro_step);  // (B/(N K), in)
+    zero.set_require_sync(micro_step == K - 1);  // only the last backward sends
+    Tape tape;
+    Var loss = forward_loss(tape, step.model, batch);  // mean over this micro-batch
+    loss_sum += loss->value[0];
+    tape.backward(loss, zero.optimizer().seed(K));  // grads += dloss/K; full buckets start
+  }
+  {
+    Tracer::Span wait(step.tracer, "finalize_backward (wait for buckets)", "ddp");
+    zero.finalize_backward();  // every bucket reduce-scattered: this rank's shard holds the mean
+  }
+  const double loss_value = global_mean(zero.comm(), loss_sum / K);  // equal shares
+  zero.optimizer().check_first_loss(loss_value, step.step);         // fp16: forward overflow?
+  // Every rank stops together; the error names the rank(s) whose loss is not finite.
+  check_finite_loss(zero.comm(), loss_sum / K, loss_value, step.step);
+
+  Tracer::Span opt(step.tracer, "optimizer step + all_gather", "optimizer");
+  zero.step();  // each rank updates its shard (--clip-grad-norm first), then gathers every shard
+  return loss_value;
+}
+
+/// Chapter 06's lesson: the ZeRO-1 engine, which owns the parameters, the gradients and this
+/// rank's optimizer shard, over element types T and R; its flags are ZeroBucketFlags
+/// (zero_options.hpp).
+template <class T = float, class R = T>
+using Zero1Training = EngineLesson<Zero1<T, R>>;
+
+}  // namespace ringzero

@@ -1,0 +1,81 @@
+// Chapter 08's step: training with ZeRO-3 (zero3.hpp), optimizer state, gradients and
+// parameters sharded over ranks.
+//
+// Provides: train_step() over the Zero3 engine, one for every precision (the engine is built
+// over the element types --precision and --reduce-dtype pick: common/shard_precision.hpp), its
+// Flags (--no-prefetch, --explain-layers; --collectives and the memory calculator from
+// common/zero_lesson.hpp) and Zero3Training, the lesson the driver runs: the engine and its
+// description (common/engine_lesson.hpp).
+// Leaves out: the layer shards and their collectives (zero3.hpp, layer_shard.hpp).
+#pragma once
+
+#include "chapters/08_zero3/zero3.hpp"
+#include "common/dist_eval.hpp"
+#include "common/engine_lesson.hpp"
+#include "common/lesson.hpp"
+#include "common/train.hpp"
+#include "common/zero_lesson.hpp"
+
+namespace ringzero {
+
+/// One optimizer step on the global batch: K micro-steps on this rank's share, each gathering
+/// every layer twice and reduce-scattering its gradient, then each rank's step on its shard.
+/// Returns the global batch's mean loss (on every rank). Errors: a non-finite loss stops every
+/// rank; ranks whose collectives differ (the desync check).
+template <class T, class R>
+double train_step(Zero3<T, R>& zero, const Step& step) {
+  Tracer::Span span(step.tracer, "step " + std::to_string(step.step), "step");
+  const int64_t K = step.config.grad_accum_steps;
+  zero.zero_grad();
+  double loss_sum = 0;
+  for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
+    Batch batch = step.micro_batch(micro_step);  // (B/(N K), in)
+    Tape tape;
+    Var loss = forward_loss(tape, step.model, batch);  // mean over this micro-batch; gathers
+    loss_sum += loss->value[0];
+    tape.backward(loss, zero.optimizer().seed(K));  // gathers again; each gradient shard += mean
+  }
+  zero.finalize_backward();  // nothing in flight, no layer gathered: only the shards
+  const double loss_value = global_mean(zero.comm(), loss_sum / K);  // equal shares
+  zero.optimizer().check_first_loss(loss_value, step.step);         // fp16: forward overflow?
+  // Every rank stops together; the error names the rank(s) whose loss is not finite.
+  check_finite_loss(zero.comm(), loss_sum / K, loss_value, step.step);
+
+  Tracer::Span opt(step.tracer, "optimizer step", "optimizer");
+  zero.step();  // each rank updates its shard (--clip-grad-norm first); the next forward gathers
+  return loss_value;
+}
+
+/// The chapter's flags: the engine's options, --no-prefetch, --explain-layers, and ZeroFlags'
+/// (--collectives, the memory calculator).
+struct Zero3Flags : ZeroFlags {
+  Zero3Options zero;
+  bool explain = false, no_prefetch = false;
+
+  void add_flags(CommandLine& cli) override {
+    add_zero_flags(cli, zero.collectives);
+    cli.app.add_flag(
+        "--no-prefetch", no_prefetch,
+        "post each all-gather only when its layer needs it; wait for every collective");
+    cli.app.add_flag("--find-unused-parameters", zero.find_unused_parameters,
+                     "count a layer whose backward did not run as a zero gradient instead of "
+                     "failing (chapters 05-07's flag)");
+    cli.app.add_flag("--explain-layers", explain,
+                     "print the layer plan (elements, padding, shard size per layer)");
+  }
+  /// The engine's options, tracing into the run's `tracer`.
+  Zero3Options options(Tracer& tracer) const {
+    Zero3Options o = zero;
+    o.tracer = &tracer;
+    o.prefetch = !no_prefetch;
+    return o;
+  }
+};
+
+/// Chapter 08's lesson: the ZeRO-3 engine, which owns this rank's shards of the parameters, the
+/// gradients and the optimizer state, and gathers each layer when it is used; over element
+/// types T and R.
+template <class T = float, class R = T>
+using Zero3Training = EngineLesson<Zero3<T, R>>;
+
+}  // namespace ringzero
