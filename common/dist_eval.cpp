@@ -18,6 +18,29 @@ EvalResult evaluate_distributed(Communicator& comm, Model& model, const Dataset&
   return reduce_eval(comm, evaluate(model, test, begin, end), test);
 }
 
+EvalResult evaluate_in_lockstep(Communicator& comm, Model& model, const Dataset& test) {
+  const auto before = comm.counters();
+  const int N = comm.world_size();
+  int64_t most = 0;  // the largest share, in batches
+  for (int q = 0; q < N; ++q) {
+    const auto [b, e] = eval_range(test.size, q, N);
+    most = std::max(most, (e - b + kEvalBatchSize - 1) / kEvalBatchSize);
+  }
+  const auto [begin, end] = eval_range(test.size, comm.rank(), N);
+  EvalSums sums;
+  for (int64_t i = 0; i < most; ++i) {
+    const int64_t s = begin + i * kEvalBatchSize;
+    const EvalSums e =
+        evaluate(model, test, s < end ? s : 0,
+                 s < end ? std::min(end, s + kEvalBatchSize) : std::min(test.size, kEvalBatchSize));
+    if (s < end)
+      sums.loss_sum += e.loss_sum, sums.correct += e.correct,
+          sums.count += e.count;  // else padding: dropped
+  }
+  comm.recount_as_metrics(before);
+  return reduce_eval(comm, sums, test);
+}
+
 EvalResult reduce_eval(Communicator& comm, const EvalSums& e, const Dataset& test) {
   // The per-batch loss sums are float * batch size, exact in double; their sum over at most a
   // few dozen batches stays exact too, so the reduction order does not change the result.

@@ -33,6 +33,15 @@ EvalResult reduce_eval(Communicator& comm, const EvalSums& local, const Dataset&
 /// all_reduce_metrics: every rank returns the same, whole-test-set numbers.
 EvalResult evaluate_distributed(Communicator& comm, Model& model, const Dataset& test);
 
+/// evaluate_distributed for an engine whose every forward is collective (ZeRO-3 gathers each
+/// layer): eval_range's shares differ by a batch (10 000 samples on 3 ranks) or are empty, so a
+/// rank with fewer batches runs padding batches and drops their results (PyTorch's
+/// DistributedSampler pads with repeated samples for the same reason); every rank runs as many
+/// forwards as the others. The sums are evaluate_distributed's, exactly. The forwards'
+/// collectives are recounted as "metrics" (Communicator::recount_as_metrics): they are not a
+/// training step's traffic.
+EvalResult evaluate_in_lockstep(Communicator& comm, Model& model, const Dataset& test);
+
 /// Mean over ranks of one value per rank (each rank's mean loss over its equal share of the
 /// global batch gives the global-batch mean loss), identical on every rank.
 double global_mean(Communicator& comm, double local_value);

@@ -58,6 +58,9 @@ struct EngineDescription {
   /// true: the driver traces each layer's forward and backward (trace_layers); false where the
   /// engine records its own compute spans (ZeRO-3 times each layer between its collectives).
   bool layer_spans = true;
+  /// true: every forward runs collectives (ZeRO-3 gathers each layer), so evaluation runs in
+  /// lockstep on every rank (evaluate_in_lockstep, common/dist_eval.hpp).
+  bool collective_forward = false;
   /// true: set-up moved the parameters into the engine's own buffers (ZeRO's padded buffers,
   /// 16-bit master weights), so the ledger's peaks restart once it exists: the moment they
   /// existed twice is set-up, not training.

@@ -82,11 +82,10 @@ class EngineLesson : public Lesson {
   void start_trace(Tracer& tracer) override {
     if (engine.describe().layer_spans) trace_layers(tracer, model_);
   }
+  /// ZeRO-3: every forward gathers, so every rank runs as many (common/dist_eval.hpp).
   std::optional<EvalResult> evaluate(const Dataset& test) override {
-    if constexpr (requires { engine.evaluate(test); })
-      return engine.evaluate(test);  // ZeRO-3: every forward gathers, so every rank runs them
-    else
-      return std::nullopt;
+    if (!engine.describe().collective_forward) return std::nullopt;  // the driver's default
+    return evaluate_in_lockstep(engine.comm(), model_, test);
   }
   std::string ledger_formula(int64_t) const override { return engine.ledger_formula(); }
   TrafficTheory traffic_theory() const override { return engine.traffic_theory(); }

@@ -1,7 +1,8 @@
-// shard_state: the training state a checkpoint saves and loads for a sharded engine (ZeRO,
-// chapters 06-08), derived from the engine's description (engine_description.hpp) once for
-// every stage: which elements this rank holds, where they sit in the engine's parameter buffer,
-// and the layout the manifest records.
+// shard_state: the state of a sharded engine (ZeRO, chapters 06-08) as a checkpoint saves and
+// loads it and as --save-final/--save-optimizer-state write it whole, derived from the engine's
+// description (engine_description.hpp) once for every stage: which elements this rank holds,
+// where they sit in the engine's parameter buffer, the layout the manifest records, and the
+// shards gathered back under the model's names.
 //
 // Where a unit's elements sit follows from the description alone. ZeRO-1/2 keep every
 // parameter, each unit padded in place (chapter 06's shard.hpp: a unit starts at its offset
@@ -14,13 +15,19 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <vector>
 
+#include "check.hpp"
 #include "checkpoint.hpp"
+#include "comm.hpp"
 #include "engine_description.hpp"
+#include "ledger.hpp"
 #include "nn.hpp"
+#include "safetensors.hpp"
 #include "shard_buffers.hpp"
 #include "shard_precision.hpp"
 
@@ -98,6 +105,96 @@ TrainingState sharded_training_state(const EngineDescription& d, Model& model, i
       }
     };
   return state;
+}
+
+/// Collective, after the run's report (its traffic is not a step's): the per-unit fp32 state
+/// of(u) (this rank's real elements of unit u, in order: a parameter shard, master weights, a
+/// moment) gathered whole on every rank, as "<param><suffix>" with the parameter's shape.
+/// all_gather(u, unit): the engine's all-gather of unit u's padded buffer (N·s fp32 elements,
+/// rank r's shard at r·s), called on every rank in unit order.
+template <class Of, class AllGather>
+std::map<std::string, NamedTensor> gather_units(const EngineDescription& d, const Model& model,
+                                                int rank, Of of, AllGather all_gather,
+                                                const std::string& suffix = "") {
+  const auto& params = model.parameters();
+  std::map<std::string, NamedTensor> out;
+  for (size_t u = 0; u < d.units.size(); ++u) {
+    const ShardUnit& s = d.units[u];
+    Buffer full(d.world_size * s.shard_size, MemTag::comm_buffers);  // (N s) unit u, gathered
+    std::span<const float> mine = of(u);
+    std::copy(mine.begin(), mine.end(), full.data() + rank * s.shard_size);
+    all_gather(u, full.span());
+    for (size_t i = 0; i < params.size(); ++i) {  // a unit holds whole parameters
+      const int64_t at = model.offsets()[i] - s.offset;
+      if (at < 0 || at >= s.size) continue;
+      const float* v = full.data() + at;
+      out[params[i]->name() + suffix] = {params[i]->shape(), {v, v + params[i]->numel()}};
+    }
+  }
+  return out;
+}
+
+/// Collective, for --save-optimizer-state and the equivalence tests: the AdamW state of
+/// `optimizer` (in 16 bits the master weights' moments) gathered whole and named as PyTorch's
+/// optimizer state is per parameter: "<param>.exp_avg", "<param>.exp_avg_sq" (its shape) and
+/// "<param>.step" (shape (1)). all_gather: as gather_units'. Errors: --optimizer sgd; pieces of
+/// a parameter whose step counts differ.
+template <class AllGather>
+std::map<std::string, NamedTensor> gather_optimizer_state(const EngineDescription& d,
+                                                          Communicator& comm, const Model& model,
+                                                          const ShardOptimizer& optimizer,
+                                                          AllGather all_gather) {
+  const int rank = comm.rank();
+  auto out = gather_units(
+      d, model, rank, [&](size_t u) { return optimizer.exp_avg(u); }, all_gather, ".exp_avg");
+  out.merge(gather_units(
+      d, model, rank, [&](size_t u) { return optimizer.exp_avg_sq(u); }, all_gather,
+      ".exp_avg_sq"));
+  const auto& params = model.parameters();
+  std::vector<double> steps(3 * params.size(), 0.0);  // (P, 3) Σ step, Σ step², pieces
+  for (size_t u = 0; u < d.units.size(); ++u) {
+    const ShardUnit& s = d.units[u];
+    const std::vector<int> segment_params =
+        params_in(model, s.offset + rank * s.shard_size, shard_real(s, rank));
+    const std::vector<int64_t>& segment_steps = optimizer.segment_steps(u);
+    RZ_CHECK(segment_steps.size() == segment_params.size(),
+             "unit " << u << ": " << segment_steps.size() << " step counts for "
+                     << segment_params.size() << " parameter pieces");
+    for (size_t k = 0; k < segment_steps.size(); ++k) {
+      const auto t = static_cast<double>(segment_steps[k]);
+      double* st = &steps[3 * segment_params[k]];
+      st[0] += t, st[1] += t * t, st[2] += 1;
+    }
+  }
+  comm.all_reduce_metrics(steps);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const double* st = &steps[3 * i];
+    RZ_CHECK(st[1] * st[2] == st[0] * st[0],
+             "the pieces of " << params[i]->name() << " took different numbers of steps");
+    out[params[i]->name() + ".step"] = {{1}, {static_cast<float>(st[0] / st[2])}};
+  }
+  return out;
+}
+
+/// Collective, --save-final: the weights whole under the model's state_dict() names. fp32
+/// ZeRO-1/2: the model's own (every rank holds them); fp32 ZeRO-3: the parameter shards in
+/// `params` (the engine's buffer) gathered; 16 bits: the fp32 master weights gathered.
+template <Element T, class AllGather>
+std::map<std::string, NamedTensor> gather_weights(const EngineDescription& d, const Model& model,
+                                                  int rank, const ShardOptimizer& optimizer,
+                                                  std::span<const T> params,
+                                                  AllGather all_gather) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (d.zero_stage < 3) return state_dict(model);
+    const std::vector<int64_t> starts = unit_starts(d);
+    return gather_units(
+        d, model, rank,
+        [&](size_t u) { return params.subspan(starts[u], shard_real(d.units[u], rank)); },
+        all_gather);
+  } else {
+    return gather_units(
+        d, model, rank, [&](size_t u) { return optimizer.master(u); }, all_gather);
+  }
 }
 
 }  // namespace ringzero

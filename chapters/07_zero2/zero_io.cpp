@@ -7,7 +7,6 @@
 #include <string>
 #include <vector>
 
-#include "chapters/06_zero1/optimizer_state.hpp"
 #include "common/shard_state.hpp"
 #include "chapters/07_zero2/zero.hpp"
 
@@ -85,18 +84,17 @@ std::string Zero2<T, R>::explain() const {
                          "reduce-scattered");
 }
 
-/// optimizer_state.hpp's gather_optimizer_state. Errors: --optimizer is not adamw.
+// Gathering a state whole (common/shard_state.hpp): one ring all-gather per padded bucket.
 template <Element T, Element R>
 std::map<std::string, NamedTensor> Zero2<T, R>::optimizer_state_dict() {
-  return gather_optimizer_state(comm_, model_, layout_, optimizer_);
+  return gather_optimizer_state(describe(), comm_, model_, optimizer_,
+                                [this](size_t, std::span<float> b) { ring_all_gather(comm_, b); });
 }
 
 template <Element T, Element R>
 std::map<std::string, NamedTensor> Zero2<T, R>::model_state_dict() {
-  if constexpr (std::is_same_v<T, float>)
-    return state_dict(model_);
-  else
-    return gather_master_weights(comm_, model_, layout_, optimizer_);
+  return gather_weights<T>(describe(), model_, comm_.rank(), optimizer_, params_.span(),
+                           [this](size_t, std::span<float> b) { ring_all_gather(comm_, b); });
 }
 
 /// Counts the padding elements of the parameters and of the gradient shard that are not zero.

@@ -28,7 +28,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -185,14 +184,9 @@ class Zero3 {
     return true;
   }
 
-  /// Collective: evaluate_distributed (common/dist_eval.hpp) under ZeRO-3, every rank running as
-  /// many forwards as the others (zero_io.cpp).
-  EvalResult evaluate(const Dataset& test);
-
-  /// Collective: a buffer laid out like the parameter shards, all-gathered one layer at a time
-  /// and copied out as "<param><suffix>" with the parameter's shape (zero_io.cpp).
-  std::map<std::string, NamedTensor> gather_full(
-      const std::function<std::span<const float>(size_t)>& of, const std::string& suffix = "");
+  /// Collective: layer l's padded fp32 buffer (P_l) all-gathered, rank r's shard at r·s_l, for
+  /// the states gathered whole (zero_io.cpp).
+  void gather_layer(size_t l, std::span<float> layer);
   /// Collective, --save-final: the full parameters, named as state_dict() names them; in 16
   /// bits the fp32 master weights (as chapter 01 saves them) (zero_io.cpp).
   std::map<std::string, NamedTensor> model_state_dict();

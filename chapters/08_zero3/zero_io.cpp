@@ -1,11 +1,10 @@
-// ZeRO-3's members that are not the lesson: what it reports (model-state and in-flight bytes,
-// the traffic theory, the ledger's formula line), how it evaluates in lockstep, what it saves
-// (--save-final, --save-optimizer-state: the shards all-gathered one layer at a time) and what
-// the tests check (the padding stays zero). zero3.hpp declares them.
+// ZeRO-3's members that are not the lesson: what it is (describe()), what it reports
+// (model-state and in-flight bytes, the traffic theory, the ledger's formula line), what it
+// saves (--save-final, --save-optimizer-state: the shards all-gathered one layer at a time;
+// checkpoints: common/shard_state.hpp) and what the tests check (the padding stays zero).
+// zero3.hpp declares them.
 // Leaves out: everything the training step does (zero3.hpp).
 #include <algorithm>
-#include <cstdio>
-#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -60,7 +59,8 @@ EngineDescription Zero3<T, R>::describe() const {
           .units = std::move(units),
           .padding = comm_.world_size() * layout_.shard_total - psi_,
           .in_flight_peak_bytes = in_flight_peak_bytes(),
-          .layer_spans = false};  // zero3.hpp times each layer's compute itself
+          .layer_spans = false,  // zero3.hpp times each layer's compute itself
+          .collective_forward = true};  // every forward gathers each layer
 }
 
 template <Element T, Element R>
@@ -89,85 +89,23 @@ std::string Zero3<T, R>::ledger_formula() const {
          std::to_string(collectives_.scratch_bytes()) + " B";
 }
 
-/// Every forward now makes collectives, so every rank must run as many forwards as the
-/// others, but eval_range's shares differ by a batch (10 000 samples on 3 ranks) or are empty:
-/// a rank with fewer batches runs padding batches and drops their results (PyTorch's
-/// DistributedSampler pads with repeated samples for the same reason). The sums are
-/// evaluate_distributed's, exactly. Its all-gathers are counted as "metrics": they are not a
-/// training step's traffic.
-template <Element T, Element R>
-EvalResult Zero3<T, R>::evaluate(const Dataset& test) {
-  const auto before = comm_.counters();
-  const int N = comm_.world_size();
-  int64_t most = 0;  // the largest share, in batches
-  for (int q = 0; q < N; ++q) {
-    const auto [b, e] = eval_range(test.size, q, N);
-    most = std::max(most, (e - b + kEvalBatchSize - 1) / kEvalBatchSize);
-  }
-  const auto [begin, end] = eval_range(test.size, comm_.rank(), N);
-  EvalSums sums;
-  for (int64_t i = 0; i < most; ++i) {
-    const int64_t s = begin + i * kEvalBatchSize;
-    const EvalSums e = ringzero::evaluate(
-        model_, test, s < end ? s : 0,
-        s < end ? std::min(end, s + kEvalBatchSize) : std::min(test.size, kEvalBatchSize));
-    if (s < end)
-      sums.loss_sum += e.loss_sum, sums.correct += e.correct,
-          sums.count += e.count;  // else padding: dropped
-  }
-  comm_.recount_as_metrics(before);
-  return reduce_eval(comm_, sums, test);
-}
-
-/// `of(l)`: the real elements of layer l's shard, of the parameters or of an optimizer state.
-/// Each layer goes through layer_collectives.hpp as a kStateGather, behind the desync check.
-template <Element T, Element R>
-std::map<std::string, NamedTensor> Zero3<T, R>::gather_full(
-    const std::function<std::span<const float>(size_t)>& of, const std::string& suffix) {
-  std::map<std::string, NamedTensor> out;
-  for (size_t l = 0; l < layout_.layers.size(); ++l) {
-    const LayerShard& s = layout_.layers[l];
-    Buffer full(s.padded_size, MemTag::comm_buffers);  // (P_l) one layer
-    std::span<const float> mine = of(l);
-    std::copy(mine.begin(), mine.end(), full.data() + comm_.rank() * s.shard_size);
-    collectives_.wait(collectives_.all_gather(static_cast<int>(l), kStateGather, full.span()), "");
-    for (auto [p, begin] :
-         {std::pair{&s.layer->weight, int64_t{0}}, std::pair{&s.layer->bias, s.weight_numel}})
-      out[p->name() + suffix] = {p->shape(),
-                                 {full.data() + begin, full.data() + begin + p->numel()}};
-  }
-  return out;
-}
-
+// Gathering a state whole (common/shard_state.hpp): each layer through layer_collectives.hpp
+// as a kStateGather, behind the desync check.
 template <Element T, Element R>
 std::map<std::string, NamedTensor> Zero3<T, R>::model_state_dict() {
-  if constexpr (std::is_same_v<T, float>)
-    return gather_full(
-        [this](size_t l) { return std::span<const float>(shard(params_, layout_.layers[l])); });
-  else
-    return gather_full([this](size_t l) { return optimizer_.master(l); });
+  return gather_weights<T>(describe(), model_, comm_.rank(), optimizer_, params_.span(),
+                           [this](size_t l, std::span<float> layer) { gather_layer(l, layer); });
 }
 
-/// "<param>.exp_avg", ".exp_avg_sq" (the parameter's shape) and ".step" (shape (1)): the fp32
-/// optimizer's, or in 16 bits the master weights' moments, named the same.
-/// Errors: not --optimizer adamw.
 template <Element T, Element R>
 std::map<std::string, NamedTensor> Zero3<T, R>::optimizer_state_dict() {
-  auto out = gather_full([this](size_t l) { return optimizer_.exp_avg(l); }, ".exp_avg");
-  out.merge(gather_full([this](size_t l) { return optimizer_.exp_avg_sq(l); }, ".exp_avg_sq"));
-  for (size_t l = 0; l < layout_.layers.size(); ++l) {
-    const LayerShard& s = layout_.layers[l];
-    for (Parameter* p : {&s.layer->weight, &s.layer->bias}) {
-      std::vector<double> step_and_owner = {0,
-                                            0};  // every piece of a parameter took the same steps
-      for (size_t k = 0; k < s.segment_params.size(); ++k)
-        if (s.segment_params[k] == p)
-          step_and_owner = {static_cast<double>(optimizer_.segment_steps(l)[k]), 1};
-      comm_.all_reduce_metrics(step_and_owner);
-      out[p->name() + ".step"] = {{1}, {static_cast<float>(step_and_owner[0] / step_and_owner[1])}};
-    }
-  }
-  return out;
+  return gather_optimizer_state(describe(), comm_, model_, optimizer_,
+                                [this](size_t l, std::span<float> layer) { gather_layer(l, layer); });
+}
+
+template <Element T, Element R>
+void Zero3<T, R>::gather_layer(size_t l, std::span<float> layer) {
+  collectives_.wait(collectives_.all_gather(static_cast<int>(l), kStateGather, layer), "");
 }
 
 template <Element T, Element R>

@@ -303,7 +303,7 @@ TEST_CASE("traffic: the counters equal the theory; evaluation is not counted as 
         zero.step();
       }
       Dataset test = make_synthetic(7, sizes.front(), sizes.back(), 3, 2);
-      zero.evaluate(test);
+      evaluate_in_lockstep(comm, model, test);
       const TrafficTheory theory = zero.traffic_theory();  // K from config_of(c)
       const Communicator::Counters t = comm.training_traffic();
       INFO("sizes[1] = " << sizes[1] << ", K = " << K << ", N = " << comm.world_size());
