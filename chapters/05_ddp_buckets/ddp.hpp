@@ -27,6 +27,7 @@
 
 #include "chapters/04_ring_allreduce/ring.hpp"
 #include "chapters/05_ddp_buckets/buckets.hpp"
+#include "chapters/05_ddp_buckets/options.hpp"
 #include "chapters/05_ddp_buckets/readiness.hpp"
 #include "common/collective_check.hpp"
 #include "common/collectives.hpp"
@@ -42,14 +43,7 @@ namespace ringzero {
 
 class DDP {
  public:
-  struct Options {
-    double bucket_cap_mb = 25.0;       ///< PyTorch's default
-    double first_bucket_cap_mb = 1.0;  ///< PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES
-    bool find_unused_parameters = false;
-    Collectives collectives = Collectives::ring;  ///< ring (chapter 04's) | mpi (MPI_Allreduce,
-                                                  ///< which spins while it waits)
-    Tracer* tracer = nullptr;                     ///< optional: launch and all-reduce events
-  };
+  using Options = DDPOptions;  // options.hpp
 
   /// Builds every rank's optimizer (the same on each, as chapter 04's), plans the buckets,
   /// checks the plan is the same on every rank (collective), and hooks every parameter of

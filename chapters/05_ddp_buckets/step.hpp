@@ -1,8 +1,8 @@
 // Chapter 05's step: training with DDP (ddp.hpp), gradient buckets all-reduced during
 // backward, and no_sync for gradient accumulation.
 //
-// Provides: train_step() over the DDP engine, its Flags, and DDPTraining, the lesson the driver
-// runs: the engine and its description (common/engine_lesson.hpp).
+// Provides: train_step() over the DDP engine and DDPTraining, the lesson the driver runs: the
+// engine and its description (common/engine_lesson.hpp); its flags are DDPFlags (options.hpp).
 // Leaves out: the bucket plan (buckets.hpp), the hooks (readiness.hpp), the all-reduce
 // (ddp.hpp), the precision (common/precision.hpp).
 #pragma once
@@ -45,26 +45,6 @@ inline double train_step(DDP& ddp, const Step& step) {
   ddp.step();  // the same step everywhere (--clip-grad-norm first)
   return loss_value;
 }
-
-/// The chapter's flags: DDP's options and --explain-buckets.
-struct DDPFlags : LessonOptions {
-  DDP::Options ddp;
-  bool explain = false;
-
-  void add_flags(CommandLine& cli) override {
-    add_collectives_flag(cli.app, ddp.collectives,
-                         "ring (ours, chapter 04) | mpi (MPI_Allreduce)");
-    add_bucket_flags(cli, ddp.bucket_cap_mb, ddp.first_bucket_cap_mb, ddp.find_unused_parameters);
-    cli.app.add_flag("--explain-buckets", explain,
-                     "print the bucket plan (buckets, parameters, elements, bytes)");
-  }
-  /// The engine's options, tracing into the run's `tracer`.
-  DDP::Options options(Tracer& tracer) const {
-    DDP::Options o = ddp;
-    o.tracer = &tracer;
-    return o;
-  }
-};
 
 /// Chapter 05's lesson: the DDP engine, which holds every rank's optimizer (replicated state, as
 /// chapter 04) and all-reduces the gradients bucket by bucket during backward.

@@ -49,7 +49,7 @@ double train_step(Zero1<T, R>& zero, const Step& step) {
 
 /// Chapter 06's lesson: the ZeRO-1 engine, which owns the parameters, the gradients and this
 /// rank's optimizer shard, over element types T and R; its flags are ZeroBucketFlags
-/// (zero_options.hpp).
+/// (options.hpp).
 template <class T = float, class R = T>
 using Zero1Training = EngineLesson<Zero1<T, R>>;
 

@@ -39,7 +39,7 @@
 #include "chapters/05_ddp_buckets/readiness.hpp"
 #include "chapters/06_zero1/bucket_collectives.hpp"
 #include "chapters/06_zero1/shard.hpp"
-#include "chapters/06_zero1/zero_options.hpp"
+#include "chapters/06_zero1/options.hpp"
 #include "common/checkpoint.hpp"
 #include "common/collective_check.hpp"
 #include "common/collectives.hpp"

@@ -50,7 +50,7 @@ double train_step(Zero2<T, R>& zero, const Step& step) {
 
 /// Chapter 07's lesson: the ZeRO-2 engine, which owns the parameters, this rank's gradient shard
 /// (and the buckets in flight) and this rank's optimizer shard, over element types T and R; its
-/// flags are chapter 06's ZeroBucketFlags (zero_options.hpp).
+/// flags are chapter 06's ZeroBucketFlags (options.hpp).
 template <class T = float, class R = T>
 using Zero2Training = EngineLesson<Zero2<T, R>>;
 

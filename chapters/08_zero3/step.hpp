@@ -2,10 +2,9 @@
 // parameters sharded over ranks.
 //
 // Provides: train_step() over the Zero3 engine, one for every precision (the engine is built
-// over the element types --precision and --reduce-dtype pick: common/shard_precision.hpp), its
-// Flags (--no-prefetch, --explain-layers; --collectives and the memory calculator from
-// common/zero_lesson.hpp) and Zero3Training, the lesson the driver runs: the engine and its
-// description (common/engine_lesson.hpp).
+// over the element types --precision and --reduce-dtype pick: common/shard_precision.hpp), and
+// Zero3Training, the lesson the driver runs: the engine and its description
+// (common/engine_lesson.hpp); its flags are Zero3Flags (options.hpp).
 // Leaves out: the layer shards and their collectives (zero3.hpp, layer_shard.hpp).
 #pragma once
 
@@ -14,7 +13,6 @@
 #include "common/engine_lesson.hpp"
 #include "common/lesson.hpp"
 #include "common/train.hpp"
-#include "common/zero_lesson.hpp"
 
 namespace ringzero {
 
@@ -45,32 +43,6 @@ double train_step(Zero3<T, R>& zero, const Step& step) {
   zero.step();  // each rank updates its shard (--clip-grad-norm first); the next forward gathers
   return loss_value;
 }
-
-/// The chapter's flags: the engine's options, --no-prefetch, --explain-layers, and ZeroFlags'
-/// (--collectives, the memory calculator).
-struct Zero3Flags : ZeroFlags {
-  Zero3Options zero;
-  bool explain = false, no_prefetch = false;
-
-  void add_flags(CommandLine& cli) override {
-    add_zero_flags(cli, zero.collectives);
-    cli.app.add_flag(
-        "--no-prefetch", no_prefetch,
-        "post each all-gather only when its layer needs it; wait for every collective");
-    cli.app.add_flag("--find-unused-parameters", zero.find_unused_parameters,
-                     "count a layer whose backward did not run as a zero gradient instead of "
-                     "failing (chapters 05-07's flag)");
-    cli.app.add_flag("--explain-layers", explain,
-                     "print the layer plan (elements, padding, shard size per layer)");
-  }
-  /// The engine's options, tracing into the run's `tracer`.
-  Zero3Options options(Tracer& tracer) const {
-    Zero3Options o = zero;
-    o.tracer = &tracer;
-    o.prefetch = !no_prefetch;
-    return o;
-  }
-};
 
 /// Chapter 08's lesson: the ZeRO-3 engine, which owns this rank's shards of the parameters, the
 /// gradients and the optimizer state, and gathers each layer when it is used; over element

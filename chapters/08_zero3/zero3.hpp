@@ -37,6 +37,7 @@
 
 #include "chapters/08_zero3/layer_collectives.hpp"
 #include "chapters/08_zero3/layer_shard.hpp"
+#include "chapters/08_zero3/options.hpp"
 #include "chapters/08_zero3/unused_layers.hpp"
 #include "common/checkpoint.hpp"
 #include "common/collectives.hpp"
@@ -53,17 +54,6 @@
 
 namespace ringzero {
 
-/// The options of chapter 08's engine.
-struct Zero3Options {
-  Collectives collectives =
-      Collectives::ring;  ///< ring (chapter 04's) | mpi (MPI_Allgather, MPI_Reduce_scatter_block)
-  bool prefetch = true;   ///< post the next layer's all-gather while this one computes
-  /// A layer whose backward did not run in a step counts as a zero gradient, as chapter 05's
-  /// find_unused_parameters; without it, finalize_backward() names its parameters and fails.
-  bool find_unused_parameters = false;
-  Tracer* tracer = nullptr;  ///< optional: posts, collectives, waits and each layer's compute
-};
-
 /// ZeRO stage 3 (P_os+g+p, FSDP's FULL_SHARD) per Linear layer: every rank holds its shard of
 /// every layer's parameters, gradients and optimizer state; a layer is gathered while it
 /// computes. T, R: the shards' and the gradient shard's element types (above). Collective:
@@ -71,7 +61,7 @@ struct Zero3Options {
 template <Element T = float, Element R = T>
 class Zero3 {
  public:
-  using Options = Zero3Options;
+  using Options = Zero3Options;  // options.hpp
   using Kind = LayerCollective;  ///< what a collective is for (layer_collectives.hpp)
 
   /// Cuts every layer of `model` into shards and keeps this rank's, builds this rank's optimizer

@@ -27,19 +27,19 @@ struct ZeroBucketFlags : ZeroFlags {
   ZeroOptions zero;
   bool explain = false;
 
-  /// The engine's options, tracing into the run's `tracer`.
-  ZeroOptions options(Tracer& tracer) const {
-    ZeroOptions o = zero;
-    o.tracer = &tracer;
-    return o;
-  }
-
   void add_flags(CommandLine& cli) override {
     add_zero_flags(cli, zero.collectives);
     add_bucket_flags(cli, zero.bucket_cap_mb, zero.first_bucket_cap_mb,
                      zero.find_unused_parameters);
     cli.app.add_flag("--explain-buckets", explain,
                      "print the bucket plan (buckets, parameters, elements, bytes)");
+  }
+
+  /// The engine's options, tracing into the run's `tracer`.
+  ZeroOptions options(Tracer& tracer) const {
+    ZeroOptions o = zero;
+    o.tracer = &tracer;
+    return o;
   }
 };
 
