@@ -16,24 +16,24 @@ bool given(CLI::App* app, const std::string& name) {
   return option != nullptr && option->count() > 0;
 }
 
-// What the chapter's step does on the GPU. Chapters 05-08 from their engine's description
-// (common/engine_description.hpp): the collectives, DDP's buckets (the sizes it posts, backward
-// order, tiling the model from its end), ZeRO's stage, prefetch and units with their padding.
-// Chapters 03-04, which have no engine description yet, by their folder number (issue 27
-// replaces this planner by the chapters' own code on a device backend).
+// What the chapter's step does on the GPU, from its lesson's description
+// (common/engine_description.hpp): the collectives; a central reducer (03), one all-reduce per
+// parameter (04), DDP's buckets (05: the sizes it posts, backward order, tiling the model from
+// its end), or ZeRO's stage, prefetch and units with their padding (06-08). Issue 27 replaces
+// this planner by the chapters' own code on a device backend.
 DevicePlan plan_for(const RunState& state) {
-  const std::string number = state.chapter.name.substr(0, 2);
-  Lesson& lesson = *state.lesson;
+  const std::optional<EngineDescription> d = state.lesson->description();
+  RZ_CHECK(d, "--device cuda: chapter " << state.chapter.name << " has no GPU step");
   DevicePlan plan;
-  const std::optional<EngineDescription> d = lesson.description();
-  if (!d) {
-    plan.ring = lesson.summary_fields().value("collectives", "ring") == "ring";
-    RZ_CHECK(number == "03" || number == "04",
-             "--device cuda: chapter " << state.chapter.name << " has no GPU step");
-    plan.kind = number == "03" ? DevicePlan::Kind::central : DevicePlan::Kind::all_reduce;
+  plan.ring = d->collectives == Collectives::ring;
+  if (d->central) {
+    plan.kind = DevicePlan::Kind::central;
     return plan;
   }
-  plan.ring = d->collectives == Collectives::ring;
+  if (d->zero_stage == 0 && d->unit == "parameters") {
+    plan.kind = DevicePlan::Kind::all_reduce;
+    return plan;
+  }
   if (d->zero_stage == 0) {
     plan.kind = DevicePlan::Kind::buckets;
     int64_t end = state.model->num_parameters();

@@ -25,20 +25,25 @@ struct ShardUnit {
   int64_t shard_size = 0;  ///< s = ceil(size / N), the same on every rank
 };
 
-/// What a data-parallel engine is, as data. The driver's banner, the cost model's schedule
-/// and the summary record's shared fields are derived from it (below), the same way for every
-/// chapter.
+/// What a data-parallel engine is, as data. The driver's banner, the cost model's schedule,
+/// the summary record's shared fields (engine_lesson.hpp), a checkpoint's pieces
+/// (shard_state.hpp) and the GPU planner's plan (device_ext.cpp) are derived from it, the same
+/// way for every chapter.
 struct EngineDescription {
-  /// 0: DDP, every rank holds every model state; 1, 2, 3: the ZeRO paper's P_os, P_os+g,
-  /// P_os+g+p (Rajbhandari et al. 2020, §5).
+  /// 0: no sharding, every rank holds every model state (chapters 03-05); 1, 2, 3: the ZeRO
+  /// paper's P_os, P_os+g, P_os+g+p (Rajbhandari et al. 2020, §5).
   int zero_stage = 0;
-  /// What one collective moves: "buckets" (PyTorch DDP's, chapters 05-07) or "layers" (FSDP's
+  /// What one collective moves: "model" (chapter 03's whole gradient), "parameters" (chapter
+  /// 04: one all-reduce each), "buckets" (PyTorch DDP's, chapters 05-07) or "layers" (FSDP's
   /// units, chapter 08).
   std::string unit = "buckets";
   /// Elements of each unit, in the order the step posts their collectives, as the cost model
   /// replays them (CommSchedule::sizes): a bucket's real elements, a layer's padded P_l.
   std::vector<int64_t> unit_sizes;
   Collectives collectives = Collectives::ring;
+  /// true: the gradients are summed at rank 0, which steps alone and broadcasts the parameters
+  /// (chapter 03's central reducer); false: every rank takes part in every collective.
+  bool central = false;
   /// Chapter 08: whether the next layer's all-gather is posted while this layer computes;
   /// nullopt where the engine has no such choice.
   std::optional<bool> prefetch;

@@ -127,6 +127,13 @@ class CentralReducer : public Lesson {
                                    precision.param_bytes());
   }
   bool reset_ledger_peaks() const override { return precision.reset_ledger_peaks(); }
+  /// The whole gradient to rank 0, which steps alone (the GPU planner reads it).
+  std::optional<EngineDescription> description() const override {
+    return EngineDescription{.unit = "model",
+                             .unit_sizes = {psi_},
+                             .central = true,
+                             .world_size = comm.world_size()};
+  }
   nlohmann::json summary_fields() const override { return precision.summary(); }
   std::map<std::string, NamedTensor> model_state_dict(const Model& model) override {
     return precision.state_dict(model);  // rank 0's is the one written

@@ -91,6 +91,13 @@ class RingDataParallel : public Lesson {
     return ring_all_reduce_traffic(sizes_, N, precision.grad_wire_bytes());
   }
   bool reset_ledger_peaks() const override { return precision.reset_ledger_peaks(); }
+  /// One all-reduce per parameter, after backward (the GPU planner reads it).
+  std::optional<EngineDescription> description() const override {
+    return EngineDescription{.unit = "parameters",
+                             .unit_sizes = sizes_,
+                             .collectives = ring ? Collectives::ring : Collectives::mpi,
+                             .world_size = comm.world_size()};
+  }
   nlohmann::json summary_fields() const override {
     nlohmann::json j{{"collectives", ring ? "ring" : "mpi"}};
     j.update(precision.summary());

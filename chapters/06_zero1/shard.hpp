@@ -25,9 +25,9 @@
 // bucket smaller than N leaves some ranks owning only padding; they still join every
 // collective, with an empty optimizer. Padding is counted under its own ledger tag.
 // Also in this chapter, one concept each: bucket_collectives.hpp (a padded bucket's
-// reduce-scatter and all-gather, and their bytes), optimizer_state.hpp (the shards' AdamW state
-// gathered whole); below it, common/padded_buffer.hpp (the ledger's padding column) and
-// common/sharded_clip.hpp (clip_grad_norm over the shards).
+// reduce-scatter and all-gather, and their bytes); below it, common/padded_buffer.hpp (the
+// ledger's padding column), common/sharded_clip.hpp (clip_grad_norm over the shards) and
+// common/shard_state.hpp (the shards gathered whole, and a checkpoint's pieces).
 // Leaves out: parameter sharding (ZeRO-3 keeps only the shard of the parameters too).
 #pragma once
 
