@@ -96,8 +96,8 @@ std::unique_ptr<DeviceTrainer> make_device_trainer(const Model& model, const Tra
                                                    int device = 0,
                                                    DeviceTrainerOptions options = {});
 
-/// What a distributed chapter's step does on the GPU; DeviceExtension fills it from the chapter
-/// and its lesson object (common/device_ext.cpp).
+/// What a distributed chapter's step does on the GPU; DeviceExtension fills it from the lesson's
+/// description() (common/engine_description.hpp; common/device_ext.cpp).
 struct DevicePlan {
   enum class Kind {
     central,     ///< 03: gradients summed on rank 0, which steps and broadcasts the parameters

@@ -1,6 +1,6 @@
 // engine_description: what a data-parallel engine is, as data, written once by each engine
-// (its describe()) and read by the shared driver (engine_lesson.hpp), the cost model and the
-// summary record.
+// (its describe()) and read by the shared driver (engine_lesson.hpp), the cost model, the
+// summary record, checkpoints (shard_state.hpp) and the GPU planner (device_ext.cpp).
 //
 // Provides: EngineDescription (stage, unit, unit sizes, collectives, prefetch, the units'
 // offsets and shard sizes, padding, bytes in flight) and ShardUnit.
@@ -28,7 +28,7 @@ struct ShardUnit {
 /// What a data-parallel engine is, as data. The driver's banner, the cost model's schedule,
 /// the summary record's shared fields (engine_lesson.hpp), a checkpoint's pieces
 /// (shard_state.hpp) and the GPU planner's plan (device_ext.cpp) are derived from it, the same
-/// way for every chapter.
+/// way for chapters 05-08 (chapters 03-04 describe their reduction for the GPU planner only).
 struct EngineDescription {
   /// 0: no sharding, every rank holds every model state (chapters 03-05); 1, 2, 3: the ZeRO
   /// paper's P_os, P_os+g, P_os+g+p (Rajbhandari et al. 2020, §5).
@@ -50,7 +50,7 @@ struct EngineDescription {
   /// N: the ranks the units are sharded over (and the gradients summed over).
   int world_size = 1;
   /// ZeRO: every unit, in the order of its collectives (checkpoints derive what this rank
-  /// holds from it: common/shard_state.hpp); empty for DDP.
+  /// holds from it: common/shard_state.hpp); empty without sharding (chapters 03-05).
   std::vector<ShardUnit> units;
   /// Zero elements added so that every unit splits into N equal shards (shard.hpp's padding).
   int64_t padding = 0;

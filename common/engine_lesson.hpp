@@ -3,7 +3,8 @@
 //
 // Provides: the derivations from an EngineDescription (engine_description.hpp), written once
 // for every chapter (engine_banner, engine_comm_schedule, engine_summary_fields), and
-// EngineLesson<Engine>, the Lesson over an engine (chapters 06-08's Zero1, Zero2, Zero3).
+// EngineLesson<Engine>, the Lesson over an engine (chapter 05's DDP, chapters 06-08's Zero1,
+// Zero2, Zero3).
 // Leaves out: the chapter's theory (its ledger formula, its traffic, its exact model-state
 // bytes: the engine's own methods) and the step (the chapter's step.hpp).
 #pragma once

@@ -4,8 +4,10 @@
 // Provides: CommandLine (the CLI11 app plus the flags the cross-rank check leaves to others),
 // Step (the inputs of one train_step), SetUp (what a lesson object is built from) and Lesson,
 // the interface whose defaults describe one process with a replicated model.
-// Leaves out: the training step itself. Each chapter writes its train_step(Lesson&, const Step&)
-// in its lesson header, next to the class it drives; tests call that same function.
+// Leaves out: the training step itself. Chapters 01-04 write train_step(TheirLesson&, const
+// Step&) in their lesson header, next to the class; chapters 05-08 write train_step(Engine&,
+// const Step&) in step.hpp, over the engine EngineLesson<Engine> holds (engine_lesson.hpp);
+// tests call that same function.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -89,8 +91,8 @@ class Lesson {
   /// What the step's communication overlaps, for the cost model (cost_model.hpp): none, by
   /// default (communicate, then compute).
   virtual CommSchedule comm_schedule() const { return {}; }
-  /// What the lesson's data-parallel engine is, as data (chapters 05-08: EngineLesson); nullopt
-  /// for the chapters without one.
+  /// What the lesson's data-parallel engine is, as data (chapters 03-04: their reduction, for
+  /// the GPU planner; 05-08: EngineLesson); nullopt in chapters 01-02.
   virtual std::optional<EngineDescription> description() const { return std::nullopt; }
   /// The chapter's own fields of the summary record ("collectives", "buckets", "zero_stage"...).
   virtual nlohmann::json summary_fields() const { return nlohmann::json::object(); }

@@ -1,8 +1,9 @@
 // precision: the run's precision for a model every rank holds whole (chapters 01-05), written
 // once, so that each chapter's train_step is the fp32 algorithm whatever --precision says.
 //
-// Provides: ReplicatedPrecision, which a lesson object holds in place of an Optimizer. What a
-// train_step calls on it does the fp32 thing in fp32 and nothing more:
+// Provides: ReplicatedPrecision, which a lesson object of chapters 01-04, or chapter 05's DDP
+// engine, holds in place of an Optimizer. What a train_step calls on it does the fp32 thing in
+// fp32 and nothing more:
 //   zero_grad()            the gradients to zero (the model's fp32 ones, or the 16-bit ones)
 //   seed(K)                backward's seed: 1/K in fp32; loss_scale/(N·K) in 16 bits
 //   check_first_loss(...)  fp16 only: a non-finite loss at step 1 is the forward overflowing

@@ -1,6 +1,7 @@
 // zero_lesson: what the three ZeRO lessons (chapters 06-08) share word for word, written once:
 // their common flags (--collectives, the memory calculator) and the summary fields every stage
-// reports. Each chapter's lesson keeps what is its own (buckets or layers, prefetch, in flight).
+// reports. The rest of the summary (buckets or layers, prefetch, in flight) is derived from the
+// engine's description (engine_lesson.hpp's engine_summary_fields).
 // Leaves out: the stages themselves (chapters/06_zero1, 07_zero2, 08_zero3).
 #pragma once
 

@@ -132,7 +132,8 @@ class CentralReducer : public Lesson {
     return EngineDescription{.unit = "model",
                              .unit_sizes = {psi_},
                              .central = true,
-                             .world_size = comm.world_size()};
+                             .world_size = comm.world_size(),
+                             .reset_ledger_peaks = precision.reset_ledger_peaks()};
   }
   nlohmann::json summary_fields() const override { return precision.summary(); }
   std::map<std::string, NamedTensor> model_state_dict(const Model& model) override {

@@ -96,7 +96,8 @@ class RingDataParallel : public Lesson {
     return EngineDescription{.unit = "parameters",
                              .unit_sizes = sizes_,
                              .collectives = ring ? Collectives::ring : Collectives::mpi,
-                             .world_size = comm.world_size()};
+                             .world_size = comm.world_size(),
+                             .reset_ledger_peaks = precision.reset_ledger_peaks()};
   }
   nlohmann::json summary_fields() const override {
     nlohmann::json j{{"collectives", ring ? "ring" : "mpi"}};

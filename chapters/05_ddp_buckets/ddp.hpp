@@ -11,8 +11,9 @@
 //
 // When a bucket is complete, in which order buckets go, no_sync and unused parameters:
 // readiness.hpp (BucketReadiness, shared with chapters 06 and 07). Here: what a launched bucket
-// does. With --check-collectives, each all-reduce first checks that every rank is about to run
-// the same one, bucket, size and number (common/collective_check.hpp), so a rank out of order
+// does, every rank's optimizer (its own ReplicatedPrecision), describe(), and the chapter's
+// ledger formula and traffic theory. With --check-collectives, each all-reduce first checks
+// that every rank is about to run the same one, bucket, size and number (common/collective_check.hpp), so a rank out of order
 // stops every rank with a message instead of a crash inside MPI or different weights.
 // A bucket is a range of the gradients in their element type (float, bf16, fp16); the mean and
 // the --reduce-dtype are the precision's (common/precision.hpp), the all-reduce chapter 04's.

@@ -1,6 +1,7 @@
-// ZeRO-1's members that are not the lesson: what it reports (the exact model-state bytes and
-// the ledger's formula line), what it saves (--save-final, --save-optimizer-state,
-// checkpoints) and what the tests check (the padding stays zero). zero.hpp declares them; the
+// ZeRO-1's members that are not the lesson: what it is (describe(), explain()), what it reports
+// (the exact model-state bytes and the ledger's formula line), what it saves (--save-final,
+// --save-optimizer-state, checkpoints: common/shard_state.hpp) and what the tests check (the
+// padding stays zero). zero.hpp declares them; the
 // engine is instantiated here for the element types with_precision builds.
 // Leaves out: everything the training step does (zero.hpp).
 #include <map>

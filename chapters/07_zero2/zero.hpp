@@ -196,8 +196,8 @@ class Zero2 {
     return true;
   }
 
-  /// Collective, for the equivalence tests: AdamW's state gathered from every rank's shards
-  /// (zero_io.cpp).
+  /// Collective, --save-optimizer-state and the equivalence tests: AdamW's state gathered
+  /// whole (common/shard_state.hpp's gather_optimizer_state; zero_io.cpp).
   std::map<std::string, NamedTensor> optimizer_state_dict();
   /// Collective, --save-final: the weights, gathered whole under the model's state_dict()
   /// names: the model's in fp32, the fp32 master weights from every rank's shards in 16 bits.

@@ -1,6 +1,7 @@
-// ZeRO-2's members that are not the lesson: what it reports (the exact model-state bytes, the
-// buckets in flight and the ledger's formula line), what it saves (--save-optimizer-state,
-// checkpoints) and what the tests check (the padding stays zero). zero.hpp declares them.
+// ZeRO-2's members that are not the lesson: what it is (describe(), explain()), what it reports
+// (the exact model-state bytes, the buckets in flight and the ledger's formula line), what it
+// saves (--save-final, --save-optimizer-state, checkpoints: common/shard_state.hpp) and what
+// the tests check (the padding stays zero). zero.hpp declares them.
 // Leaves out: everything the training step does (zero.hpp).
 #include <algorithm>
 #include <map>

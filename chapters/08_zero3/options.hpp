@@ -21,7 +21,8 @@ struct Zero3Options {
   Tracer* tracer = nullptr;  ///< optional: posts, collectives, waits and each layer's compute
 };
 
-/// Chapter 08's flags: the engine's options, --no-prefetch, --explain-layers, and ZeroFlags'
+/// Chapter 08's flags: the engine's options, --no-prefetch, --find-unused-parameters,
+/// --explain-layers, and ZeroFlags'
 /// (--collectives, the memory calculator).
 struct Zero3Flags : ZeroFlags {
   Zero3Options zero;

@@ -42,7 +42,6 @@
 #include "common/checkpoint.hpp"
 #include "common/collectives.hpp"
 #include "common/dist.hpp"
-#include "common/dist_eval.hpp"
 #include "common/engine_description.hpp"
 #include "common/padded_buffer.hpp"
 #include "common/safetensors.hpp"
