@@ -17,6 +17,7 @@
 #include <numeric>
 
 #include "chapters/08_zero3/zero3.hpp"
+#include "common/dist_eval.hpp"
 #include "common/rng.hpp"
 #include "mpi/difference_report.hpp"
 #include "mpi/test_comm.hpp"
