@@ -4,7 +4,9 @@
 // Provides: the derivations from an EngineDescription (engine_description.hpp), written once
 // for every chapter (engine_banner, engine_comm_schedule, engine_summary_fields), and
 // EngineLesson<Engine>, the Lesson over an engine (chapter 05's DDP, chapters 06-08's Zero1,
-// Zero2, Zero3).
+// Zero2, Zero3). The saved state it forwards to the engine: --save-final, --save-optimizer-state
+// and a checkpoint's training state, which the ZeRO engines derive from their description in
+// shard_state.hpp (DDP: its ReplicatedPrecision's, precision.hpp).
 // Leaves out: the chapter's theory (its ledger formula, its traffic, its exact model-state
 // bytes: the engine's own methods) and the step (the chapter's step.hpp).
 #pragma once
