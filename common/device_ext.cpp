@@ -141,7 +141,7 @@ void DeviceExtension::after_setup(RunState& state) {
 std::optional<double> DeviceExtension::train_step_instead(RunState&, const Step& step) {
   if (parallel_) return parallel_->train_step(step);
   if (!trainer_) return std::nullopt;
-  // The step of chapters 01-02 (training_loop.hpp, grad_accum.hpp), on the GPU.
+  // The step of chapters 01-02 (step.hpp of each), on the GPU.
   const int64_t K = step.config.grad_accum_steps;
   trainer_->zero_grad();  // once per optimizer step; backward accumulates over the K micro-steps
   double loss_sum = 0;

@@ -4,10 +4,10 @@
 // Provides: CommandLine (the CLI11 app plus the flags the cross-rank check leaves to others),
 // Step (the inputs of one train_step), SetUp (what a lesson object is built from) and Lesson,
 // the interface whose defaults describe one process with a replicated model.
-// Leaves out: the training step itself. Chapters 01-04 write train_step(TheirLesson&, const
-// Step&) in their lesson header, next to the class; chapters 05-08 write train_step(Engine&,
-// const Step&) in step.hpp, over the engine EngineLesson<Engine> holds (engine_lesson.hpp);
-// tests call that same function.
+// Leaves out: the training step itself: every chapter writes it in its step.hpp, chapters 01-04
+// as train_step(TheirLesson&, const Step&), chapters 05-08 as train_step(Engine&, const Step&)
+// over the engine EngineLesson<Engine> holds (engine_lesson.hpp); tests call that same function.
+// The driver records each call as the trace's "step N" span (run.cpp).
 #pragma once
 
 #include <CLI/CLI.hpp>

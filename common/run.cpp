@@ -202,7 +202,11 @@ int Run::run(LessonOptions& options,
       std::optional<double> loss;
       for (auto& e : extensions_)
         if (!loss) loss = e->train_step_instead(state, step);
-      state.loss = loss ? *loss : train_step(*lesson, step);
+      if (!loss) {  // the lesson's step, one span on the trace (--trace)
+        Tracer::Span span(tracer, "step " + std::to_string(step.step), "step");
+        loss = train_step(*lesson, step);
+      }
+      state.loss = *loss;
       tracer.set_enabled(false);
       times.add(watch.ms());
       state.last_ms = watch.ms();

@@ -2,7 +2,7 @@
 // lesson: data and model set-up from the flags, batches, loss, evaluation and the NaN guard
 // (the optimizer choice, Optimizer, is common/optim.hpp's).
 // Leaves out: the training step itself. Forward, backward, communication and the optimizer
-// step are written out in each chapter's main.cpp and lesson files, on purpose.
+// step are written out in each chapter's step.hpp and the files it uses, on purpose.
 #pragma once
 
 #include <memory>

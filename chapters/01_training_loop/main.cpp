@@ -4,8 +4,8 @@
 //   build/bin/ch01_training_loop --model toy --epochs 2      # the ToyModel, synthetic data
 //
 // One process, one model, one optimizer. Every later chapter must reproduce the numbers this
-// loop prints; the lesson is the loop body, train_step() in training_loop.hpp.
-#include "chapters/01_training_loop/training_loop.hpp"
+// loop prints; the lesson is the loop body, train_step() in step.hpp.
+#include "chapters/01_training_loop/step.hpp"
 #include "common/run.hpp"
 
 using namespace ringzero;

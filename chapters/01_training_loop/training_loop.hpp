@@ -1,8 +1,9 @@
-// Chapter 01's lesson: the training loop's body, forward, loss, backward, optimizer step.
+// Chapter 01's lesson object: one process, one model, one optimizer.
 //
-// Provides: TrainingLoop, the lesson object of one process (the model's one optimizer), and
-// train_step(), one optimizer step on one batch; the golden test against PyTorch calls it.
-// Leaves out: the loop around it (epochs, logging, evaluation: common/run.hpp).
+// Provides: TrainingLoop, the lesson object of one process (the model's one optimizer and what
+// the run reports and saves of it); chapter 02 reuses it.
+// Leaves out: the step (step.hpp), the loop around it (epochs, logging, evaluation:
+// common/run.hpp).
 #pragma once
 
 #include <string>
@@ -35,30 +36,12 @@ class TrainingLoop : public Lesson {
   std::map<std::string, NamedTensor> model_state_dict(const Model& model) override {
     return precision.state_dict(model);
   }
-  TrainingState training_state(Model& model) override {
-    return precision.training_state(model);
-  }
+  TrainingState training_state(Model& model) override { return precision.training_state(model); }
 
   ReplicatedPrecision precision;  ///< the parameters' dtype, the gradients and the optimizer
 
  private:
   StateBytes states_;  ///< bytes per parameter in fp32: p, g and --optimizer's state
 };
-
-/// One optimizer step on one batch, step.micro_batch(0): the whole global batch (B, in).
-/// Returns the batch's mean loss. Errors: a non-finite loss (check_finite_loss).
-inline double train_step(TrainingLoop& loop, const Step& step) {
-  Model& model = step.model;
-  loop.precision.zero_grad();                   // gradients accumulate (+=), so start from zero
-  Batch batch = step.micro_batch(0);            // the whole global batch: (B, in)
-  Tape tape;                                    // records what forward did, for backward
-  Var loss = forward_loss(tape, model, batch);  // (B, in) -> (B, out) -> scalar
-  const double loss_value = loss->value[0];
-  loop.precision.check_first_loss(loss_value, step.step);  // fp16: the forward overflowed?
-  check_finite_loss(loss_value, step.step);  // stop before a NaN reaches the weights
-  tape.backward(loss, loop.precision.seed(1));  // d loss / d every parameter, into the grads
-  loop.precision.step(nullptr);  // --clip-grad-norm, then the optimizer's update
-  return loss_value;
-}
 
 }  // namespace ringzero

@@ -6,8 +6,8 @@
 // The global batch B is cut into K micro-batches of B/K. Backward accumulates (+=), so running
 // K backwards before one optimizer step sums K gradients; scaling each micro-batch loss by 1/K
 // turns that sum into the gradient of the full-batch mean: the same step as chapter 01 with
-// 1/K of the activation memory (grad_accum.hpp).
-#include "chapters/02_gradient_accumulation/grad_accum.hpp"
+// 1/K of the activation memory (step.hpp).
+#include "chapters/02_gradient_accumulation/step.hpp"
 #include "common/run.hpp"
 
 using namespace ringzero;

@@ -18,6 +18,8 @@
 // Both are written once over the element type (float, bf16, fp16: common/half.hpp), so the same
 // star carries 16-bit gradients and parameters with --precision bf16|fp16 (Ψ·2 bytes per
 // message; rank 0 adds each one with bf16/fp16's `+=`, one rounding per addition).
+// Provides: reduce_to_rank0, broadcast_from_rank0, their traffic and CentralReducer, the lesson
+// object (rank 0's optimizer and what the driver reports of it); the step is step.hpp's.
 // Leaves out: overlapping communication with backward, tree or ring schedules (chapter 04), the
 // precision (common/precision.hpp).
 #pragma once
@@ -104,7 +106,7 @@ inline TrafficTheory central_reducer_traffic(int world_size, int64_t psi, int gr
 }
 
 /// Chapter 03's lesson object: the only optimizer (on rank 0) and rank 0's buffer for one
-/// incoming gradient; train_step() below is the step it drives.
+/// incoming gradient; train_step() (step.hpp) is the step it drives.
 class CentralReducer : public Lesson {
  public:
   explicit CentralReducer(SetUp& s)
@@ -160,35 +162,5 @@ class CentralReducer : public Lesson {
   int64_t psi_;
   StateBytes states_;  // bytes per parameter in fp32: p, g and --optimizer's state
 };
-
-/// One optimizer step on the global batch: K micro-steps on this rank's share, then the
-/// central reducer. Returns the global batch's mean loss (on every rank). Errors: a non-finite
-/// loss stops every rank (check_finite_loss: the global mean is the same everywhere; the error
-/// names the rank(s) whose own loss is not finite).
-inline double train_step(CentralReducer& reducer, const Step& step) {
-  Communicator& comm = reducer.comm;
-  Model& model = step.model;
-  const int64_t K = step.config.grad_accum_steps;
-  reducer.precision.zero_grad();
-  double loss_sum = 0;
-  for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
-    Batch batch = step.micro_batch(micro_step);  // (B/(N K), in)
-    Tape tape;
-    Var loss = forward_loss(tape, model, batch);  // mean over this micro-batch
-    loss_sum += loss->value[0];
-    tape.backward(loss, reducer.precision.seed(K));  // grads += dloss/K: this share's mean
-  }
-  const double loss_value = global_mean(comm, loss_sum / K);  // equal shares: mean of means
-  reducer.precision.check_first_loss(loss_value, step.step);  // fp16: the forward overflowed?
-  // Every rank stops together; the error names the rank(s) whose loss is not finite.
-  check_finite_loss(comm, loss_sum / K, loss_value, step.step);
-
-  // Rank 0: Σ over ranks of the share means, then / N (mean of N equal shares = global mean).
-  reducer.precision.reduce([&](auto grads, auto scratch) { reduce_to_rank0(comm, grads, scratch); });
-  reducer.precision.step(&comm, /*holds_sum=*/comm.rank() == 0);  // rank 0 alone steps
-  // Everyone continues from rank 0's weights.
-  reducer.precision.visit_params([&](auto params) { broadcast_from_rank0(comm, params); });
-  return loss_value;
-}
 
 }  // namespace ringzero

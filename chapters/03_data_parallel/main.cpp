@@ -5,9 +5,9 @@
 //
 // Each rank trains on its 1/N of every global batch (K micro-steps each, as in chapter 02).
 // Rank 0 collects every rank's gradients, averages them, steps the only optimizer and sends the
-// new parameters back (central_reducer.hpp). The numbers match chapter 02 with K = N; rank 0's
-// traffic, printed at the end, grows with N.
-#include "chapters/03_data_parallel/central_reducer.hpp"
+// new parameters back (step.hpp, central_reducer.hpp). The numbers match chapter 02 with K = N;
+// rank 0's traffic, printed at the end, grows with N.
+#include "chapters/03_data_parallel/step.hpp"
 #include "common/run.hpp"
 
 using namespace ringzero;

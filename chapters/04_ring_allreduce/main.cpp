@@ -6,10 +6,10 @@
 //
 // Each rank trains on its 1/N of every global batch (K micro-steps each, as in chapter 02).
 // After backward, each parameter's gradient is summed over ranks with a ring all-reduce
-// (ring.hpp) and divided by N (ring_data_parallel.hpp); every rank then takes the same optimizer
+// (ring.hpp) and divided by N (step.hpp); every rank then takes the same optimizer
 // step, so the weights stay identical without any broadcast. The numbers match chapter 03; the
 // traffic printed at the end is the same on every rank, 2(N−1)/N·Ψ·4 bytes per step.
-#include "chapters/04_ring_allreduce/ring_data_parallel.hpp"
+#include "chapters/04_ring_allreduce/step.hpp"
 #include "common/run.hpp"
 
 using namespace ringzero;

@@ -2,7 +2,7 @@
 // steps its own, identical optimizer.
 //
 // Provides: RingDataParallel (the replicated optimizer and the ring's receive buffer), its
-// Flags (--collectives, --bench-allreduce), all_reduce_gradients() and train_step().
+// Flags (--collectives, --bench-allreduce) and all_reduce_gradients(); the step is step.hpp's.
 // Leaves out: the ring itself (ring.hpp), overlap with backward (chapter 05), the precision
 // (common/precision.hpp: the same step in bf16 and fp16, with 16-bit gradients on the wire).
 #pragma once
@@ -65,7 +65,8 @@ class RingDataParallel : public Lesson {
         states_(fp32_state_bytes(s.config.optimizer, s.config.momentum)) {
     RZ_CHECK(ring || precision.grad_wire_bytes() == 4,
              "--collectives mpi with --reduce-dtype "
-                 << s.config.precision << " (--reduce-dtype defaults to the --precision): MPI has no "
+                 << s.config.precision
+                 << " (--reduce-dtype defaults to the --precision): MPI has no "
                  << s.config.precision
                  << " sum; use --reduce-dtype fp32 (widen and sum in fp32) or --collectives ring");
     const int64_t largest = *std::max_element(sizes_.begin(), sizes_.end());
@@ -107,9 +108,7 @@ class RingDataParallel : public Lesson {
   std::map<std::string, NamedTensor> model_state_dict(const Model& model) override {
     return precision.state_dict(model);
   }
-  TrainingState training_state(Model& model) override {
-    return precision.training_state(model);
-  }
+  TrainingState training_state(Model& model) override { return precision.training_state(model); }
 
   Communicator& comm;
   ReplicatedPrecision precision;  ///< every rank's optimizer; the ring's incoming chunk
@@ -130,34 +129,5 @@ class RingDataParallel : public Lesson {
   int64_t psi_;
   StateBytes states_;  // bytes per parameter in fp32: p, g and --optimizer's state
 };
-
-/// One optimizer step on the global batch: K micro-steps on this rank's share, the all-reduce,
-/// and the same optimizer step on every rank. Returns the global batch's mean loss (on every
-/// rank). Errors: a non-finite loss stops every rank.
-inline double train_step(RingDataParallel& dp, const Step& step) {
-  Communicator& comm = dp.comm;
-  Model& model = step.model;
-  const int64_t K = step.config.grad_accum_steps;
-  dp.precision.zero_grad();
-  double loss_sum = 0;
-  for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
-    Batch batch = step.micro_batch(micro_step);  // (B/(N K), in)
-    Tape tape;
-    Var loss = forward_loss(tape, model, batch);  // mean over this micro-batch
-    loss_sum += loss->value[0];
-    tape.backward(loss, dp.precision.seed(K));  // grads += dloss/K: the mean over this share
-  }
-  const double loss_value = global_mean(comm, loss_sum / K);  // equal shares: mean of means
-  dp.precision.check_first_loss(loss_value, step.step);       // fp16: the forward overflowed?
-  // Every rank stops together; the error names the rank(s) whose loss is not finite.
-  check_finite_loss(comm, loss_sum / K, loss_value, step.step);
-
-  // Σ over ranks, then / N: identical gradients, bit for bit, on every rank.
-  dp.precision.reduce([&](auto grads, auto scratch) {
-    all_reduce_gradients(comm, model, dp.ring, grads, scratch);
-  });
-  dp.precision.step(&comm);  // the same step everywhere (--clip-grad-norm first)
-  return loss_value;
-}
 
 }  // namespace ringzero

@@ -20,7 +20,6 @@ namespace ringzero {
 /// Returns the global batch's mean loss (on every rank). Errors: a non-finite loss stops every
 /// rank; a parameter without gradient (DDP::finalize_backward).
 inline double train_step(DDP& ddp, const Step& step) {
-  Tracer::Span span(step.tracer, "step " + std::to_string(step.step), "step");
   const int64_t K = step.config.grad_accum_steps;
   ddp.zero_grad();
   double loss_sum = 0;
@@ -37,7 +36,7 @@ inline double train_step(DDP& ddp, const Step& step) {
     ddp.finalize_backward();  // every bucket all-reduced, the mean; MPI is ours again
   }
   const double loss_value = global_mean(ddp.comm(), loss_sum / K);  // equal shares
-  ddp.optimizer().check_first_loss(loss_value, step.step);         // fp16: forward overflow?
+  ddp.optimizer().check_first_loss(loss_value, step.step);          // fp16: forward overflow?
   // Every rank stops together; the error names the rank(s) whose loss is not finite.
   check_finite_loss(ddp.comm(), loss_sum / K, loss_value, step.step);
 

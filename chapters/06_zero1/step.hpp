@@ -21,7 +21,6 @@ namespace ringzero {
 /// Errors: a non-finite loss stops every rank; a parameter without gradient.
 template <class T, class R>
 double train_step(Zero1<T, R>& zero, const Step& step) {
-  Tracer::Span span(step.tracer, "step " + std::to_string(step.step), "step");
   const int64_t K = step.config.grad_accum_steps;
   zero.zero_grad();
   double loss_sum = 0;
@@ -38,7 +37,7 @@ double train_step(Zero1<T, R>& zero, const Step& step) {
     zero.finalize_backward();  // every bucket reduce-scattered: this rank's shard holds the mean
   }
   const double loss_value = global_mean(zero.comm(), loss_sum / K);  // equal shares
-  zero.optimizer().check_first_loss(loss_value, step.step);         // fp16: forward overflow?
+  zero.optimizer().check_first_loss(loss_value, step.step);          // fp16: forward overflow?
   // Every rank stops together; the error names the rank(s) whose loss is not finite.
   check_finite_loss(zero.comm(), loss_sum / K, loss_value, step.step);
 

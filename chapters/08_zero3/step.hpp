@@ -22,7 +22,6 @@ namespace ringzero {
 /// rank; ranks whose collectives differ (the desync check).
 template <class T, class R>
 double train_step(Zero3<T, R>& zero, const Step& step) {
-  Tracer::Span span(step.tracer, "step " + std::to_string(step.step), "step");
   const int64_t K = step.config.grad_accum_steps;
   zero.zero_grad();
   double loss_sum = 0;
@@ -35,7 +34,7 @@ double train_step(Zero3<T, R>& zero, const Step& step) {
   }
   zero.finalize_backward();  // nothing in flight, no layer gathered: only the shards
   const double loss_value = global_mean(zero.comm(), loss_sum / K);  // equal shares
-  zero.optimizer().check_first_loss(loss_value, step.step);         // fp16: forward overflow?
+  zero.optimizer().check_first_loss(loss_value, step.step);          // fp16: forward overflow?
   // Every rank stops together; the error names the rank(s) whose loss is not finite.
   check_finite_loss(zero.comm(), loss_sum / K, loss_value, step.step);
 

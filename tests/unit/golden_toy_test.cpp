@@ -2,7 +2,7 @@
 // reproduces PyTorch 1.13 (losses and final weights over 5 AdamW steps), from PyTorch's own initial
 // weights and a fixed batch, both committed in tests/golden/ by make_toy_golden.py.
 //
-// The step is chapter 01's own train_step (chapters/01_training_loop/training_loop.hpp), with
+// The step is chapter 01's own train_step (chapters/01_training_loop/step.hpp), with
 // the flags' defaults (AdamW lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 1e-2).
 //
 // Why not bitwise: Eigen and OpenBLAS sum each GEMM's dot products in different orders
@@ -22,7 +22,7 @@
 #include <cmath>
 #include <fstream>
 
-#include "chapters/01_training_loop/training_loop.hpp"
+#include "chapters/01_training_loop/step.hpp"
 #include "common/mixed.hpp"
 #include "common/safetensors.hpp"
 #include "common/train.hpp"

@@ -1,12 +1,13 @@
 // Chapter 02's lesson: gradient accumulation, K micro-batches and one optimizer step.
 //
-// Provides: GradientAccumulation (chapter 01's one optimizer, K micro-steps per step) and its
-// train_step().
-// Leaves out: the loop around it (common/run.hpp).
+// Provides: GradientAccumulation (chapter 01's TrainingLoop, training_loop.hpp, under this
+// chapter's name) and train_step(), one optimizer step in K micro-steps.
+// Leaves out: the loop around it (common/run.hpp), the reporting (training_loop.hpp).
 #pragma once
 
-#include "common/check.hpp"  // exercise_stub (scripts/exercise start 02.1)
 #include "chapters/01_training_loop/training_loop.hpp"
+#include "common/check.hpp"  // exercise_stub (scripts/exercise start 02.1)
+#include "common/train.hpp"
 
 namespace ringzero {
 
