@@ -4,9 +4,9 @@
 // Provides: the derivations from an EngineDescription (engine_description.hpp), written once
 // for every chapter (engine_banner, engine_comm_schedule, engine_summary_fields), and
 // EngineLesson<Engine>, the Lesson over an engine (chapter 05's DDP, chapters 06-08's Zero1,
-// Zero2, Zero3). The saved state it forwards to the engine: --save-final, --save-optimizer-state
-// and a checkpoint's training state, which the ZeRO engines derive from their description in
-// shard_state.hpp (DDP: its ReplicatedPrecision's, precision.hpp).
+// Zero2, Zero3). The saved state (--save-final, --save-optimizer-state
+// and a checkpoint's training state): derived for the ZeRO engines from their description in
+// shard_state.hpp (ShardedEngine), DDP's from its ReplicatedPrecision (precision.hpp).
 // Leaves out: the chapter's theory (its ledger formula, its traffic, its exact model-state
 // bytes: the engine's own methods) and the step (the chapter's step.hpp).
 #pragma once
@@ -23,6 +23,7 @@
 #include "cost_model.hpp"
 #include "engine_description.hpp"
 #include "lesson.hpp"
+#include "shard_state.hpp"
 #include "trace.hpp"
 #include "zero_lesson.hpp"
 
@@ -103,15 +104,23 @@ class EngineLesson : public Lesson {
     return fields;
   }
   std::map<std::string, NamedTensor> model_state_dict(const Model&) override {
-    return engine.model_state_dict();  // 16 bits: the fp32 master weights
+    if constexpr (ShardedEngine<Engine>)
+      return sharded_model_state_dict(engine, model_);  // collective: the shards gathered
+    else
+      return engine.optimizer().state_dict(model_);  // DDP: its ReplicatedPrecision's
   }
   std::optional<std::map<std::string, NamedTensor>> saved_optimizer_state() override {
-    if constexpr (requires { engine.optimizer_state_dict(); })
-      return engine.optimizer_state_dict();  // collective: gathered from the shards
+    if constexpr (ShardedEngine<Engine>)
+      return sharded_optimizer_state_dict(engine, model_);  // collective: gathered from the shards
     else
       return std::nullopt;  // DDP: every rank's optimizer holds it whole
   }
-  TrainingState training_state(Model&) override { return engine.training_state(); }
+  TrainingState training_state(Model&) override {
+    if constexpr (ShardedEngine<Engine>)
+      return sharded_training_state(engine, model_);  // this rank's pieces (shard_state.hpp)
+    else
+      return engine.optimizer().training_state(model_);
+  }
 
   Engine engine;
 

@@ -197,4 +197,45 @@ std::map<std::string, NamedTensor> gather_weights(const EngineDescription& d, co
   }
 }
 
+/// A ZeRO engine (chapters 06-08's Zero1, Zero2, Zero3) as the exporters below use it:
+/// describe() (its units), comm(), optimizer() (its ShardOptimizer), parameter_storage() (the
+/// std::span<T> of its parameter buffer, laid out as unit_starts() says) and gather_state(u,
+/// buffer) (collective: unit u's padded fp32 buffer all-gathered, rank r's shard at r·shard_size).
+template <class Engine>
+concept ShardedEngine = requires(Engine& e, std::span<float> buffer) {
+  e.describe();
+  e.comm();
+  e.optimizer();
+  e.parameter_storage();
+  e.gather_state(size_t{0}, buffer);
+};
+
+/// The training state a checkpoint saves and loads, of a ZeRO engine over `model`
+/// (sharded_training_state).
+template <ShardedEngine Engine>
+TrainingState sharded_training_state(Engine& engine, Model& model) {
+  return sharded_training_state(engine.describe(), model, engine.comm().rank(), engine.optimizer(),
+                                engine.parameter_storage());
+}
+
+/// Collective, --save-optimizer-state and the equivalence tests: a ZeRO engine's AdamW state
+/// gathered whole, one all-gather per unit (gather_optimizer_state).
+template <ShardedEngine Engine>
+std::map<std::string, NamedTensor> sharded_optimizer_state_dict(Engine& engine,
+                                                                const Model& model) {
+  return gather_optimizer_state(engine.describe(), engine.comm(), model, engine.optimizer(),
+                                [&](size_t u, std::span<float> b) { engine.gather_state(u, b); });
+}
+
+/// Collective, --save-final: a ZeRO engine's weights under the model's state_dict() names: the
+/// model's in fp32 ZeRO-1/2, the shards gathered in fp32 ZeRO-3, the fp32 master weights
+/// gathered in 16 bits (gather_weights).
+template <ShardedEngine Engine>
+std::map<std::string, NamedTensor> sharded_model_state_dict(Engine& engine, const Model& model) {
+  using T = typename decltype(engine.parameter_storage())::element_type;
+  return gather_weights<T>(engine.describe(), model, engine.comm().rank(), engine.optimizer(),
+                           std::span<const T>(engine.parameter_storage()),
+                           [&](size_t u, std::span<float> b) { engine.gather_state(u, b); });
+}
+
 }  // namespace ringzero

@@ -112,10 +112,6 @@ class DDP {
   std::string ledger_formula() const;
   /// What every rank should move per step: chapter 04's ring per bucket (below).
   TrafficTheory traffic_theory() const;
-  /// --save-final: the weights (16 bits: the fp32 master weights); checkpoints: every rank's
-  /// full state (common/precision.hpp).
-  std::map<std::string, NamedTensor> model_state_dict() { return precision_.state_dict(model_); }
-  TrainingState training_state() { return precision_.training_state(model_); }
 
   /// The parameter indices of the last synchronised backward, in the order their gradients
   /// became ready (for tests: reverse registration order, layer by layer).

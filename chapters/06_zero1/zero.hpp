@@ -128,8 +128,8 @@ class Zero1 {
                                element_bytes<R>(), element_bytes<T>());
   }
 
-  /// The padded parameters, every bucket (tests).
-  std::span<const T> parameters() const { return params_.span(); }
+  /// The padded parameters, every bucket (tests; common/shard_state.hpp saves and loads them).
+  std::span<T> parameter_storage() { return params_.span(); }
   /// This rank's optimizer: its shard's state, the loss scale, the backward seed.
   ShardOptimizer& optimizer() { return optimizer_; }
   const ShardOptimizer& optimizer() const { return optimizer_; }
@@ -174,15 +174,9 @@ class Zero1 {
     return true;
   }
 
-  /// Collective, --save-optimizer-state and the equivalence tests: AdamW's state gathered
-  /// whole (common/shard_state.hpp's gather_optimizer_state; zero_io.cpp).
-  std::map<std::string, NamedTensor> optimizer_state_dict();
-  /// Collective, --save-final: the weights, gathered whole under the model's state_dict()
-  /// names: the model's in fp32, the fp32 master weights from every rank's shards in 16 bits.
-  std::map<std::string, NamedTensor> model_state_dict();
-  /// The training state as common/checkpoint.hpp saves and loads it: one piece per bucket
-  /// (this rank's real shard elements and their optimizer) at its global offset (zero_io.cpp).
-  TrainingState training_state();
+  /// Collective: bucket b's padded fp32 buffer all-gathered, rank r's shard at r·s, for the
+  /// states common/shard_state.hpp gathers whole (--save-final, --save-optimizer-state).
+  void gather_state(size_t, std::span<float> bucket) { ring_all_gather(comm_, bucket); }
   /// Elements of the padding that are not zero: must be 0 (zero_io.cpp).
   int64_t nonzero_padding() const;
 

@@ -1,14 +1,12 @@
 // ZeRO-1's members that are not the lesson: what it is (describe(), explain()), what it reports
-// (the exact model-state bytes and the ledger's formula line), what it saves (--save-final,
-// --save-optimizer-state, checkpoints: common/shard_state.hpp) and what the tests check (the
-// padding stays zero). zero.hpp declares them; the
-// engine is instantiated here for the element types with_precision builds.
-// Leaves out: everything the training step does (zero.hpp).
-#include <map>
+// (the exact model-state bytes and the ledger's formula line) and what the tests check (the
+// padding stays zero). zero.hpp declares them; the engine is instantiated here for the element
+// types with_precision builds.
+// Leaves out: everything the training step does (zero.hpp); what it saves (--save-final,
+// --save-optimizer-state, checkpoints: derived from describe() in common/shard_state.hpp).
 #include <string>
 #include <vector>
 
-#include "common/shard_state.hpp"
 #include "chapters/06_zero1/zero.hpp"
 
 namespace ringzero {
@@ -62,19 +60,6 @@ std::string Zero1<T, R>::explain() const {
                          "reduce-scattered");
 }
 
-// Gathering a state whole (common/shard_state.hpp): one ring all-gather per padded bucket.
-template <Element T, Element R>
-std::map<std::string, NamedTensor> Zero1<T, R>::optimizer_state_dict() {
-  return gather_optimizer_state(describe(), comm_, model_, optimizer_,
-                                [this](size_t, std::span<float> b) { ring_all_gather(comm_, b); });
-}
-
-template <Element T, Element R>
-std::map<std::string, NamedTensor> Zero1<T, R>::model_state_dict() {
-  return gather_weights<T>(describe(), model_, comm_.rank(), optimizer_, params_.span(),
-                           [this](size_t, std::span<float> b) { ring_all_gather(comm_, b); });
-}
-
 /// Counts the parameters' and the gradients' padding elements that are not zero.
 template <Element T, Element R>
 int64_t Zero1<T, R>::nonzero_padding() const {
@@ -84,11 +69,6 @@ int64_t Zero1<T, R>::nonzero_padding() const {
       count += (static_cast<float>(params_.span()[i]) != 0.0f) +
                (static_cast<float>(grads_.span()[i]) != 0.0f);
   return count;
-}
-
-template <Element T, Element R>
-TrainingState Zero1<T, R>::training_state() {
-  return sharded_training_state(describe(), model_, comm_.rank(), optimizer_, params_.span());
 }
 
 template class Zero1<float, float>;

@@ -1,14 +1,12 @@
 // ZeRO-2's members that are not the lesson: what it is (describe(), explain()), what it reports
-// (the exact model-state bytes, the buckets in flight and the ledger's formula line), what it
-// saves (--save-final, --save-optimizer-state, checkpoints: common/shard_state.hpp) and what
+// (the exact model-state bytes, the buckets in flight and the ledger's formula line) and what
 // the tests check (the padding stays zero). zero.hpp declares them.
-// Leaves out: everything the training step does (zero.hpp).
+// Leaves out: everything the training step does (zero.hpp); what it saves (--save-final,
+// --save-optimizer-state, checkpoints: derived from describe() in common/shard_state.hpp).
 #include <algorithm>
-#include <map>
 #include <string>
 #include <vector>
 
-#include "common/shard_state.hpp"
 #include "chapters/07_zero2/zero.hpp"
 
 namespace ringzero {
@@ -85,19 +83,6 @@ std::string Zero2<T, R>::explain() const {
                          "reduce-scattered");
 }
 
-// Gathering a state whole (common/shard_state.hpp): one ring all-gather per padded bucket.
-template <Element T, Element R>
-std::map<std::string, NamedTensor> Zero2<T, R>::optimizer_state_dict() {
-  return gather_optimizer_state(describe(), comm_, model_, optimizer_,
-                                [this](size_t, std::span<float> b) { ring_all_gather(comm_, b); });
-}
-
-template <Element T, Element R>
-std::map<std::string, NamedTensor> Zero2<T, R>::model_state_dict() {
-  return gather_weights<T>(describe(), model_, comm_.rank(), optimizer_, params_.span(),
-                           [this](size_t, std::span<float> b) { ring_all_gather(comm_, b); });
-}
-
 /// Counts the padding elements of the parameters and of the gradient shard that are not zero.
 template <Element T, Element R>
 int64_t Zero2<T, R>::nonzero_padding() const {
@@ -109,11 +94,6 @@ int64_t Zero2<T, R>::nonzero_padding() const {
       count += static_cast<float>(grad_shard_.span()[i]) != 0.0f;
   }
   return count;
-}
-
-template <Element T, Element R>
-TrainingState Zero2<T, R>::training_state() {
-  return sharded_training_state(describe(), model_, comm_.rank(), optimizer_, params_.span());
 }
 
 template class Zero2<float, float>;

@@ -174,16 +174,10 @@ class Zero3 {
   }
 
   /// Collective: layer l's padded fp32 buffer (P_l) all-gathered, rank r's shard at r·s_l, for
-  /// the states gathered whole (zero_io.cpp).
-  void gather_layer(size_t l, std::span<float> layer);
-  /// Collective, --save-final: the full parameters, named as state_dict() names them; in 16
-  /// bits the fp32 master weights (as chapter 01 saves them) (zero_io.cpp).
-  std::map<std::string, NamedTensor> model_state_dict();
-  /// Collective: AdamW's state, named as chapters 06-07 name it (zero_io.cpp).
-  std::map<std::string, NamedTensor> optimizer_state_dict();
-  /// The training state as common/checkpoint.hpp saves and loads it: one piece per layer
-  /// (this rank's real shard elements and their optimizer) at its global offset (zero_io.cpp).
-  TrainingState training_state();
+  /// the states common/shard_state.hpp gathers whole (--save-final, --save-optimizer-state).
+  void gather_state(size_t l, std::span<float> layer);
+  /// This rank's parameter shards, layer after layer (common/shard_state.hpp saves and loads them).
+  std::span<T> parameter_storage() { return params_.span(); }
 
   /// Elements of the padding of the parameter and gradient shards that are not zero (must be 0).
   int64_t nonzero_padding() const;

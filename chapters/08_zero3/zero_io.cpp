@@ -1,9 +1,9 @@
 // ZeRO-3's members that are not the lesson: what it is (describe()), what it reports
-// (model-state and in-flight bytes, the traffic theory, the ledger's formula line), what it
-// saves (--save-final, --save-optimizer-state: the shards all-gathered one layer at a time;
-// checkpoints: common/shard_state.hpp) and what the tests check (the padding stays zero).
-// zero3.hpp declares them.
-// Leaves out: everything the training step does (zero3.hpp).
+// (model-state and in-flight bytes, the traffic theory, the ledger's formula line), how a state
+// is gathered whole (gather_state: one layer at a time) and what the tests check (the padding
+// stays zero). zero3.hpp declares them.
+// Leaves out: everything the training step does (zero3.hpp); what it saves (--save-final,
+// --save-optimizer-state, checkpoints: derived from describe() in common/shard_state.hpp).
 #include <algorithm>
 #include <map>
 #include <span>
@@ -89,22 +89,9 @@ std::string Zero3<T, R>::ledger_formula() const {
          std::to_string(collectives_.scratch_bytes()) + " B";
 }
 
-// Gathering a state whole (common/shard_state.hpp): each layer through layer_collectives.hpp
-// as a kStateGather, behind the desync check.
+// Each layer through layer_collectives.hpp as a kStateGather, behind the desync check.
 template <Element T, Element R>
-std::map<std::string, NamedTensor> Zero3<T, R>::model_state_dict() {
-  return gather_weights<T>(describe(), model_, comm_.rank(), optimizer_, params_.span(),
-                           [this](size_t l, std::span<float> layer) { gather_layer(l, layer); });
-}
-
-template <Element T, Element R>
-std::map<std::string, NamedTensor> Zero3<T, R>::optimizer_state_dict() {
-  return gather_optimizer_state(describe(), comm_, model_, optimizer_,
-                                [this](size_t l, std::span<float> layer) { gather_layer(l, layer); });
-}
-
-template <Element T, Element R>
-void Zero3<T, R>::gather_layer(size_t l, std::span<float> layer) {
+void Zero3<T, R>::gather_state(size_t l, std::span<float> layer) {
   collectives_.wait(collectives_.all_gather(static_cast<int>(l), kStateGather, layer), "");
 }
 
@@ -116,11 +103,6 @@ int64_t Zero3<T, R>::nonzero_padding() const {
       count += (static_cast<float>(params_.span()[i]) != 0.0f) +
                (static_cast<float>(grads_.span()[i]) != 0.0f);
   return count;
-}
-
-template <Element T, Element R>
-TrainingState Zero3<T, R>::training_state() {
-  return sharded_training_state(describe(), model_, comm_.rank(), optimizer_, params_.span());
 }
 
 template class Zero3<float, float>;

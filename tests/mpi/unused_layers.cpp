@@ -20,6 +20,7 @@
 #include "common/ops.hpp"
 #include "common/optim.hpp"
 #include "common/rng.hpp"
+#include "common/shard_state.hpp"
 #include "mpi/test_comm.hpp"
 
 #include <catch2/catch.hpp>
@@ -85,7 +86,7 @@ std::vector<float> train_zero3(bool find_unused, bool prefetch) {
     zero.step();
   }
   std::vector<float> out;
-  const auto state = zero.model_state_dict();
+  const auto state = sharded_model_state_dict(zero, model);
   for (const Parameter* p : model.parameters()) {
     const auto& v = state.at(p->name()).values;
     out.insert(out.end(), v.begin(), v.end());

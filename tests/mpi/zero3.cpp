@@ -19,6 +19,7 @@
 #include "chapters/08_zero3/zero3.hpp"
 #include "common/dist_eval.hpp"
 #include "common/rng.hpp"
+#include "common/shard_state.hpp"
 #include "mpi/difference_report.hpp"
 #include "mpi/test_comm.hpp"
 
@@ -136,12 +137,12 @@ Result run_zero3(const Case& c, Tracer* tracer = nullptr) {
     zero.step();  // --clip-grad-norm (config_of) first
     out.nonzero_padding += zero.nonzero_padding();
   }
-  const auto state = zero.model_state_dict();
+  const auto state = sharded_model_state_dict(zero, model);
   for (const Parameter* p : model.parameters()) {
     const auto& v = state.at(p->name()).values;
     out.params.insert(out.params.end(), v.begin(), v.end());
   }
-  out.optimizer = zero.optimizer_state_dict();
+  out.optimizer = sharded_optimizer_state_dict(zero, model);
   return out;
 }
 
