@@ -17,12 +17,15 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "collectives.hpp"
 #include "cost_model.hpp"
 #include "engine_description.hpp"
 #include "lesson.hpp"
+#include "precision.hpp"
 #include "shard_state.hpp"
 #include "trace.hpp"
 #include "zero_lesson.hpp"
@@ -72,6 +75,13 @@ inline nlohmann::json engine_summary_fields(const EngineDescription& d,
 /// (--explain-buckets/--explain-layers).
 template <class Engine>
 class EngineLesson : public Lesson {
+  static_assert(
+      ShardedEngine<Engine> ||
+          std::is_same_v<std::remove_cvref_t<decltype(std::declval<Engine&>().optimizer())>,
+                         ReplicatedPrecision>,
+      "an engine either shards (ShardedEngine, shard_state.hpp) or holds a "
+      "ReplicatedPrecision (DDP), so that its saved state is derived here");
+
  public:
   template <class Flags>
   EngineLesson(SetUp& s, const Flags& flags)
@@ -98,8 +108,8 @@ class EngineLesson : public Lesson {
     std::vector<int64_t> model_states_bytes;  // DDP: every rank the same (the ledger formula)
     if constexpr (requires { engine.model_states_bytes(); })
       model_states_bytes = engine.model_states_bytes();
-    nlohmann::json fields = engine_summary_fields(engine.describe(), model_states_bytes,
-                                                  engine.traffic_theory());
+    nlohmann::json fields =
+        engine_summary_fields(engine.describe(), model_states_bytes, engine.traffic_theory());
     fields.update(engine.optimizer().summary());  // 16 bits: precision, loss scale, skips
     return fields;
   }

@@ -200,7 +200,8 @@ std::map<std::string, NamedTensor> gather_weights(const EngineDescription& d, co
 /// A ZeRO engine (chapters 06-08's Zero1, Zero2, Zero3) as the exporters below use it:
 /// describe() (its units), comm(), optimizer() (its ShardOptimizer), parameter_storage() (the
 /// std::span<T> of its parameter buffer, laid out as unit_starts() says) and gather_state(u,
-/// buffer) (collective: unit u's padded fp32 buffer all-gathered, rank r's shard at r·shard_size).
+/// buffer) (collective: unit u's padded fp32 buffer all-gathered, rank r's shard at r·shard_size;
+/// every rank calls it for the same units in the same order, as gather_units does).
 template <class Engine>
 concept ShardedEngine = requires(Engine& e, std::span<float> buffer) {
   e.describe();
@@ -210,8 +211,9 @@ concept ShardedEngine = requires(Engine& e, std::span<float> buffer) {
   e.gather_state(size_t{0}, buffer);
 };
 
-/// The training state a checkpoint saves and loads, of a ZeRO engine over `model`
-/// (sharded_training_state).
+/// The training state a checkpoint saves and loads, of a ZeRO engine over `model` (the model the
+/// engine was built on): this rank's pieces, views into the engine's buffers, valid while the
+/// engine lives (sharded_training_state above). Not collective.
 template <ShardedEngine Engine>
 TrainingState sharded_training_state(Engine& engine, Model& model) {
   return sharded_training_state(engine.describe(), model, engine.comm().rank(), engine.optimizer(),
@@ -219,7 +221,9 @@ TrainingState sharded_training_state(Engine& engine, Model& model) {
 }
 
 /// Collective, --save-optimizer-state and the equivalence tests: a ZeRO engine's AdamW state
-/// gathered whole, one all-gather per unit (gather_optimizer_state).
+/// gathered whole, exp_avg then exp_avg_sq, one gather_state per unit each, and the step count
+/// (gather_optimizer_state, which names its errors: an optimizer without AdamW state, step
+/// counts that differ across ranks).
 template <ShardedEngine Engine>
 std::map<std::string, NamedTensor> sharded_optimizer_state_dict(Engine& engine,
                                                                 const Model& model) {
@@ -227,9 +231,9 @@ std::map<std::string, NamedTensor> sharded_optimizer_state_dict(Engine& engine,
                                 [&](size_t u, std::span<float> b) { engine.gather_state(u, b); });
 }
 
-/// Collective, --save-final: a ZeRO engine's weights under the model's state_dict() names: the
-/// model's in fp32 ZeRO-1/2, the shards gathered in fp32 ZeRO-3, the fp32 master weights
-/// gathered in 16 bits (gather_weights).
+/// Collective (except fp32 ZeRO-1/2, which sends nothing), --save-final: a ZeRO engine's weights
+/// under the state_dict() names of `model` (the engine's): the model's own in fp32 ZeRO-1/2, the
+/// shards gathered in fp32 ZeRO-3, the fp32 master weights gathered in 16 bits (gather_weights).
 template <ShardedEngine Engine>
 std::map<std::string, NamedTensor> sharded_model_state_dict(Engine& engine, const Model& model) {
   using T = typename decltype(engine.parameter_storage())::element_type;

@@ -27,7 +27,6 @@
 // padding) bytes per step (docs/mixed-precision.md).
 #pragma once
 
-#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -40,14 +39,12 @@
 #include "chapters/06_zero1/bucket_collectives.hpp"
 #include "chapters/06_zero1/shard.hpp"
 #include "chapters/06_zero1/options.hpp"
-#include "common/checkpoint.hpp"
 #include "common/collective_check.hpp"
 #include "common/collectives.hpp"
 #include "common/comm_queue.hpp"
 #include "common/dist.hpp"
 #include "common/engine_description.hpp"
 #include "common/padded_buffer.hpp"
-#include "common/safetensors.hpp"
 #include "common/shard_precision.hpp"
 #include "common/trace.hpp"
 #include "common/typed_collectives.hpp"
@@ -174,8 +171,8 @@ class Zero1 {
     return true;
   }
 
-  /// Collective: bucket b's padded fp32 buffer all-gathered, rank r's shard at r·s, for the
-  /// states common/shard_state.hpp gathers whole (--save-final, --save-optimizer-state).
+  /// Collective: one bucket's padded fp32 buffer all-gathered with the ring (rank r's shard at
+  /// r·s; any --collectives), for the states common/shard_state.hpp gathers whole.
   void gather_state(size_t, std::span<float> bucket) { ring_all_gather(comm_, bucket); }
   /// Elements of the padding that are not zero: must be 0 (zero_io.cpp).
   int64_t nonzero_padding() const;

@@ -26,7 +26,6 @@
 // 12)Ψ/N plus two 16-bit buckets; the same bytes per step and the same sums as chapter 06.
 #pragma once
 
-#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -39,14 +38,12 @@
 #include "chapters/06_zero1/bucket_collectives.hpp"
 #include "chapters/06_zero1/shard.hpp"
 #include "chapters/06_zero1/options.hpp"
-#include "common/checkpoint.hpp"
 #include "common/collective_check.hpp"
 #include "common/collectives.hpp"
 #include "common/comm_queue.hpp"
 #include "common/dist.hpp"
 #include "common/engine_description.hpp"
 #include "common/padded_buffer.hpp"
-#include "common/safetensors.hpp"
 #include "common/shard_precision.hpp"
 #include "common/trace.hpp"
 #include "common/typed_collectives.hpp"
@@ -196,8 +193,8 @@ class Zero2 {
     return true;
   }
 
-  /// Collective: bucket b's padded fp32 buffer all-gathered, rank r's shard at r·s, for the
-  /// states common/shard_state.hpp gathers whole (--save-final, --save-optimizer-state).
+  /// Collective: one bucket's padded fp32 buffer all-gathered with the ring (rank r's shard at
+  /// r·s; any --collectives), for the states common/shard_state.hpp gathers whole.
   void gather_state(size_t, std::span<float> bucket) { ring_all_gather(comm_, bucket); }
   /// Elements of the padding that are not zero: must be 0 (zero_io.cpp).
   int64_t nonzero_padding() const;

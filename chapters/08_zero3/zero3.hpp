@@ -28,7 +28,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -39,12 +38,10 @@
 #include "chapters/08_zero3/layer_shard.hpp"
 #include "chapters/08_zero3/options.hpp"
 #include "chapters/08_zero3/unused_layers.hpp"
-#include "common/checkpoint.hpp"
 #include "common/collectives.hpp"
 #include "common/dist.hpp"
 #include "common/engine_description.hpp"
 #include "common/padded_buffer.hpp"
-#include "common/safetensors.hpp"
 #include "common/shard_precision.hpp"
 #include "common/trace.hpp"
 #include "common/train.hpp"

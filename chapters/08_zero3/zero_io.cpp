@@ -5,14 +5,12 @@
 // Leaves out: everything the training step does (zero3.hpp); what it saves (--save-final,
 // --save-optimizer-state, checkpoints: derived from describe() in common/shard_state.hpp).
 #include <algorithm>
-#include <map>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "chapters/08_zero3/zero3.hpp"
-#include "common/shard_state.hpp"
 
 namespace ringzero {
 

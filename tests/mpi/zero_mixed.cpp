@@ -176,8 +176,7 @@ int64_t bits_differ16(const std::vector<uint16_t>& a, const std::vector<uint16_t
 template <class L>
 std::vector<uint16_t> unpadded_params16(L& lesson, const Model& model) {
   std::vector<uint16_t> out;
-  const auto p16 = as_bits(std::span<const typename decltype(lesson.engine.parameter_storage())::element_type>(
-      lesson.engine.parameter_storage()));
+  const auto p16 = as_bits(lesson.engine.parameter_storage());
   for (size_t i = 0; i < model.parameters().size(); ++i) {
     const auto at = static_cast<size_t>(lesson.engine.layout().param_offset[i]);
     out.insert(out.end(), p16.begin() + at, p16.begin() + at + model.parameters()[i]->numel());
