@@ -202,8 +202,9 @@ int Run::run(LessonOptions& options,
       std::optional<double> loss;
       for (auto& e : extensions_)
         if (!loss) loss = e->train_step_instead(state, step);
-      if (!loss) {  // the lesson's step, one span on the trace (--trace)
-        Tracer::Span span(tracer, "step " + std::to_string(step.step), "step");
+      if (!loss) {  // the lesson's step, one span on the trace (--trace), named only then
+        std::optional<Tracer::Span> span;
+        if (tracer.enabled()) span.emplace(tracer, "step " + std::to_string(step.step), "step");
         loss = train_step(*lesson, step);
       }
       state.loss = *loss;
