@@ -2,7 +2,10 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdio>
+#include <string>
+#include <thread>
 
 namespace ringzero {
 namespace {
@@ -58,7 +61,12 @@ int run_main(const std::function<int()>& body) {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
+  if (initialized && !finalized) {
+    // A grace period before the abort kills every rank: the others failing the same check (a
+    // flag, a missing GPU) print their own message first, so every rank names its error.
+    if (g_world_size > 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   return 1;
 }
 

@@ -65,17 +65,20 @@ void check_collective(Communicator& comm, const CollectiveHeader& mine,
                                                  << advice);
 }
 
-void CollectiveSequence::check(Communicator& comm, const CollectiveHeader& mine) const {
-  if (!enabled_) return;
-  check_collective(
-      comm, mine, describe,
-      "Every rank must launch the same buckets in the same order (plan order, buckets.hpp): a "
-      "rank that launches them in another order pairs different collectives across ranks, a "
-      "crash inside MPI, a hang or silently different weights",
-      "metrics");  // not training traffic: the check is optional and must not change the report
-}
+CollectiveSequence::CollectiveSequence()
+    : CollectiveSequence(
+          collective_checks_enabled(), "metrics",  // optional: must not change the report
+          describe_bucket,
+          "Every rank must launch the same buckets in the same order (plan order, buckets.hpp): "
+          "a rank that launches them in another order pairs different collectives across ranks, "
+          "a crash inside MPI, a hang or silently different weights") {}
 
-std::string CollectiveSequence::describe(const CollectiveHeader& h) {
+CollectiveSequence::CollectiveSequence(bool enabled, const char* op,
+                                       std::function<std::string(const CollectiveHeader&)> describe,
+                                       std::string advice)
+    : enabled_(enabled), op_(op), describe_(std::move(describe)), advice_(std::move(advice)) {}
+
+std::string CollectiveSequence::describe_bucket(const CollectiveHeader& h) {
   static const char* what[] = {"the all-reduce", "the reduce-scatter", "the all-gather"};
   return "collective #" + std::to_string(h.seq) + " is " +
          (h.kind < 3 ? what[h.kind] : "an unknown collective") + " of bucket " +

@@ -2,7 +2,7 @@
 // run the same one (issue 9, item 7).
 //
 // Chapters 05-08 launch their collectives from hooks on a communication thread (readiness.hpp,
-// ddp.hpp, zero.hpp, zero3.hpp, layer_collectives.hpp). The launch order is a rule of the code (buckets in plan order, layers in
+// ddp.hpp, zero.hpp, zero3.hpp, layer_collectives.hpp, through common/comm_queue.hpp). The launch order is a rule of the code (buckets in plan order, layers in
 // tape order), not something MPI checks: a rank that launches bucket 2 where the others launch
 // bucket 0 pairs an all-reduce of one length with one of another (a crash inside MPI, or a
 // hang), and a rank that swaps two buckets of equal length exchanges the wrong gradients and
@@ -19,10 +19,11 @@
 // stops the others. A rank that runs ahead is caught too: its extra collective meets the
 // others' next one, whose header differs.
 //
-// Provides: CollectiveHeader; check_collective (chapter 08 calls it for every collective,
-// always: desync.hpp); CollectiveSequence, the numbering chapters 05-07 use, on when
-// collective_checks_enabled(); collective_check_extension(), the --check-collectives flag
-// (environment: RINGZERO_CHECK_COLLECTIVES=1, which the test suite sets).
+// Provides: CollectiveHeader; check_collective (the header swap); CollectiveSequence, the
+// numbering and check a communication queue runs (comm_queue.hpp): chapters 05-07's by default,
+// on when collective_checks_enabled(), chapter 08's desync check always (desync.hpp's
+// desync_check); collective_check_extension(), the --check-collectives flag (environment:
+// RINGZERO_CHECK_COLLECTIVES=1, which the test suite sets).
 // Leaves out: the data's contents (two ranks that post the same collectives with different
 // values are not caught here; the start-up checks and the equivalence tests are for that).
 #pragma once
@@ -61,28 +62,41 @@ void check_collective(Communicator& comm, const CollectiveHeader& mine,
 bool collective_checks_enabled();
 void set_collective_checks(bool on);
 
-/// The bucketed collectives of chapters 05-07, numbered in launch order. next() on the main
-/// thread when a collective is launched; check() on the communication thread, right before it.
-/// Each owner (a DDP, a ZeRO-1/2 object) numbers its own collectives, the same on every rank.
+/// A queue's collectives, numbered in launch order, and the check that runs before each
+/// (comm_queue.hpp calls next() on the main thread when a collective is queued, check() on the
+/// communication thread right before it). By default chapters 05-07's: the buckets' all-reduce,
+/// reduce-scatter and all-gather, checked when collective_checks_enabled() and counted as
+/// "metrics" (optional, so not the chapter's traffic). Chapter 08 builds its desync check with
+/// the second constructor. Each owner numbers its own collectives, the same on every rank.
 class CollectiveSequence {
  public:
   enum Kind : uint32_t { kAllReduce, kReduceScatter, kAllGather };
-  /// enabled: check at all (default: collective_checks_enabled() when the owner is built).
-  explicit CollectiveSequence(bool enabled = collective_checks_enabled()) : enabled_(enabled) {}
+  /// Chapters 05-07's: enabled when collective_checks_enabled() at construction.
+  CollectiveSequence();
+  /// enabled: check at all; op: what the 16 bytes are counted under; describe: a header in
+  /// words (both sides of a mismatch); advice: the message's last sentence, the fix.
+  CollectiveSequence(bool enabled, const char* op,
+                     std::function<std::string(const CollectiveHeader&)> describe,
+                     std::string advice);
 
   bool enabled() const { return enabled_; }
-  /// The header of the next collective: `kind` of bucket `bucket`, `size` elements.
-  CollectiveHeader next(Kind kind, int bucket, int64_t size) {
-    return {seq_++, static_cast<uint32_t>(bucket), kind, static_cast<uint32_t>(size)};
+  /// The header of the next collective: `kind` on unit `unit` (bucket or layer), `size` elements.
+  CollectiveHeader next(uint32_t kind, int unit, int64_t size) {
+    return {seq_++, static_cast<uint32_t>(unit), kind, static_cast<uint32_t>(size)};
   }
   /// Collective when enabled (see check_collective), else nothing. Errors: "ranks out of step:
   /// collective #3 is the all-reduce of bucket 1 (1049600 elements) on this rank, but ...".
-  void check(Communicator& comm, const CollectiveHeader& mine) const;
-  /// "collective #3 is the all-reduce of bucket 1 (1049600 elements)".
-  static std::string describe(const CollectiveHeader& h);
+  void check(Communicator& comm, const CollectiveHeader& mine) const {
+    if (enabled_) check_collective(comm, mine, describe_, advice_, op_);
+  }
+  /// "collective #3 is the all-reduce of bucket 1 (1049600 elements)" (chapters 05-07).
+  static std::string describe_bucket(const CollectiveHeader& h);
 
  private:
   bool enabled_;
+  const char* op_;
+  std::function<std::string(const CollectiveHeader&)> describe_;
+  std::string advice_;
   uint32_t seq_ = 0;
 };
 

@@ -1,9 +1,10 @@
 // comm_queue: the communication thread (comm_thread.hpp) with what every engine does around a
-// collective, written once: the collective check that runs before it (--check-collectives,
-// collective_check.hpp; ZeRO-3's desync header) and its trace (--trace, trace.hpp): an instant
-// on the main track when it is queued, a span on the comm track when it runs, and a "wait"
-// span on the main track while the main thread waits for it. The engines (chapters 05-08) say
-// what a collective is and does; no lesson line calls the tracer or the checker.
+// collective, written once: the collective check that runs before it (--check-collectives for
+// chapters 05-07, collective_check.hpp; ZeRO-3's desync check, always) and its trace (--trace,
+// trace.hpp): an instant on the main track when a checked one is queued, a span on the comm
+// track when it runs, and a "wait" span on the main track while the main thread waits for it. An engine
+// (chapters 05-08) says what a collective is (a Collective: kind, unit, length, bytes) and does
+// (its job); no lesson line calls the tracer or the checker.
 // Leaves out: the collectives themselves (the chapters'), the thread's error handling
 // (comm_thread.hpp).
 #pragma once
@@ -12,9 +13,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <optional>
 #include <string>
 #include <utility>
 
+#include "collective_check.hpp"
+#include "comm.hpp"
 #include "comm_thread.hpp"
 #include "trace.hpp"
 
@@ -23,52 +28,113 @@ namespace ringzero {
 /// A CommThread whose jobs are checked and traced. Main thread only, except the jobs.
 class CommQueue {
  public:
-  /// What the trace shows of one collective.
-  struct Traced {
-    std::string name;            ///< its span on the comm track, e.g. "all_reduce bucket 3"
-    nlohmann::json args;         ///< the span's args (e.g. "bytes")
-    std::string posted;          ///< the instant on the main track when queued ("" for none)
-    std::string category;        ///< that instant's category ("ddp", "zero", "zero3")
-    nlohmann::json posted_args;  ///< the instant's args
-    bool queued_us = false;      ///< the span also records "queued_us": queued to started, µs
+  /// One collective of an engine, as the queue checks and traces it.
+  struct Collective {
+    uint32_t kind = 0;     ///< the header's kind (CollectiveSequence::Kind; ZeRO-3's LayerCollective)
+    int unit = 0;          ///< the bucket or layer it works on
+    int64_t elements = 0;  ///< its length, which the check compares across ranks
+    int64_t bytes = 0;     ///< bytes of its buffer (the span's "bytes")
+    int64_t params = -1;   ///< parameters in the unit (the span's "params"; -1: none)
+    /// true: numbered and checked across ranks before it runs (when the sequence is enabled),
+    /// traced with a posted instant and its time in the queue; false: posted in a fixed loop
+    /// (the all-gathers of a ZeRO-1/2 step), neither.
+    bool checked = true;
   };
 
-  /// tracer: null for no trace (then this is a plain CommThread).
-  explicit CommQueue(Tracer* tracer) : tracer_(tracer) {}
+  /// How the trace names a queue's collectives: `name(kind, unit)` for the span (e.g.
+  /// "all_reduce bucket 3"), `posted` + " " + that name for the instant when it is queued,
+  /// `category` for the instant ("ddp", "zero", "zero3").
+  struct Naming {
+    std::function<std::string(uint32_t kind, int unit)> name;
+    std::string posted = "launch";
+    std::string category;
+  };
 
-  /// Queues check() then job() on the communication thread, traced as `t`; returns its ticket.
-  /// check: the collective check every rank runs before the collective (empty: none).
-  uint64_t submit(Traced t, std::function<void()> check, std::function<void()> job) {
+  /// comm (which must outlive it): where the checks run. tracer: null for no trace. sequence:
+  /// the check (05-07's optional --check-collectives by default; ZeRO-3's desync check).
+  CommQueue(Communicator& comm, Tracer* tracer, Naming naming,
+            CollectiveSequence sequence = CollectiveSequence())
+      : comm_(comm), tracer_(tracer), naming_(std::move(naming)), sequence_(std::move(sequence)) {}
+
+  /// Queues `job`, the collective `c`, on the communication thread; returns its ticket. A
+  /// checked collective is numbered and, right before it runs, checked across ranks (every
+  /// rank about to run the same one, or all stop naming both). Trace names are built only
+  /// while tracing.
+  uint64_t submit(const Collective& c, std::function<void()> job) {
+    Traced t;
+    std::optional<CollectiveHeader> header;
+    if (c.checked) header = sequence_.next(c.kind, c.unit, c.elements);
+    if (tracing()) {
+      t.name = naming_.name(c.kind, c.unit);
+      t.args = {{"bytes", c.bytes}};
+      if (c.params >= 0) t.args["params"] = c.params;
+      if (header) {
+        t.args["seq"] = header->seq;
+        tracer_->instant(naming_.posted + " " + t.name, naming_.category, Tracer::kMainTrack,
+                         {{"seq", header->seq}});
+      }
+    }
     const double queued = now();
-    if (tracer_ && !t.posted.empty())
-      tracer_->instant(t.posted, t.category, Tracer::kMainTrack, t.posted_args);
-    return thread_.submit(
-        [this, t = std::move(t), check = std::move(check), job = std::move(job), queued]() mutable {
-          if (check) check();
+    const uint64_t ticket = thread_.submit(
+        [this, t, header, job = std::move(job), queued]() mutable {
+          if (header) sequence_.check(comm_, *header);
           const double start = now();
           job();
-          if (!tracer_) return;
-          if (t.queued_us) t.args["queued_us"] = start - queued;
+          if (!tracer_ || t.name.empty()) return;  // not traced when queued
+          if (header) t.args["queued_us"] = start - queued;
           tracer_->complete(t.name, "comm", Tracer::kCommTrack, start, now() - start, t.args);
         });
+    if (!t.name.empty()) names_[ticket] = t.name;
+    return ticket;
   }
-  /// Waits for job `ticket` and every one before it; a non-empty `label` is traced as a "wait"
-  /// span on the main track. Rethrows a job's error.
-  void wait(uint64_t ticket, const std::string& label = "") {
+
+  /// Waits for job `ticket` and every one before it, traced as "wait <its name>" on the main
+  /// track (the communication the compute did not hide). Rethrows a job's error.
+  void wait(uint64_t ticket) {
     const double start = now();
     thread_.wait(ticket);
-    if (tracer_ && !label.empty())
-      tracer_->complete(label, "wait", Tracer::kMainTrack, start, now() - start);
+    const auto it = names_.find(ticket);
+    if (it == names_.end()) return;
+    if (tracing())
+      tracer_->complete("wait " + it->second, "wait", Tracer::kMainTrack, start, now() - start);
+    names_.erase(names_.begin(), std::next(it));  // done: this one and every one before it
   }
-  /// Waits for every queued job; rethrows a job's error.
-  void wait_all() { thread_.wait_all(); }
+  /// Waits for every queued job, traced as a "wait for collectives" span on the main track;
+  /// rethrows a job's error.
+  void wait_all() {
+    const double start = now();
+    thread_.wait_all();
+    names_.clear();
+    if (tracing())
+      tracer_->complete("wait for collectives", "wait", Tracer::kMainTrack, start, now() - start);
+  }
   /// Microseconds on the tracer's clock, 0 without a tracer.
   double now() const { return tracer_ ? tracer_->now_us() : 0; }
-  Tracer* tracer() const { return tracer_; }
 
  private:
+  struct Traced {
+    std::string name;     // its span on the comm track ("" while not tracing)
+    nlohmann::json args;  // the span's args
+  };
+  bool tracing() const { return tracer_ && tracer_->enabled(); }
+
+  Communicator& comm_;
   Tracer* tracer_;
+  Naming naming_;
+  CollectiveSequence sequence_;             // numbers and checks the checked collectives
+  std::map<uint64_t, std::string> names_;   // tickets not yet waited for, while tracing
   CommThread thread_;  // last: destroyed (drained) first
 };
+
+/// How chapters 05-07 name their bucket collectives: "all_reduce bucket 3", "reduce_scatter
+/// bucket 0", "all_gather bucket 1", posted as "launch all_reduce bucket 3"; category "ddp" or
+/// "zero".
+inline CommQueue::Naming bucket_naming(std::string category) {
+  return {[](uint32_t kind, int b) {
+            static const char* kinds[] = {"all_reduce", "reduce_scatter", "all_gather"};
+            return std::string(kinds[kind % 3]) + " bucket " + std::to_string(b);
+          },
+          "launch", std::move(category)};
+}
 
 }  // namespace ringzero

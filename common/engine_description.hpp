@@ -60,9 +60,6 @@ struct EngineDescription {
   /// Bytes of the units in flight at the peak (ZeRO-2's buckets, ZeRO-3's gathered layers);
   /// nullopt where every unit is always allocated.
   std::optional<int64_t> in_flight_peak_bytes;
-  /// true: the driver traces each layer's forward and backward (trace_layers); false where the
-  /// engine records its own compute spans (ZeRO-3 times each layer between its collectives).
-  bool layer_spans = true;
   /// true: every forward runs collectives (ZeRO-3 gathers each layer), so evaluation runs in
   /// lockstep on every rank (evaluate_in_lockstep, common/dist_eval.hpp).
   bool collective_forward = false;

@@ -70,9 +70,9 @@ inline nlohmann::json engine_summary_fields(const EngineDescription& d,
 
 /// The Lesson of a data-parallel engine: everything the driver asks is the engine's
 /// description, its theory, or its state. Engine: DDP, or Zero1/Zero2/Zero3 over element
-/// types; built from (Communicator&, Model&, const TrainConfig&, Options). Flags: has
-/// options(Tracer&) (the engine's options with the run's tracer) and `explain`
-/// (--explain-buckets/--explain-layers).
+/// types; built from (Communicator&, Model&, const TrainConfig&, Options), Options with a
+/// `Tracer* tracer`. Flags: has `options` (the engine's, set by the command line; the run's
+/// tracer is added here) and `explain` (--explain-buckets/--explain-layers).
 template <class Engine>
 class EngineLesson : public Lesson {
   static_assert(
@@ -85,7 +85,7 @@ class EngineLesson : public Lesson {
  public:
   template <class Flags>
   EngineLesson(SetUp& s, const Flags& flags)
-      : engine(*s.comm, s.model, s.config, flags.options(s.tracer)),
+      : engine(*s.comm, s.model, s.config, traced(flags.options, s.tracer)),
         model_(s.model),
         explain_(flags.explain) {}
 
@@ -93,8 +93,12 @@ class EngineLesson : public Lesson {
   std::string banner() const override { return engine_banner(engine.describe()); }
   std::string explanation() const override { return explain_ ? engine.explain() : ""; }
   bool reset_ledger_peaks() const override { return engine.describe().reset_ledger_peaks; }
+  /// --trace: each layer's forward and backward (inside the engine's own hooks: compute only)
+  /// and the optimizer's steps; the collectives and the waits for them are the engine's
+  /// CommQueue's.
   void start_trace(Tracer& tracer) override {
-    if (engine.describe().layer_spans) trace_layers(tracer, model_);
+    trace_layers(tracer, model_);
+    engine.optimizer().trace_into(&tracer);
   }
   /// ZeRO-3: every forward gathers, so every rank runs as many (common/dist_eval.hpp).
   std::optional<EvalResult> evaluate(const Dataset& test) override {
@@ -135,6 +139,10 @@ class EngineLesson : public Lesson {
   Engine engine;
 
  private:
+  static typename Engine::Options traced(typename Engine::Options options, Tracer& tracer) {
+    options.tracer = &tracer;  // the engine's queue traces its collectives while --trace is on
+    return options;
+  }
   Model& model_;
   bool explain_;
 };

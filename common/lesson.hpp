@@ -79,7 +79,8 @@ class Lesson {
   /// true: the ledger's peaks restart once the lesson object exists. ZeRO moves the parameters
   /// into its own buffers, and the moment they existed twice is set-up, not training.
   virtual bool reset_ledger_peaks() const { return false; }
-  /// After set-up, when --trace is on: names the trace's tracks (chapter 05's trace_layers).
+  /// After set-up, when --trace is on: what the lesson adds to the trace (05-08: each layer's
+  /// forward and backward, trace_layers, and the optimizer's steps; engine_lesson.hpp).
   virtual void start_trace(Tracer&) {}
   /// The test-set evaluation after an epoch, or nullopt for the driver's default
   /// (evaluate_distributed, or evaluate() on one process). Every rank returns the same numbers.

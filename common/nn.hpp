@@ -36,9 +36,15 @@ class Module {
   virtual std::vector<Parameter*> parameters() { return {}; }
 
   void add_pre_forward_hook(Hook h) { pre_forward_.push_back(std::move(h)); }
-  void add_post_forward_hook(Hook h) { post_forward_.push_back(std::move(h)); }
+  /// Post hooks: first = true runs `h` before the hooks added so far (a timer that brackets
+  /// the compute only, trace_layers), else after them.
+  void add_post_forward_hook(Hook h, bool first = false) {
+    post_forward_.insert(first ? post_forward_.begin() : post_forward_.end(), std::move(h));
+  }
   void add_pre_backward_hook(Hook h) { pre_backward_.push_back(std::move(h)); }
-  void add_post_backward_hook(Hook h) { post_backward_.push_back(std::move(h)); }
+  void add_post_backward_hook(Hook h, bool first = false) {
+    post_backward_.insert(first ? post_backward_.begin() : post_backward_.end(), std::move(h));
+  }
 
  protected:
   virtual Var forward(Tape& tape, const Var& inp) = 0;

@@ -1,6 +1,7 @@
 #include "precision.hpp"
 
 #include "check.hpp"
+#include "metrics.hpp"
 #include "train.hpp"
 
 namespace ringzero {
@@ -11,6 +12,7 @@ ReplicatedPrecision::ReplicatedPrecision(Model& model, const TrainConfig& config
       world_size_(world_size),
       psi_(model.num_parameters()),
       clip_grad_norm_(config.clip_grad_norm),
+      states_(fp32_state_bytes(config.optimizer, config.momentum)),
       mixed_(make_mixed_precision(model, config, holds_optimizer)) {
   if (!mixed_ && holds_optimizer) optimizer_.emplace(config, parameter_sizes(model));
 }
@@ -40,6 +42,7 @@ void ReplicatedPrecision::check_first_loss(double loss, int64_t step) const {
 }
 
 bool ReplicatedPrecision::step(Communicator* comm, bool holds_sum) {
+  const auto span = span_if(tracer_, "optimizer step", "optimizer");
   if (!mixed_) {
     if (!holds_sum) return false;
     RZ_CHECK(optimizer_, "ReplicatedPrecision::step: this rank holds no optimizer");
@@ -57,6 +60,29 @@ bool ReplicatedPrecision::step(Communicator* comm, bool holds_sum) {
 
 int ReplicatedPrecision::grad_wire_bytes() const {
   return mixed_ && mixed_->reduce_dtype() != Dtype::fp32 ? 2 : 4;
+}
+
+void ReplicatedPrecision::check_collectives(Collectives collectives) const {
+  const std::string d = dtype_name(dtype());
+  RZ_CHECK(grad_wire_bytes() == 4 || collectives == Collectives::ring,
+           "--collectives mpi with --reduce-dtype "
+               << d << " (--reduce-dtype defaults to the --precision): MPI has no " << d
+               << " sum; use --reduce-dtype fp32 (widen and sum in fp32) or --collectives ring");
+}
+
+std::string ReplicatedPrecision::replicated_ledger_formula(const std::string& unit) const {
+  const double psi = static_cast<double>(psi_);
+  if (!mixed_)
+    return "formula (" + std::string(states_.name) + ", every rank): " +
+           full_copy_formula_text(states_) + " = " + human_bytes(states_.per_param() * psi) +
+           "; comm_buffers: one chunk of the largest " + unit;
+  return "formula (" + std::string(dtype_name(dtype())) +
+         " + AdamW with fp32 master weights, every rank): 2Ψ + 2Ψ + 12Ψ = 16Ψ = " +
+         human_bytes(16.0 * psi) + "; comm_buffers: " +
+         (grad_wire_bytes() == 2 ? "one 16-bit chunk of the largest " + unit
+                                 : "the gradient widened to fp32, 4Ψ, and one fp32 chunk of the "
+                                   "largest " + unit) +
+         "; activations: one layer's fp32 working copy and gradient scratch";
 }
 
 Optimizer& ReplicatedPrecision::optimizer() {

@@ -32,6 +32,7 @@
 #include <string>
 
 #include "checkpoint.hpp"
+#include "collectives.hpp"
 #include "comm.hpp"
 #include "config.hpp"
 #include "half.hpp"
@@ -39,6 +40,8 @@
 #include "nn.hpp"
 #include "optim.hpp"
 #include "safetensors.hpp"
+#include "zero_memory.hpp"
+#include "trace.hpp"
 
 namespace ringzero {
 
@@ -105,6 +108,9 @@ class ReplicatedPrecision {
   /// all-reduce of a flag, counted as metrics), so every rank skips the same steps. Returns
   /// whether the optimizer stepped.
   bool step(Communicator* comm, bool holds_sum = true);
+  /// step() records an "optimizer step" span (cat "optimizer") into `tracer` while it is
+  /// enabled (EngineLesson sets it for --trace; null: none).
+  void trace_into(Tracer* tracer) { tracer_ = tracer; }
 
   /// f(std::span<T> params) with the parameters in their element type (float, bf16, fp16): what
   /// a broadcast of the weights moves.
@@ -123,6 +129,14 @@ class ReplicatedPrecision {
   int grad_wire_bytes() const;
   /// Bytes of one parameter element (4, or 2 in 16 bits).
   int param_bytes() const { return mixed_ ? 2 : 4; }
+  /// Errors, before training, unless `collectives` can sum the gradients' --reduce-dtype:
+  /// --collectives mpi needs fp32 (MPI has no bf16/fp16 sum). Call on every rank.
+  void check_collectives(Collectives collectives) const;
+  /// The ledger's formula line of a rank that holds every model state (chapters 04 and 05):
+  /// "formula (fp32 + AdamW, every rank): 4Ψ + 4Ψ + 8Ψ = 16Ψ = ...; comm_buffers: one chunk of the
+  /// largest <unit>"; in 16 bits 2Ψ + 2Ψ + 12Ψ (ZeRO paper §3.1), with the fp32-widened
+  /// gradient where --reduce-dtype is fp32. `unit`: "parameter" (one all-reduce each) or "bucket".
+  std::string replicated_ledger_formula(const std::string& unit) const;
   /// The optimizer of an fp32 run on a rank that holds it (tests, checkpoints). Errors: none
   /// here (16 bits, or a rank without one).
   Optimizer& optimizer();
@@ -146,12 +160,14 @@ class ReplicatedPrecision {
   int world_size_;
   int64_t psi_;
   float clip_grad_norm_;
+  StateBytes states_;  // bytes per parameter in fp32: p, g and --optimizer's state
   std::unique_ptr<MixedPrecision> mixed_;  // null in fp32; first, before any gradient hook
   std::optional<Optimizer> optimizer_;     // fp32, on a rank that steps
   Buffer scratch32_;                       // the collective's incoming data, fp32 sums
   BufferOf<bf16> scratch_bf16_;            // the same, --reduce-dtype bf16
   BufferOf<fp16> scratch_fp16_;            // the same, --reduce-dtype fp16
   Buffer grads32_;                         // 16 bits, --reduce-dtype fp32: (Ψ) widened
+  Tracer* tracer_ = nullptr;               // --trace: step()'s span
 };
 
 }  // namespace ringzero

@@ -40,6 +40,7 @@
 #include "padded_buffer.hpp"
 #include "shard_buffers.hpp"
 #include "sharded_clip.hpp"
+#include "trace.hpp"
 #include "with_precision.hpp"
 #include "zero_memory.hpp"
 
@@ -112,6 +113,7 @@ class ShardOptimizer {
   /// then params = the masters rounded to T. Errors: sizes other than the unit's.
   template <Element T, Element R>
   void step(size_t u, std::span<T> params, std::span<R> grads) {
+    const auto span = span_if(tracer_, "optimizer step", "optimizer");
     if constexpr (std::is_same_v<T, float>) {
       optimizers_[u].step(params, grads);
     } else if constexpr (std::is_same_v<R, float>) {
@@ -137,6 +139,9 @@ class ShardOptimizer {
   /// and moments (`params` unused: the engine's load_params rounds them from the masters).
   StatePiece state_piece(size_t u, std::span<float> params, int64_t global_offset,
                          std::vector<int> segment_params);
+  /// step() records an "optimizer step" span per unit (cat "optimizer") into `tracer` while it
+  /// is enabled (EngineLesson sets it for --trace; null: none).
+  void trace_into(Tracer* tracer) { tracer_ = tracer; }
   /// fp16's loss scaler, else null (checkpoints).
   GradScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
 
@@ -147,6 +152,7 @@ class ShardOptimizer {
   float clip_grad_norm_;
   StateBytes state_bytes_;
   float factor_ = 1.0f;                 // 16 bits: 1/scale × clip coefficient of this step
+  Tracer* tracer_ = nullptr;            // --trace: step()'s spans
   std::vector<Optimizer> optimizers_;   // fp32: (units) each over this rank's real elements
   std::vector<MasterWeights> masters_;  // 16 bits: (units) the same, fp32 masters + moments
   std::optional<GradScaler> scaler_;    // fp16 only

@@ -126,15 +126,19 @@ void trace_layers(Tracer& tracer, Model& model) {
     // direction is enough; shared by the pre and post hooks of that direction.
     auto fwd_start = std::make_shared<double>(0), bwd_start = std::make_shared<double>(0);
     m.add_pre_forward_hook([&tracer, fwd_start](Module&) { *fwd_start = tracer.now_us(); });
-    m.add_post_forward_hook([&tracer, fwd_start, label](Module&) {
-      tracer.complete("forward " + label, "forward", Tracer::kMainTrack, *fwd_start,
-                      tracer.now_us() - *fwd_start);
-    });
+    m.add_post_forward_hook(
+        [&tracer, fwd_start, label](Module&) {
+          tracer.complete("forward " + label, "forward", Tracer::kMainTrack, *fwd_start,
+                          tracer.now_us() - *fwd_start);
+        },
+        /*first=*/true);
     m.add_pre_backward_hook([&tracer, bwd_start](Module&) { *bwd_start = tracer.now_us(); });
-    m.add_post_backward_hook([&tracer, bwd_start, label](Module&) {
-      tracer.complete("backward " + label, "backward", Tracer::kMainTrack, *bwd_start,
-                      tracer.now_us() - *bwd_start);
-    });
+    m.add_post_backward_hook(
+        [&tracer, bwd_start, label](Module&) {
+          tracer.complete("backward " + label, "backward", Tracer::kMainTrack, *bwd_start,
+                          tracer.now_us() - *bwd_start);
+        },
+        /*first=*/true);
   }
 }
 

@@ -2,8 +2,9 @@
 //
 // Provides: Tracer, a thread-safe recorder of spans ("complete" events: name, start, duration)
 // and instants on numbered tracks (Chrome's tid: kMainTrack for the main thread, kCommTrack
-// for the communication thread); trace_layers(), which hooks every layer of a Model so that
-// each layer's forward and backward become spans; and write_chrome_trace(), which gathers
+// for the communication thread); span_if(), a span only while tracing; trace_layers(), which
+// hooks every layer of a Model so that each layer's forward and backward become spans; and
+// write_chrome_trace(), which gathers
 // every rank's events on rank 0 into ONE file with one process per rank (pid = rank), for
 // Perfetto (ui.perfetto.dev) or chrome://tracing. scripts/render_trace.py draws it as a PNG.
 //
@@ -22,6 +23,7 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -96,9 +98,19 @@ class Tracer {
   std::vector<TraceEvent> events_;
 };
 
+/// A span on the main track while the result lives, when `tracer` is set and enabled; nothing
+/// (and no string built) otherwise. E.g. the optimizer objects' "optimizer step" spans
+/// (precision.hpp, shard_precision.hpp), set up by the driver (engine_lesson.hpp).
+inline std::optional<Tracer::Span> span_if(Tracer* tracer, const char* name, const char* cat) {
+  if (tracer && tracer->enabled()) return std::optional<Tracer::Span>(std::in_place, *tracer, name, cat);
+  return std::nullopt;
+}
+
 /// Adds hooks to every layer of `model`: spans "forward <layer>" and "backward <layer>" (cat
-/// "forward" / "backward") on the main track, e.g. "backward 2 (Linear)". The hooks stay for
-/// the model's lifetime and record only while the tracer is enabled.
+/// "forward" / "backward") on the main track, e.g. "backward 2 (Linear)". They bracket the
+/// compute only: the pre hook runs after the hooks already added (ZeRO-3's gather and wait),
+/// the post hook before them (its release and reduce-scatter). The hooks stay for the model's
+/// lifetime and record only while the tracer is enabled.
 void trace_layers(Tracer& tracer, Model& model);
 
 /// Collective: every rank takes rank 0's epoch (now, on rank 0), sent with all_reduce_metrics.

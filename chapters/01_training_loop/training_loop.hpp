@@ -8,9 +8,8 @@
 
 #include <string>
 
-#include "common/lesson.hpp"
 #include "common/metrics.hpp"
-#include "common/precision.hpp"
+#include "common/replicated_lesson.hpp"
 #include "common/train.hpp"
 
 namespace ringzero {
@@ -19,10 +18,10 @@ namespace ringzero {
 /// order (torch.optim.AdamW / SGD over model.parameters()). `precision` holds it: in fp32 the
 /// model's own buffers and that optimizer; with --precision bf16|fp16 the 16-bit model, the
 /// fp32 master weights and AdamW's moments (common/precision.hpp).
-class TrainingLoop : public Lesson {
+class TrainingLoop : public ReplicatedLesson {
  public:
   explicit TrainingLoop(SetUp& s)
-      : precision(s.model, s.config, /*world_size=*/1),
+      : ReplicatedLesson(s.model, s.config, /*world_size=*/1),
         states_(fp32_state_bytes(s.config.optimizer, s.config.momentum)) {}
   std::string ledger_formula(int64_t psi) const override {
     if (!precision.is_fp32()) return MixedPrecision::ledger_formula(precision.dtype(), psi);
@@ -31,15 +30,6 @@ class TrainingLoop : public Lesson {
            human_bytes(states_.per_param() * static_cast<double>(psi)) +
            " with Ψ = " + std::to_string(psi);
   }
-  bool reset_ledger_peaks() const override { return precision.reset_ledger_peaks(); }
-  nlohmann::json summary_fields() const override { return precision.summary(); }
-  std::map<std::string, NamedTensor> model_state_dict(const Model& model) override {
-    return precision.state_dict(model);
-  }
-  TrainingState training_state(Model& model) override { return precision.training_state(model); }
-
-  ReplicatedPrecision precision;  ///< the parameters' dtype, the gradients and the optimizer
-
  private:
   StateBytes states_;  ///< bytes per parameter in fp32: p, g and --optimizer's state
 };

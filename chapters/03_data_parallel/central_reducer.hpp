@@ -32,9 +32,8 @@
 #include "common/comm.hpp"
 #include "common/dist.hpp"
 #include "common/dist_eval.hpp"
-#include "common/lesson.hpp"
 #include "common/metrics.hpp"
-#include "common/precision.hpp"
+#include "common/replicated_lesson.hpp"
 #include "common/train.hpp"
 
 namespace ringzero {
@@ -107,11 +106,11 @@ inline TrafficTheory central_reducer_traffic(int world_size, int64_t psi, int gr
 
 /// Chapter 03's lesson object: the only optimizer (on rank 0) and rank 0's buffer for one
 /// incoming gradient; train_step() (step.hpp) is the step it drives.
-class CentralReducer : public Lesson {
+class CentralReducer : public ReplicatedLesson {
  public:
-  explicit CentralReducer(SetUp& s)
-      : comm(*s.comm),
-        precision(s.model, s.config, comm.world_size(), /*holds_optimizer=*/comm.rank() == 0),
+  explicit CentralReducer(SetUp& s)  // the optimizer on rank 0 only
+      : ReplicatedLesson(s.model, s.config, s.comm->world_size(), s.comm->rank() == 0),
+        comm(*s.comm),
         psi_(s.model.num_parameters()),
         states_(fp32_state_bytes(s.config.optimizer, s.config.momentum)) {
     precision.reserve_scratch(comm.rank() == 0 ? psi_ : 0);  // (Ψ) one gradient, rank 0 only
@@ -128,7 +127,6 @@ class CentralReducer : public Lesson {
     return central_reducer_traffic(comm.world_size(), psi_, precision.grad_wire_bytes(),
                                    precision.param_bytes());
   }
-  bool reset_ledger_peaks() const override { return precision.reset_ledger_peaks(); }
   /// The whole gradient to rank 0, which steps alone (the GPU planner reads it).
   std::optional<EngineDescription> description() const override {
     return EngineDescription{.unit = "model",
@@ -137,16 +135,8 @@ class CentralReducer : public Lesson {
                              .world_size = comm.world_size(),
                              .reset_ledger_peaks = precision.reset_ledger_peaks()};
   }
-  nlohmann::json summary_fields() const override { return precision.summary(); }
-  std::map<std::string, NamedTensor> model_state_dict(const Model& model) override {
-    return precision.state_dict(model);  // rank 0's is the one written
-  }
-  TrainingState training_state(Model& model) override {  // rank 0 writes; every rank loads
-    return precision.training_state(model);
-  }
 
   Communicator& comm;
-  ReplicatedPrecision precision;  ///< the optimizer (rank 0 only); rank 0's incoming gradient
 
  private:
   std::string ledger_formula_mixed(int64_t psi) const {

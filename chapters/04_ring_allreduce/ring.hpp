@@ -86,16 +86,18 @@ struct RingAdd {
     add_into(dst, src);
   }
 };
-/// The reduce-scatter phase for elements of type T (float, bf16, fp16), in place; `add` is the
-/// hop's accumulate (RingAdd; a device kernel on the GPU). Callers use the
-/// ring_reduce_scatter overloads below. Afterwards chunk rank() of buf holds the sum over ranks
-/// of that chunk; the other chunks hold partial sums (garbage to the caller). Every rank must
-/// call with the same n. `scratch` receives the incoming chunk: at least
-/// ring_chunk(n, N, 0).size elements (empty: one is allocated here). Traffic per rank: (N − 1)
-/// chunks sent, (N − 1) received, of sizeof(T) bytes per element.
+
+/// The reduce-scatter phase, in place, for elements of type T (float, bf16, fp16) over any
+/// communicator with Communicator's rank, world_size, sendrecv, count_call and Scope; `add` is
+/// the hop's accumulate (RingAdd; a CUDA kernel on the GPU). Afterwards chunk rank() of buf
+/// holds the sum over ranks of that chunk; the other chunks hold partial sums (garbage to the
+/// caller). Every rank must call with the same n. `scratch` receives the incoming chunk: at
+/// least ring_chunk(n, N, 0).size elements (empty: one is allocated here; on the host, so a
+/// device communicator passes its own). Traffic per rank: (N − 1) chunks sent, (N − 1)
+/// received, of sizeof(T) bytes per element. Errors: scratch shorter than a chunk.
 template <class Comm, class T, class Add>
-void ring_reduce_scatter_with(Comm& comm, std::span<T> buf, std::span<T> scratch,
-                              [[maybe_unused]] Add add) {  // unused while 04.1 is a stub
+void ring_reduce_scatter(Comm& comm, std::span<T> buf, std::span<T> scratch,
+                         [[maybe_unused]] Add add) {  // unused while 04.1 is a stub
   const int N = comm.world_size(), r = comm.rank();
   const auto n = static_cast<int64_t>(buf.size());
   comm.count_call("ring_reduce_scatter");
@@ -121,12 +123,17 @@ void ring_reduce_scatter_with(Comm& comm, std::span<T> buf, std::span<T> scratch
   // END EXERCISE 04.1
 }
 
-/// The all-gather phase for elements of type T (float, bf16, fp16: it only copies), in
-/// place: on entry chunk rank() of buf is this rank's; afterwards every chunk holds its
-/// owner's values. Callers use the ring_all_gather overloads below. Traffic per rank: (N − 1)
-/// chunks sent, (N − 1) received.
+/// The reduce-scatter on the host, adding with the element type's own add (RingAdd).
+template <class T>
+void ring_reduce_scatter(Communicator& comm, std::span<T> buf, std::span<T> scratch = {}) {
+  ring_reduce_scatter(comm, buf, scratch, RingAdd{});
+}
+
+/// The all-gather phase, in place, for elements of type T (it only copies), over any
+/// communicator as ring_reduce_scatter: on entry chunk rank() of buf is this rank's; afterwards
+/// every chunk holds its owner's values. Traffic per rank: (N − 1) chunks sent, (N − 1) received.
 template <class Comm, class T>
-void ring_all_gather_of(Comm& comm, std::span<T> buf) {
+void ring_all_gather(Comm& comm, std::span<T> buf) {
   const int N = comm.world_size(), r = comm.rank();
   const auto n = static_cast<int64_t>(buf.size());
   comm.count_call("ring_all_gather");
@@ -142,44 +149,32 @@ void ring_all_gather_of(Comm& comm, std::span<T> buf) {
   // END EXERCISE 04.2
 }
 
-/// Reduce-scatter phase in place (ring_reduce_scatter_with with the element type's add). Errors:
-/// scratch shorter than a chunk.
-inline void ring_reduce_scatter(Communicator& comm, std::span<float> buf,
-                                std::span<float> scratch = {}) {
-  ring_reduce_scatter_with(comm, buf, scratch, RingAdd{});
-}
-template <Half T>
-void ring_reduce_scatter(Communicator& comm, std::span<T> buf, std::span<T> scratch = {}) {
-  ring_reduce_scatter_with(comm, buf, scratch, RingAdd{});
-}
-
-/// All-gather phase in place (ring_all_gather_of).
-inline void ring_all_gather(Communicator& comm, std::span<float> buf) {
-  ring_all_gather_of(comm, buf);
-}
-template <Half T>
-void ring_all_gather(Communicator& comm, std::span<T> buf) {
-  ring_all_gather_of(comm, buf);
-}
-
 /// Sum over ranks, in place, on every rank: reduce-scatter then all-gather. `scratch` as for
-/// ring_reduce_scatter_with.
+/// ring_reduce_scatter.
 /// In bf16/fp16 (--reduce-dtype bf16|fp16) half the bytes cross every link, and a chunk's sum
 /// is rounded N − 1 times, once per hop, in ring order starting at rank c + 1; an fp32 ring
 /// (--reduce-dtype fp32) rounds to fp32 instead. The all-gather copies, so every rank still gets
 /// identical bits.
-inline void ring_all_reduce(Communicator& comm, std::span<float> buf,
-                            std::span<float> scratch = {}) {
-  ring_reduce_scatter(comm, buf, scratch);
-  ring_all_gather(comm, buf);
-}
-template <Half T>
+template <class T>
 void ring_all_reduce(Communicator& comm, std::span<T> buf, std::span<T> scratch = {}) {
   ring_reduce_scatter(comm, buf, scratch);
   ring_all_gather(comm, buf);
 }
 
-/// Sum over ranks in place: our ring (`ring` true; `scratch` as for ring_reduce_scatter_with) or
+// The three for float from anything that converts to a span (a std::vector<float>, say).
+inline void ring_reduce_scatter(Communicator& comm, std::span<float> buf,
+                                std::span<float> scratch = {}) {
+  ring_reduce_scatter<float>(comm, buf, scratch);
+}
+inline void ring_all_gather(Communicator& comm, std::span<float> buf) {
+  ring_all_gather<Communicator, float>(comm, buf);
+}
+inline void ring_all_reduce(Communicator& comm, std::span<float> buf,
+                            std::span<float> scratch = {}) {
+  ring_all_reduce<float>(comm, buf, scratch);
+}
+
+/// Sum over ranks in place: our ring (`ring` true; `scratch` as for ring_reduce_scatter) or
 /// MPI_Allreduce, the library's algorithm, for float (MPI has no bf16/fp16 sum: the lessons
 /// refuse --collectives mpi with a 16-bit --reduce-dtype before training).
 template <class T>
@@ -189,6 +184,14 @@ void all_reduce(Communicator& comm, std::span<T> buf, std::span<T> scratch, bool
   }
   RZ_CHECK(ring, "all_reduce: MPI has no 16-bit sum; use --collectives ring");
   ring_all_reduce(comm, buf, scratch);
+}
+
+/// What MPI_Allreduce of the Ψ gradients moves per step as our counters see it: the Ψ·4 bytes
+/// handed to it, on every rank (MPI does not report its wire traffic).
+inline TrafficTheory mpi_all_reduce_traffic(int64_t psi, int world_size) {
+  return {std::vector<int64_t>(world_size, 4 * psi), std::vector<int64_t>(world_size, 4 * psi),
+          "MPI_Allreduce: the counters show the Ψ·4 = " + human_bytes(4.0 * psi) +
+              " handed to MPI per step"};
 }
 
 /// Bytes each rank moves per optimizer step when every parameter (sizes, in elements) is

@@ -12,9 +12,9 @@
 // When a bucket is complete, in which order buckets go, no_sync and unused parameters:
 // readiness.hpp (BucketReadiness, shared with chapters 06 and 07). Here: what a launched bucket
 // does, every rank's optimizer (its own ReplicatedPrecision), describe(), and the chapter's
-// ledger formula and traffic theory. With --check-collectives, each all-reduce first checks
-// that every rank is about to run the same one, bucket, size and number (common/collective_check.hpp), so a rank out of order
-// stops every rank with a message instead of a crash inside MPI or different weights.
+// ledger formula and traffic theory. With --check-collectives, the communication queue first
+// checks that every rank is about to run the same all-reduce (common/comm_queue.hpp), so a rank
+// out of order stops every rank with a message instead of a crash inside MPI or different weights.
 // A bucket is a range of the gradients in their element type (float, bf16, fp16); the mean and
 // the --reduce-dtype are the precision's (common/precision.hpp), the all-reduce chapter 04's.
 // Leaves out: bucket rebuilding, comm hooks (compression), static graphs, broadcast buffers.
@@ -30,15 +30,12 @@
 #include "chapters/05_ddp_buckets/buckets.hpp"
 #include "chapters/05_ddp_buckets/options.hpp"
 #include "chapters/05_ddp_buckets/readiness.hpp"
-#include "common/collective_check.hpp"
 #include "common/collectives.hpp"
 #include "common/comm_queue.hpp"
 #include "common/engine_description.hpp"
 #include "common/metrics.hpp"
 #include "common/precision.hpp"
 #include "common/train.hpp"
-#include "common/trace.hpp"
-#include "common/zero_memory.hpp"
 
 namespace ringzero {
 
@@ -55,15 +52,9 @@ class DDP {
         model_(model),
         options_(options),
         precision_(model, config, comm.world_size()),
-        states_(fp32_state_bytes(config.optimizer, config.momentum)),
         buckets_(plan_buckets(parameter_sizes(model), mib_to_bytes(options.bucket_cap_mb),
                               mib_to_bytes(options.first_bucket_cap_mb))) {
-    RZ_CHECK(precision_.grad_wire_bytes() == 4 || options.collectives == Collectives::ring,
-             "--collectives mpi with --reduce-dtype "
-                 << dtype_name(precision_.dtype())
-                 << " (--reduce-dtype defaults to the --precision): MPI has no "
-                 << dtype_name(precision_.dtype())
-                 << " sum; use --reduce-dtype fp32 (widen and sum in fp32) or --collectives ring");
+    precision_.check_collectives(options.collectives);  // MPI has no 16-bit sum
     check_bucket_plans_match(comm, buckets_);
     int64_t largest_chunk = 0;
     for (const Bucket& b : buckets_)
@@ -76,7 +67,6 @@ class DDP {
 
   Communicator& comm() const { return comm_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
-  const Options& options() const { return options_; }
   /// The --explain-buckets table of this plan.
   std::string explain() const {
     return explain_buckets(buckets_, model_, options_.bucket_cap_mb, options_.first_bucket_cap_mb);
@@ -108,28 +98,32 @@ class DDP {
             .world_size = comm_.world_size(),
             .reset_ledger_peaks = precision_.reset_ledger_peaks()};  // 16 bits: the masters
   }
-  /// The ledger's formula line: every rank holds the full model states (below).
-  std::string ledger_formula() const;
-  /// What every rank should move per step: chapter 04's ring per bucket (below).
-  TrafficTheory traffic_theory() const;
+  /// The ledger's formula line: every rank holds the full model states, as in chapter 04.
+  std::string ledger_formula() const { return precision_.replicated_ledger_formula("bucket"); }
+  /// What every rank should move per step: chapter 04's ring (or MPI's), per bucket.
+  TrafficTheory traffic_theory() const {
+    if (options_.collectives == Collectives::mpi)
+      return mpi_all_reduce_traffic(model_.num_parameters(), comm_.world_size());
+    TrafficTheory theory = ring_all_reduce_traffic(bucket_sizes(buckets_), comm_.world_size(),
+                                                   precision_.grad_wire_bytes());
+    theory.formula += "; counted per bucket here: " + std::to_string(buckets_.size()) +
+                      " all-reduces instead of " + std::to_string(model_.parameters().size()) +
+                      ", the same bytes";
+    return theory;
+  }
 
   /// The parameter indices of the last synchronised backward, in the order their gradients
   /// became ready (for tests: reverse registration order, layer by layer).
   const std::vector<int>& last_ready_order() const { return readiness_.last_ready_order(); }
 
  private:
-  // Queues bucket b's all-reduce on the communication thread; returns at once.
+  // Queues bucket b's all-reduce on the communication thread (checked across ranks first with
+  // --check-collectives, traced with --trace: common/comm_queue.hpp); returns at once.
   void launch(int b) {
     const Bucket& bucket = buckets_[b];
-    const CollectiveHeader header = sequence_.next(CollectiveSequence::kAllReduce, b, bucket.size);
     comm_queue_.submit(
-        {.name = "all_reduce bucket " + std::to_string(b),
-         .args = {{"bytes", precision_.grad_wire_bytes() * bucket.size},
-                  {"params", bucket.params.size()}},
-         .posted = "launch bucket " + std::to_string(b),
-         .category = "ddp",
-         .queued_us = true},
-        [this, header] { sequence_.check(comm_, header); },  // every rank runs it now, or all stop
+        {.kind = CollectiveSequence::kAllReduce, .unit = b, .elements = bucket.size,
+         .bytes = precision_.grad_wire_bytes() * bucket.size, .params = std::ssize(bucket.params)},
         [this, &bucket] {  // the bucket's gradients: chapter 04's all-reduce, then the mean
           const bool ring = options_.collectives == Collectives::ring;
           precision_.reduce(bucket.offset, bucket.size, [&](auto grads, auto scratch) {
@@ -143,48 +137,11 @@ class DDP {
   Options options_;
   // First of the hooked members: in 16 bits its hooks write the gradients before ours read them.
   ReplicatedPrecision precision_;  // the gradients, their mean and --reduce-dtype
-  StateBytes states_;              // bytes per parameter in fp32: p, g and --optimizer's state
   std::vector<Bucket> buckets_;
   BucketReadiness readiness_{model_, buckets_, options_.find_unused_parameters, "all-reduced",
                              [this](int b) { launch(b); }, [this] { comm_queue_.wait_all(); }};
-  CollectiveSequence sequence_;    // numbers the all-reduces for --check-collectives
   friend struct BucketOrderFault;  // tests/tools/rank_fault.cpp: a rank out of order
-  CommQueue comm_queue_{options_.tracer};  // last: drained first, while everything above lives
+  CommQueue comm_queue_{comm_, options_.tracer, bucket_naming("ddp")};  // last: drained first
 };
-
-// What the driver reports: the chapter's theory of memory and traffic.
-
-inline std::string DDP::ledger_formula() const {
-  const double psi = static_cast<double>(model_.num_parameters());
-  if (!precision_.is_fp32()) {
-    const bool half = precision_.grad_wire_bytes() == 2;
-    return "formula (" + std::string(dtype_name(precision_.dtype())) +
-           " + AdamW with fp32 master weights, every rank): 2Ψ + 2Ψ + 12Ψ = 16Ψ = " +
-           human_bytes(16.0 * psi) + "; comm_buffers: " +
-           (half ? "one 16-bit chunk of the largest bucket"
-                 : "the gradient widened to fp32, 4Ψ, and one fp32 chunk of the largest "
-                   "bucket") +
-           "; activations: one layer's fp32 working copy and gradient scratch";
-  }
-  return "formula (" + std::string(states_.name) +
-         ", every rank): " + full_copy_formula_text(states_) + " = " +
-         human_bytes(states_.per_param() * psi) +
-         "; comm_buffers: one chunk of the largest bucket";
-}
-
-inline TrafficTheory DDP::traffic_theory() const {
-  const int N = comm_.world_size();
-  const int64_t psi = model_.num_parameters();
-  if (options_.collectives == Collectives::mpi)  // MPI does not report its wire traffic
-    return {std::vector<int64_t>(N, 4 * psi), std::vector<int64_t>(N, 4 * psi),
-            "MPI_Allreduce: the counters show the Ψ·4 = " + human_bytes(4.0 * psi) +
-                " handed to MPI per step"};
-  TrafficTheory theory = ring_all_reduce_traffic(bucket_sizes(buckets_), N,
-                                                 precision_.grad_wire_bytes());  // ch. 04's
-  theory.formula += "; counted per bucket here: " + std::to_string(buckets_.size()) +
-                    " all-reduces instead of " + std::to_string(model_.parameters().size()) +
-                    ", the same bytes";
-  return theory;
-}
 
 }  // namespace ringzero

@@ -22,21 +22,14 @@ struct DDPOptions {
 
 /// Chapter 05's flags: the engine's options and --explain-buckets.
 struct DDPFlags : LessonOptions {
-  DDPOptions ddp;
+  DDPOptions options;  ///< the engine's (EngineLesson adds the run's tracer)
   bool explain = false;
 
   void add_flags(CommandLine& cli) override {
-    add_collectives_flag(cli.app, ddp.collectives, "ring (ours, chapter 04) | mpi (MPI_Allreduce)");
-    add_bucket_flags(cli, ddp.bucket_cap_mb, ddp.first_bucket_cap_mb, ddp.find_unused_parameters);
+    add_collectives_flag(cli.app, options.collectives, "ring (chapter 04's) | mpi (MPI_Allreduce)");
+    add_bucket_flags(cli, options);  // common/bucket_tools.hpp
     cli.app.add_flag("--explain-buckets", explain,
                      "print the bucket plan (buckets, parameters, elements, bytes)");
-  }
-
-  /// The engine's options, tracing into the run's `tracer`.
-  DDPOptions options(Tracer& tracer) const {
-    DDPOptions o = ddp;
-    o.tracer = &tracer;
-    return o;
   }
 };
 

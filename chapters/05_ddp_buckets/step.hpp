@@ -31,16 +31,12 @@ inline double train_step(DDP& ddp, const Step& step) {
     loss_sum += loss->value[0];
     tape.backward(loss, ddp.optimizer().seed(K));  // grads += dloss/K; full buckets start
   }
-  {
-    Tracer::Span wait(step.tracer, "finalize_backward (wait for buckets)", "ddp");
-    ddp.finalize_backward();  // every bucket all-reduced, the mean; MPI is ours again
-  }
+  ddp.finalize_backward();  // every bucket all-reduced, the mean; MPI is ours again
   const double loss_value = global_mean(ddp.comm(), loss_sum / K);  // equal shares
   ddp.optimizer().check_first_loss(loss_value, step.step);          // fp16: forward overflow?
   // Every rank stops together; the error names the rank(s) whose loss is not finite.
   check_finite_loss(ddp.comm(), loss_sum / K, loss_value, step.step);
 
-  Tracer::Span opt(step.tracer, "optimizer step", "optimizer");
   ddp.step();  // the same step everywhere (--clip-grad-norm first)
   return loss_value;
 }

@@ -24,22 +24,14 @@ struct ZeroOptions {
 /// Chapters 06-07's flags: the engine's options, --explain-buckets, and ZeroFlags'
 /// (--collectives, the memory calculator).
 struct ZeroBucketFlags : ZeroFlags {
-  ZeroOptions zero;
+  ZeroOptions options;  ///< the engine's (EngineLesson adds the run's tracer)
   bool explain = false;
 
   void add_flags(CommandLine& cli) override {
-    add_zero_flags(cli, zero.collectives);
-    add_bucket_flags(cli, zero.bucket_cap_mb, zero.first_bucket_cap_mb,
-                     zero.find_unused_parameters);
+    add_zero_flags(cli, options.collectives);
+    add_bucket_flags(cli, options);  // common/bucket_tools.hpp
     cli.app.add_flag("--explain-buckets", explain,
                      "print the bucket plan (buckets, parameters, elements, bytes)");
-  }
-
-  /// The engine's options, tracing into the run's `tracer`.
-  ZeroOptions options(Tracer& tracer) const {
-    ZeroOptions o = zero;
-    o.tracer = &tracer;
-    return o;
   }
 };
 

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "chapters/05_ddp_buckets/buckets.hpp"
+#include "common/engine_description.hpp"
 #include "common/nn.hpp"
 
 namespace ringzero {
@@ -121,6 +122,13 @@ inline int64_t shard_real_of(const ShardLayout& layout, int rank) {
   for (const BucketShard& b : layout.buckets)
     real += std::clamp(b.size - rank * b.shard_size, int64_t{0}, b.shard_size);
   return real;
+}
+
+/// The layout's buckets as the engine description's units (common/engine_description.hpp).
+inline std::vector<ShardUnit> shard_units(const ShardLayout& layout) {
+  std::vector<ShardUnit> units;
+  for (const BucketShard& s : layout.buckets) units.push_back({s.offset, s.size, s.shard_size});
+  return units;
 }
 
 }  // namespace ringzero

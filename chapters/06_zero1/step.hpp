@@ -32,16 +32,12 @@ double train_step(Zero1<T, R>& zero, const Step& step) {
     loss_sum += loss->value[0];
     tape.backward(loss, zero.optimizer().seed(K));  // grads += dloss/K; full buckets start
   }
-  {
-    Tracer::Span wait(step.tracer, "finalize_backward (wait for buckets)", "ddp");
-    zero.finalize_backward();  // every bucket reduce-scattered: this rank's shard holds the mean
-  }
+  zero.finalize_backward();  // every bucket reduce-scattered: this rank's shard holds the mean
   const double loss_value = global_mean(zero.comm(), loss_sum / K);  // equal shares
   zero.optimizer().check_first_loss(loss_value, step.step);          // fp16: forward overflow?
   // Every rank stops together; the error names the rank(s) whose loss is not finite.
   check_finite_loss(zero.comm(), loss_sum / K, loss_value, step.step);
 
-  Tracer::Span opt(step.tracer, "optimizer step + all_gather", "optimizer");
   zero.step();  // each rank updates its shard (--clip-grad-norm first), then gathers every shard
   return loss_value;
 }

@@ -14,10 +14,11 @@
 // shard.hpp); 1/N of the optimizer state and work: model states 4Ψ + 4Ψ + 8Ψ/N. The gradients
 // stay whole (keeping only the shard is chapter 07). Every rank stays in step by chapter 05's
 // rules, used as they are (readiness.hpp: "Rules that keep every rank in step", "Unused
-// parameters"), reduce-scatter in place of all-reduce; with --check-collectives each reduce-scatter is first checked across
-// ranks (common/collective_check.hpp; the all-gathers of step() run in a fixed loop). Leaves out:
-// bucket rebuilding, comm hooks, static graphs, broadcast buffers, overlapping the all-gather with
-// the next forward (DeepSpeed's prefetch).
+// parameters"), reduce-scatter in place of all-reduce; with --check-collectives the
+// communication queue checks each reduce-scatter across ranks first (common/comm_queue.hpp; the
+// all-gathers of step() run in a fixed loop). Leaves out: bucket rebuilding, comm hooks, static
+// graphs, broadcast buffers, overlapping the all-gather with the next forward (DeepSpeed's
+// prefetch).
 //
 // Written once over the element types (common/shard_precision.hpp): T, the parameters' and
 // gradients' (float, or bf16/fp16 with --precision), and R, the reduced gradient's
@@ -39,14 +40,12 @@
 #include "chapters/06_zero1/bucket_collectives.hpp"
 #include "chapters/06_zero1/shard.hpp"
 #include "chapters/06_zero1/options.hpp"
-#include "common/collective_check.hpp"
 #include "common/collectives.hpp"
 #include "common/comm_queue.hpp"
 #include "common/dist.hpp"
 #include "common/engine_description.hpp"
 #include "common/padded_buffer.hpp"
 #include "common/shard_precision.hpp"
-#include "common/trace.hpp"
 #include "common/typed_collectives.hpp"
 #include "common/train.hpp"
 #include "common/zero_memory.hpp"
@@ -110,8 +109,11 @@ class Zero1 {
   const ShardLayout& layout() const { return layout_; }
   /// What this engine is, as data: stage, buckets, collectives, padding (zero_io.cpp).
   EngineDescription describe() const;
-  /// The --explain-buckets table (zero_io.cpp).
-  std::string explain() const;
+  /// The --explain-buckets table (common/bucket_tools.hpp).
+  std::string explain() const {
+    return explain_buckets(buckets_, model_, options_.bucket_cap_mb, options_.first_bucket_cap_mb,
+                           "reduce-scattered");
+  }
 
   /// Model-state bytes each rank should hold (zero_io.cpp).
   std::vector<int64_t> model_states_bytes() const;
@@ -159,9 +161,9 @@ class Zero1 {
       optimizer_.step(b, shard_params(b), shard_grads(b));
       const BucketShard& s = layout_.buckets[b];
       std::span<T> bucket = params_.span().subspan(s.padded_offset, s.padded_size());
-      comm_queue_.submit({.name = "all_gather bucket " + std::to_string(b),
-                          .args = {{"bytes", element_bytes<T>() * s.padded_size()}}},
-                         {}, [this, &s, bucket] {
+      comm_queue_.submit({.kind = CollectiveSequence::kAllGather, .unit = static_cast<int>(b),
+                          .bytes = element_bytes<T>() * s.padded_size(), .checked = false},
+                         [this, &s, bucket] {
                            all_gather_bucket(comm_, bucket, s.shard_size, reduce_.gather_scratch(),
                                              options_.collectives);  // bucket_collectives.hpp
                          });
@@ -190,19 +192,13 @@ class Zero1 {
     return reduce_.shard(shard_of(grads_.span(), b), layout_.buckets[b].shard_offset);
   }
 
-  // Queues bucket b's reduce-scatter on the communication thread; returns at once.
+  // Queues bucket b's reduce-scatter on the communication thread (checked and traced there:
+  // common/comm_queue.hpp); returns at once.
   void launch(int b) {
     const BucketShard& s = layout_.buckets[b];
-    const CollectiveHeader header =
-        sequence_.next(CollectiveSequence::kReduceScatter, b, s.padded_size());
     comm_queue_.submit(
-        {.name = "reduce_scatter bucket " + std::to_string(b),
-         .args = {{"bytes", element_bytes<R>() * s.padded_size()},
-                  {"params", buckets_[b].params.size()}},
-         .posted = "launch bucket " + std::to_string(b),
-         .category = "zero",
-         .queued_us = true},
-        [this, header] { sequence_.check(comm_, header); },  // --check-collectives: every rank
+        {.kind = CollectiveSequence::kReduceScatter, .unit = b, .elements = s.padded_size(),
+         .bytes = element_bytes<R>() * s.padded_size(), .params = std::ssize(buckets_[b].params)},
         [this, &s] {
           std::span<T> bucket = grads_.span().subspan(s.padded_offset, s.padded_size());
           reduce_.reduce(bucket, s.shard_offset, [&](auto grads, auto scratch) {  // in R: the mean
@@ -223,10 +219,9 @@ class Zero1 {
   PaddedBufferOf<T> params_;  // (Ψ + padding) every parameter, padded per bucket
   PaddedBufferOf<T> grads_;   // (Ψ + padding) every gradient, same layout
   std::unique_ptr<ParameterBinding<T>> binding_;  // forward/backward's view of params_, grads_
-  std::optional<BucketReadiness> readiness_;  // chapter 05's: when a bucket is launched
-  CollectiveSequence sequence_;    // numbers the collectives for --check-collectives
-  friend struct BucketOrderFault;  // tests/tools/rank_fault.cpp: a rank out of order
-  CommQueue comm_queue_{options_.tracer};  // last: drained first, while everything above lives
+  std::optional<BucketReadiness> readiness_;      // chapter 05's: when a bucket is launched
+  friend struct BucketOrderFault;                 // tests/tools/rank_fault.cpp: a rank out of order
+  CommQueue comm_queue_{comm_, options_.tracer, bucket_naming("zero")};  // last: drained first
 };
 
 }  // namespace ringzero

@@ -1,4 +1,4 @@
-// ZeRO-1's members that are not the lesson: what it is (describe(), explain()), what it reports
+// ZeRO-1's members that are not the lesson: what it is (describe()), what it reports
 // (the exact model-state bytes and the ledger's formula line) and what the tests check (the
 // padding stays zero). zero.hpp declares them; the engine is instantiated here for the element
 // types with_precision builds.
@@ -43,21 +43,13 @@ std::string Zero1<T, R>::ledger_formula() const {
 
 template <Element T, Element R>
 EngineDescription Zero1<T, R>::describe() const {
-  std::vector<ShardUnit> units;
-  for (const BucketShard& s : layout_.buckets) units.push_back({s.offset, s.size, s.shard_size});
   return {.zero_stage = 1,
           .unit = "buckets",
           .unit_sizes = bucket_sizes(buckets_),  // real elements, in launch order
           .collectives = options_.collectives,
           .world_size = comm_.world_size(),
-          .units = std::move(units),
+          .units = shard_units(layout_),
           .padding = layout_.padding_total};
-}
-
-template <Element T, Element R>
-std::string Zero1<T, R>::explain() const {
-  return explain_buckets(buckets_, model_, options_.bucket_cap_mb, options_.first_bucket_cap_mb,
-                         "reduce-scattered");
 }
 
 /// Counts the parameters' and the gradients' padding elements that are not zero.

@@ -1,5 +1,4 @@
-// Chapter 07's step: training with ZeRO-2 (zero.hpp), optimizer state and gradients sharded over
-// ranks.
+// Chapter 07's step: training with ZeRO-2 (zero.hpp), gradients sharded over ranks too.
 //
 // Provides: train_step() over the Zero2 engine, one for every precision (the engine is built
 // over the element types --precision and --reduce-dtype pick: common/shard_precision.hpp), and
@@ -17,8 +16,8 @@
 namespace ringzero {
 
 /// One optimizer step on the global batch: K micro-steps on this rank's share, the last one's
-/// backward reduce-scattering bucket after bucket (and freeing it), each rank's step on its shard,
-/// and the all-gather of the parameters. Returns the global batch's mean loss (on every rank).
+/// backward reduce-scattering bucket after bucket, each rank's step on its shard, and the
+/// all-gather of the parameters. Returns the global batch's mean loss (on every rank).
 /// Errors: a non-finite loss stops every rank; a parameter without gradient.
 template <class T, class R>
 double train_step(Zero2<T, R>& zero, const Step& step) {
@@ -33,23 +32,19 @@ double train_step(Zero2<T, R>& zero, const Step& step) {
     loss_sum += loss->value[0];
     tape.backward(loss, zero.optimizer().seed(K));  // grads += dloss/K; full buckets start
   }
-  {
-    Tracer::Span wait(step.tracer, "finalize_backward (wait for buckets)", "ddp");
-    zero.finalize_backward();  // every bucket reduce-scattered: this rank's shard holds the mean
-  }
+  zero.finalize_backward();  // every bucket reduce-scattered: this rank's shard holds the mean
   const double loss_value = global_mean(zero.comm(), loss_sum / K);  // equal shares
   zero.optimizer().check_first_loss(loss_value, step.step);          // fp16: forward overflow?
   // Every rank stops together; the error names the rank(s) whose loss is not finite.
   check_finite_loss(zero.comm(), loss_sum / K, loss_value, step.step);
 
-  Tracer::Span opt(step.tracer, "optimizer step + all_gather", "optimizer");
   zero.step();  // each rank updates its shard (--clip-grad-norm first), then gathers every shard
   return loss_value;
 }
 
 /// Chapter 07's lesson: the ZeRO-2 engine, which owns the parameters, this rank's gradient shard
-/// (and the buckets in flight) and this rank's optimizer shard, over element types T and R; its
-/// flags are chapter 06's ZeroBucketFlags (options.hpp).
+/// and this rank's optimizer shard, over element types T and R; its flags are ZeroBucketFlags
+/// (chapter 06's options.hpp).
 template <class T = float, class R = T>
 using Zero2Training = EngineLesson<Zero2<T, R>>;
 

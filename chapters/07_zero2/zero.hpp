@@ -17,7 +17,7 @@
 // traffic, not bitwise).
 // Every rank stays in step by chapter 05's readiness.hpp ("Rules that keep every rank in
 // step", "Unused parameters"), reduce-scatter in place of all-reduce; --check-collectives checks
-// each reduce-scatter across ranks first (common/collective_check.hpp). Leaves out: what chapter
+// each reduce-scatter across ranks first (common/comm_queue.hpp). Leaves out: what chapter
 // 06's zero.hpp leaves out.
 //
 // Written over the element types as chapter 06 (common/shard_precision.hpp): in 16 bits the
@@ -38,14 +38,12 @@
 #include "chapters/06_zero1/bucket_collectives.hpp"
 #include "chapters/06_zero1/shard.hpp"
 #include "chapters/06_zero1/options.hpp"
-#include "common/collective_check.hpp"
 #include "common/collectives.hpp"
 #include "common/comm_queue.hpp"
 #include "common/dist.hpp"
 #include "common/engine_description.hpp"
 #include "common/padded_buffer.hpp"
 #include "common/shard_precision.hpp"
-#include "common/trace.hpp"
 #include "common/typed_collectives.hpp"
 #include "common/train.hpp"
 #include "common/zero_memory.hpp"
@@ -122,8 +120,11 @@ class Zero2 {
   const ShardLayout& layout() const { return layout_; }
   /// What this engine is, as data: stage, buckets, collectives, padding (zero_io.cpp).
   EngineDescription describe() const;
-  /// The --explain-buckets table (zero_io.cpp).
-  std::string explain() const;
+  /// The --explain-buckets table (common/bucket_tools.hpp).
+  std::string explain() const {
+    return explain_buckets(buckets_, model_, options_.bucket_cap_mb, options_.first_bucket_cap_mb,
+                           "reduce-scattered");
+  }
 
   /// Model-state bytes each rank should hold between steps (zero_io.cpp).
   std::vector<int64_t> model_states_bytes() const;
@@ -181,9 +182,9 @@ class Zero2 {
       optimizer_.step(b, shard_params(b), shard_grads(b));
       const BucketShard& s = layout_.buckets[b];
       std::span<T> bucket = params_.span().subspan(s.padded_offset, s.padded_size());
-      comm_queue_.submit({.name = "all_gather bucket " + std::to_string(b),
-                          .args = {{"bytes", element_bytes<T>() * s.padded_size()}}},
-                         {}, [this, &s, bucket] {
+      comm_queue_.submit({.kind = CollectiveSequence::kAllGather, .unit = static_cast<int>(b),
+                          .bytes = element_bytes<T>() * s.padded_size(), .checked = false},
+                         [this, &s, bucket] {
                            all_gather_bucket(comm_, bucket, s.shard_size, reduce_.gather_scratch(),
                                              options_.collectives);  // bucket_collectives.hpp
                          });
@@ -233,20 +234,14 @@ class Zero2 {
     for (int p : buckets_[b].params) binding_->bind_grad(static_cast<size_t>(p), {});
   }
 
-  // Queues bucket b's reduce-scatter on the communication thread; returns at once.
+  // Queues bucket b's reduce-scatter on the communication thread (checked and traced there:
+  // common/comm_queue.hpp); returns at once.
   void launch(int b) {
     allocate_bucket(b);  // only for a bucket no backward touched (find_unused_parameters)
     const BucketShard& s = layout_.buckets[b];
-    const CollectiveHeader header =
-        sequence_.next(CollectiveSequence::kReduceScatter, b, s.padded_size());
     tickets_[b] = comm_queue_.submit(
-        {.name = "reduce_scatter bucket " + std::to_string(b),
-         .args = {{"bytes", element_bytes<R>() * s.padded_size()},
-                  {"params", buckets_[b].params.size()}},
-         .posted = "launch bucket " + std::to_string(b),
-         .category = "zero",
-         .queued_us = true},
-        [this, header] { sequence_.check(comm_, header); },  // --check-collectives: every rank
+        {.kind = CollectiveSequence::kReduceScatter, .unit = b, .elements = s.padded_size(),
+         .bytes = element_bytes<R>() * s.padded_size(), .params = std::ssize(buckets_[b].params)},
         [this, b, &s] {
           // BEGIN EXERCISE 07.1 (ZeRO-2: reduce-scatter in backward)
           std::span<R> shard =
@@ -274,11 +269,10 @@ class Zero2 {
   std::vector<uint64_t> tickets_;  // (buckets) its reduce-scatter's comm-thread ticket; 0: none
   std::unique_ptr<ParameterBinding<T>> binding_;  // forward/backward's view of our buffers
   std::optional<BucketReadiness> readiness_;  // chapter 05's: when a bucket is launched
-  CollectiveSequence sequence_;    // numbers the collectives for --check-collectives
   friend struct BucketOrderFault;  // tests/tools/rank_fault.cpp: a rank out of order
   std::shared_ptr<Zero2*> alive_ =
       std::make_shared<Zero2*>(this);  // what the layer hooks reach us by
-  CommQueue comm_queue_{options_.tracer};  // last: drained first, while everything above lives
+  CommQueue comm_queue_{comm_, options_.tracer, bucket_naming("zero")};  // last: drained first
 };
 
 }  // namespace ringzero

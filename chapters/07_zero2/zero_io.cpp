@@ -1,4 +1,4 @@
-// ZeRO-2's members that are not the lesson: what it is (describe(), explain()), what it reports
+// ZeRO-2's members that are not the lesson: what it is (describe()), what it reports
 // (the exact model-state bytes, the buckets in flight and the ledger's formula line) and what
 // the tests check (the padding stays zero). zero.hpp declares them.
 // Leaves out: everything the training step does (zero.hpp); what it saves (--save-final,
@@ -64,23 +64,15 @@ std::string Zero2<T, R>::ledger_formula() const {
 
 template <Element T, Element R>
 EngineDescription Zero2<T, R>::describe() const {
-  std::vector<ShardUnit> units;
-  for (const BucketShard& s : layout_.buckets) units.push_back({s.offset, s.size, s.shard_size});
   return {.zero_stage = 2,
           .unit = "buckets",
           .unit_sizes = bucket_sizes(buckets_),  // real elements, in launch order
           .collectives = options_.collectives,
           .world_size = comm_.world_size(),
-          .units = std::move(units),
+          .units = shard_units(layout_),
           .padding = layout_.padding_total,
           .max_in_flight = 2,  // at most two buckets exist at once (zero.hpp)
           .in_flight_peak_bytes = in_flight_peak_bytes()};
-}
-
-template <Element T, Element R>
-std::string Zero2<T, R>::explain() const {
-  return explain_buckets(buckets_, model_, options_.bucket_cap_mb, options_.first_bucket_cap_mb,
-                         "reduce-scattered");
 }
 
 /// Counts the padding elements of the parameters and of the gradient shard that are not zero.

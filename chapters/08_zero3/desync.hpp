@@ -14,19 +14,18 @@
 // (if no two neighbours differ, none differ) and fails, naming both; run_main's MPI_Abort
 // then stops every rank. The rank that runs ahead is caught too: its extra collective meets
 // the others' next one, whose header differs. Cost: 16 bytes per collective, counted apart.
-// The check itself is common/collective_check.hpp's, shared with chapters 05-07 (which run
-// it under --check-collectives); this chapter runs it always, as part of its traffic.
+// The check itself is common/collective_check.hpp's, run by the communication queue
+// (common/comm_queue.hpp) as for chapters 05-07 (which run it under --check-collectives); this
+// chapter runs it always, as part of its traffic.
 // Leaves out: checking the data's contents, and divergences that post the same collectives
 // (a rank that skips a layer's compute but not its hooks computes garbage, in step).
 #pragma once
 
 #include <cstdio>
-#include <functional>
 #include <string>
 
 #include "chapters/08_zero3/layer_shard.hpp"
 #include "common/collective_check.hpp"
-#include "common/comm.hpp"
 
 namespace ringzero {
 
@@ -47,22 +46,17 @@ inline std::string describe_layer_collective(const CollectiveHeader& h, const La
   return std::string(out) + " (" + std::to_string(h.size) + " elements)";
 }
 
-/// Collective, on every rank, right before this rank's collective number `seq`, of kind `kind`
-/// (Zero3::Kind) on layer `layer` of `layout`: swaps the header (seq, layer, kind, P_l) with the
-/// ring neighbours and fails if rank r − 1's differs from ours, with both described
-/// (describe_layer_collective; common/collective_check.hpp, which chapters 05-07 share).
-/// Counted as the operation "desync_check". World size 1: nothing to check.
-inline void check_in_step(Communicator& comm, const LayerLayout& layout, uint32_t seq, int layer,
-                          uint32_t kind) {
-  const CollectiveHeader mine = {seq, static_cast<uint32_t>(layer), kind,
-                                 static_cast<uint32_t>(layout.layers[layer].padded_size)};
-  check_collective(
-      comm, mine,
+/// The desync check of a ZeRO-3 engine's queue (common/comm_queue.hpp runs it right before each
+/// collective): on, always, and counted as the operation "desync_check" (part of this chapter's
+/// traffic); each header is (seq, layer, Zero3 kind, P_l), described by describe_layer_collective.
+/// `layout` must outlive the queue. World size 1: nothing to check.
+inline CollectiveSequence desync_check(const LayerLayout& layout) {
+  return CollectiveSequence(
+      /*enabled=*/true, "desync_check",
       [&layout](const CollectiveHeader& h) { return describe_layer_collective(h, layout); },
       "Every rank must run the same layers in the same order: a layer run on some ranks only (a "
       "branch on one rank's data, a layer called twice) pairs different collectives across "
-      "ranks, a hang or silently wrong weights",
-      "desync_check");
+      "ranks, a hang or silently wrong weights");
 }
 
 }  // namespace ringzero

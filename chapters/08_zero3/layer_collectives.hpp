@@ -1,14 +1,15 @@
 // layer_collectives: ZeRO-3's collectives on one Linear layer, queued on the communication
 // thread. A layer's padded parameters or gradient (P_l = N s_l elements, layer_shard.hpp) is a
 // bucket of N chunks of s_l, so the ring or MPI work is chapter 06's (bucket_collectives.hpp);
-// what is ZeRO-3's here: each collective is numbered and, before its data, swaps a header with
-// its ring neighbours (desync.hpp), and a reduce-scatter adds this rank's chunk of the mean into
-// its gradient shard, so micro-steps accumulate there. The engine (zero3.hpp) decides when.
+// what is ZeRO-3's here: the queue numbers each collective and, before its data, swaps a header
+// with its ring neighbours (desync.hpp), and a reduce-scatter adds this rank's chunk of the mean
+// into its gradient shard, so micro-steps accumulate there. The engine (zero3.hpp) decides when.
 // Leaves out: prefetching decisions and buffer lifetimes (zero3.hpp).
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -33,7 +34,11 @@ class LayerCollectives {
   /// comm and layout must outlive it. tracer: optional (comm_queue.hpp).
   LayerCollectives(Communicator& comm, const LayerLayout& layout, Collectives collectives,
                    Tracer* tracer)
-      : comm_(comm), layout_(layout), collectives_(collectives), queue_(tracer) {
+      : comm_(comm),
+        layout_(layout),
+        collectives_(collectives),
+        queue_(comm, tracer, {layer_collective_name(layout), "post", "zero3"},
+               desync_check(layout)) {
     int64_t largest_chunk = 0;
     for (const LayerShard& s : layout.layers) largest_chunk = std::max(largest_chunk, s.shard_size);
     scratch_ = BufferOf<R>(largest_chunk, MemTag::comm_buffers);  // (max s_l) the ring's chunk
@@ -62,30 +67,28 @@ class LayerCollectives {
     });
   }
 
-  /// Waits for `ticket` (traced as `label` on the main track); rethrows a collective's error.
-  void wait(uint64_t ticket, const std::string& label) { queue_.wait(ticket, label); }
+  /// Waits for `ticket` (traced on the main track); rethrows a collective's error.
+  void wait(uint64_t ticket) { queue_.wait(ticket); }
   void wait_all() { queue_.wait_all(); }
-  /// The tracer's clock (0 without one), for the engine's compute spans.
-  double now() const { return queue_.now(); }
   /// Bytes of the ring's chunk buffer (the ledger's formula line).
   int64_t scratch_bytes() const { return scratch_.bytes(); }
 
  private:
-  // Queues job() on the communication thread behind the desync check; the trace records bytes.
+  // Queues job() on the communication thread, behind the desync check (the queue runs it).
   template <class Job>
   uint64_t submit(int l, LayerCollective kind, int64_t bytes, Job job) {
-    static const char* labels[] = {"all_gather %s (forward)", "all_gather %s (backward)",
-                                   "reduce_scatter %s", "all_gather %s (state)"};
-    char label[96];
-    std::snprintf(label, sizeof label, labels[kind], layout_.layers[l].layer->name().c_str());
-    const uint32_t seq = seq_++;
-    return queue_.submit({.name = label,
-                          .args = {{"seq", seq}, {"bytes", bytes}},
-                          .posted = std::string("post ") + label,
-                          .category = "zero3",
-                          .posted_args = {{"seq", seq}}},
-                         [this, l, kind, seq] { check_in_step(comm_, layout_, seq, l, kind); },
-                         job);
+    return queue_.submit(
+        {.kind = kind, .unit = l, .elements = layout_.layers[l].padded_size, .bytes = bytes}, job);
+  }
+  // The trace's names: "all_gather 2 (forward)", "reduce_scatter 4", ...
+  static std::function<std::string(uint32_t, int)> layer_collective_name(const LayerLayout& layout) {
+    return [&layout](uint32_t kind, int l) {
+      static const char* labels[] = {"all_gather %s (forward)", "all_gather %s (backward)",
+                                     "reduce_scatter %s", "all_gather %s (state)"};
+      char label[96];
+      std::snprintf(label, sizeof label, labels[kind % 4], layout.layers[l].layer->name().c_str());
+      return std::string(label);
+    };
   }
   // The scratch as E (MPI's collectives want their input or output apart): ours when E is R;
   // empty otherwise (16-bit runs use the ring, which needs none for an all-gather).
@@ -101,8 +104,7 @@ class LayerCollectives {
   const LayerLayout& layout_;
   Collectives collectives_;
   BufferOf<R> scratch_;
-  uint32_t seq_ = 0;  // collectives posted so far: the desync header's number
-  CommQueue queue_;   // last: drained first, while everything above lives
+  CommQueue queue_;  // last: drained first, while everything above lives
 };
 
 }  // namespace ringzero

@@ -38,7 +38,6 @@ double train_step(Zero3<T, R>& zero, const Step& step) {
   // Every rank stops together; the error names the rank(s) whose loss is not finite.
   check_finite_loss(zero.comm(), loss_sum / K, loss_value, step.step);
 
-  Tracer::Span opt(step.tracer, "optimizer step", "optimizer");
   zero.step();  // each rank updates its shard (--clip-grad-norm first); the next forward gathers
   return loss_value;
 }

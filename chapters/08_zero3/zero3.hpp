@@ -43,7 +43,6 @@
 #include "common/engine_description.hpp"
 #include "common/padded_buffer.hpp"
 #include "common/shard_precision.hpp"
-#include "common/trace.hpp"
 #include "common/train.hpp"
 #include "common/typed_collectives.hpp"
 #include "common/zero_memory.hpp"
@@ -184,17 +183,14 @@ class Zero3 {
   static std::span<typename Padded::T> shard(Padded& buf, const LayerShard& s) {
     return buf.span().subspan(s.shard_offset, s.real);
   }
-  std::string name(int l) const { return layout_.layers[l].layer->name(); }
 
   // The hooks (main thread). Linear l computes between its pre and post hooks.
   void pre_forward(int l) {
     use_gathered(l, kForwardGather);
     if (options_.prefetch && l + 1 < static_cast<int>(tickets_.size()) && !tickets_[l + 1])
       post_all_gather(l + 1, kForwardGather);  // moves while this layer computes
-    compute_start_ = collectives_.now();
   }
   void post_forward(int l) {
-    trace_compute("forward " + name(l), "forward");
     release_parameters(l);
   }
   void pre_backward(int l) {
@@ -205,11 +201,9 @@ class Zero3 {
         Buffer(s.padded_size, MemTag::comm_buffers);  // (P_l) zeros: backward accumulates here
     s.layer->weight.grad = Tensor(full_grads_[l].data(), s.layer->weight.shape());
     s.layer->bias.grad = Tensor(full_grads_[l].data() + s.weight_numel, s.layer->bias.shape());
-    compute_start_ = collectives_.now();
   }
   void post_backward(int l) {
     unused_layers_.ran_backward(l);
-    trace_compute("backward " + name(l), "backward");
     release_parameters(l);
     layout_.layers[l].layer->weight.grad = layout_.layers[l].layer->bias.grad = Tensor();
     finish_reduce_scatter();  // the later layer's, posted one layer ago: usually done by now
@@ -226,7 +220,7 @@ class Zero3 {
   void use_gathered(int l, Kind kind) {
     // BEGIN EXERCISE 08.1 (ZeRO-3: gather a layer before it computes)
     if (!tickets_[l]) post_all_gather(l, kind);
-    collectives_.wait(tickets_[l], "wait all_gather " + name(l));
+    collectives_.wait(tickets_[l]);
     const LayerShard& s = layout_.layers[l];
     computing_[l] = widen_for_compute<T>(gathered_[l]);  // fp32: the same buffer; 16 bits: widened
     s.layer->weight.data = Tensor(computing_[l].data(), s.layer->weight.shape());
@@ -251,15 +245,9 @@ class Zero3 {
   }
   void finish_reduce_scatter() {
     if (!rs_ticket_) return;
-    collectives_.wait(rs_ticket_, "wait reduce_scatter " + name(rs_layer_));
+    collectives_.wait(rs_ticket_);
     reducing_[rs_layer_].release();
     rs_ticket_ = 0;
-  }
-
-  void trace_compute(const std::string& label, const char* cat) {
-    if (options_.tracer)
-      options_.tracer->complete(label, cat, Tracer::kMainTrack, compute_start_,
-                                collectives_.now() - compute_start_);
   }
 
   Communicator& comm_;
@@ -279,7 +267,6 @@ class Zero3 {
   UnusedLayers unused_layers_;     // which layers ran their backward in this step
   uint64_t rs_ticket_ = 0;         // the reduce-scatter in flight (at most one), of layer rs_layer_
   int rs_layer_ = -1;
-  double compute_start_ = 0;
   std::shared_ptr<Zero3*> alive_ =
       std::make_shared<Zero3*>(this);  // what the layer hooks reach us by
   // Last: its communication thread drains first, while everything above lives.

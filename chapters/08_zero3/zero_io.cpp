@@ -57,7 +57,6 @@ EngineDescription Zero3<T, R>::describe() const {
           .units = std::move(units),
           .padding = comm_.world_size() * layout_.shard_total - psi_,
           .in_flight_peak_bytes = in_flight_peak_bytes(),
-          .layer_spans = false,  // zero3.hpp times each layer's compute itself
           .collective_forward = true};  // every forward gathers each layer
 }
 
@@ -90,7 +89,7 @@ std::string Zero3<T, R>::ledger_formula() const {
 // Each layer through layer_collectives.hpp as a kStateGather, behind the desync check.
 template <Element T, Element R>
 void Zero3<T, R>::gather_state(size_t l, std::span<float> layer) {
-  collectives_.wait(collectives_.all_gather(static_cast<int>(l), kStateGather, layer), "");
+  collectives_.wait(collectives_.all_gather(static_cast<int>(l), kStateGather, layer));
 }
 
 template <Element T, Element R>

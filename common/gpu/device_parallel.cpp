@@ -492,9 +492,9 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
   void all_reduce(int64_t offset, int64_t n, bool async = false) {
     float* g = trainer_->grads() + offset;
     if (plan_.ring) {
-      ring_reduce_scatter_with(*dc_, dspan(g, n), scratch_.span().first(ceil_div(n, N_)),
+      ring_reduce_scatter(*dc_, dspan(g, n), scratch_.span().first(ceil_div(n, N_)),
                                DeviceAdd{});
-      ring_all_gather_of(*dc_, dspan(g, n));
+      ring_all_gather(*dc_, dspan(g, n));
     } else if (async) {
       dc_->all_reduce_async(g, n);
     } else {
@@ -508,7 +508,7 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
     check_in_step(b, 2);
     const int64_t s = shard_size_[b], P = s * N_;
     if (!plan_.ring) return dc_->reduce_scatter_async(bucket, bucket + r_ * s, s);  // in place
-    ring_reduce_scatter_with(*dc_, dspan(bucket, P), scratch_.span().first(s), DeviceAdd{});
+    ring_reduce_scatter(*dc_, dspan(bucket, P), scratch_.span().first(s), DeviceAdd{});
     return 0;
   }
 
@@ -563,7 +563,7 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
       float* bucket = trainer_->params() + padded_offset_[b];
       const int64_t s = shard_size_[b];
       if (plan_.ring)
-        ring_all_gather_of(*dc_, dspan(bucket, s * N_));
+        ring_all_gather(*dc_, dspan(bucket, s * N_));
       else
         dc_->all_gather_async(bucket + r_ * s, bucket, s);  // in place
     }
@@ -606,7 +606,7 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
     const float* mine = shard_params_.data() + layer_shard_offset_[l];
     if (plan_.ring) {
       copy_on_device(full + r_ * s, mine, s * 4);
-      ring_all_gather_of(*dc_, dspan(full, s * N_));
+      ring_all_gather(*dc_, dspan(full, s * N_));
       gather_ticket_[i % 2] = 0;
     } else {
       gather_ticket_[i % 2] = dc_->all_gather_async(mine, full, s);
@@ -623,7 +623,7 @@ class DeviceParallelImpl final : public DeviceParallel, public DeviceLayerHooks 
     float* full = grad_buf_[slot].data();
     int64_t ticket = 0;
     if (plan_.ring)
-      ring_reduce_scatter_with(*dc_, dspan(full, s * N_), scratch_.span().first(s), DeviceAdd{});
+      ring_reduce_scatter(*dc_, dspan(full, s * N_), scratch_.span().first(s), DeviceAdd{});
     else
       ticket = dc_->reduce_scatter_async(full, full + r_ * s, s);
     reduce_pending_[slot] = {l, ticket};

@@ -41,7 +41,7 @@ for rank in range(np_):
         assert len(reduces) == steps and all(e["tid"] == 1 and e["ph"] == "X" for e in reduces), b
     assert count(lambda e: e["name"] == "optimizer step") == steps
     # Per step: bucket 0's launch comes before the end of backward 0 (the first layer's).
-    launches = [e["ts"] for e in mine if e["name"] == "launch bucket 0"]
+    launches = [e["ts"] for e in mine if e["name"] == "launch all_reduce bucket 0"]
     ends = [e["ts"] + e["dur"] for e in mine if e["name"] == "backward 0 (Linear)"]
     assert len(launches) == len(ends) == steps
     assert all(l < e for l, e in zip(sorted(launches), sorted(ends))), (launches, ends)

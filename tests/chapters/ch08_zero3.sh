@@ -96,7 +96,7 @@ for rank in range(np_):
     mine = [e for e in events if e["pid"] == rank and e["ph"] != "M"]
     def all_of(name): return sorted((e for e in mine if e["name"] == name), key=lambda e: e["ts"])
     for i, l in enumerate(layers):
-        fwd, bwd = all_of("forward " + l), all_of("backward " + l)
+        fwd, bwd = all_of("forward %s (Linear)" % l), all_of("backward %s (Linear)" % l)
         assert len(fwd) == len(bwd) == steps, (l, len(fwd), len(bwd))
         for name in ("all_gather %s (forward)" % l, "all_gather %s (backward)" % l, "reduce_scatter " + l):
             assert len(all_of(name)) == steps and all(e["tid"] == 1 for e in all_of(name)), name

@@ -130,7 +130,7 @@ TEST_CASE("the first bucket is launched while backward still runs", "[ddp][overl
   const TraceEvent *launch0 = nullptr, *reduce0 = nullptr, *last_backward = nullptr;
   const std::vector<TraceEvent> events = tracer.events();
   for (const TraceEvent& e : events) {
-    if (e.name == "launch bucket 0") launch0 = &e;
+    if (e.name == "launch all_reduce bucket 0") launch0 = &e;
     if (e.name == "all_reduce bucket 0") reduce0 = &e;
     if (e.cat == "backward" &&
         (!last_backward || e.ts + e.dur > last_backward->ts + last_backward->dur))

@@ -128,6 +128,7 @@ Result run_zero3(const Case& c, Tracer* tracer = nullptr) {
   options.prefetch = c.prefetch;
   options.tracer = tracer;
   Zero3<> zero(comm, model, config_of(c), options);
+  if (tracer) trace_layers(*tracer, model);  // as EngineLesson: inside the engine's hooks
   Result out;
   for (int64_t step = 0; step < c.steps; ++step) {
     zero.zero_grad();
@@ -332,8 +333,8 @@ TEST_CASE("prefetch: the gather of the next layer is posted before this layer's 
     const std::vector<std::string> layers = {"0", "2", "4", "6"};
     INFO("prefetch " << prefetch << ", N = " << test_comm().world_size());
     for (size_t l = 0; l < layers.size(); ++l) {
-      const TraceEvent& fwd = first.at("forward " + layers[l]);
-      const TraceEvent& bwd = first.at("backward " + layers[l]);
+      const TraceEvent& fwd = first.at("forward " + layers[l] + " (Linear)");
+      const TraceEvent& bwd = first.at("backward " + layers[l] + " (Linear)");
       if (l + 1 < layers.size()) {  // forward: layer l+1's gather vs layer l's compute
         const TraceEvent& post = first.at("post all_gather " + layers[l + 1] + " (forward)");
         INFO("forward " << layers[l] << " ends at " << fwd.ts + fwd.dur << " us, gather of "

@@ -104,7 +104,7 @@ inline RunResult run_ddp_reference(const ZeroCase& c) {
   Tracer tracer;
   SetUp setup{&test_comm(), model, config, tracer};
   DDPFlags flags;
-  flags.ddp.bucket_cap_mb = c.bucket_cap_mb;
+  flags.options.bucket_cap_mb = c.bucket_cap_mb;
   DDPTraining lesson(setup, flags);
   RunResult out;
   run_steps(c, model, config, lesson, tracer, out);
@@ -131,7 +131,7 @@ RunResult run_zero(const ZeroCase& c) {
   Tracer tracer;
   SetUp setup{&test_comm(), model, config, tracer};
   ZeroBucketFlags flags;  // chapters 06-07's (options.hpp)
-  flags.zero.bucket_cap_mb = c.bucket_cap_mb;
+  flags.options.bucket_cap_mb = c.bucket_cap_mb;
   L lesson(setup, flags);
   RunResult out;
   run_steps(c, model, config, lesson, tracer, out);

@@ -198,7 +198,7 @@ void require_equal_to_reenactment_in(Dtype d) {
     Tracer tracer;
     SetUp setup{&comm, model, config, tracer};
     ZeroBucketFlags flags;
-    flags.zero.bucket_cap_mb = c.bucket_cap_mb;
+    flags.options.bucket_cap_mb = c.bucket_cap_mb;
     L lesson(setup, flags);
     RunResult out;
     run_steps(c, model, config, lesson, tracer, out);
@@ -249,7 +249,7 @@ void require_overflow_skipped_everywhere() {
   Tracer tracer;
   SetUp setup{&comm, model, config, tracer};
   ZeroBucketFlags flags;
-  flags.zero.bucket_cap_mb = c.bucket_cap_mb;
+  flags.options.bucket_cap_mb = c.bucket_cap_mb;
   L lesson(setup, flags);
   auto steps_of = [&] { return flat(*lesson.saved_optimizer_state(), model, ".step"); };
   auto batch = [&](int64_t step, bool overflow) {
@@ -320,7 +320,7 @@ void require_ledger_equals_calculator(int zero_stage) {
     Tracer tracer;
     SetUp setup{&comm, model, config, tracer};
     ZeroBucketFlags flags;
-    flags.zero.bucket_cap_mb = cap;
+    flags.options.bucket_cap_mb = cap;
     L lesson(setup, flags);
     const ShardLayout& layout = lesson.engine.layout();
     const int64_t psi = model.num_parameters();
@@ -386,11 +386,11 @@ void require_fp32_reduce_equal_to_ddp() {
       SetUp ddp_setup{&comm, ddp_model, config, tracer},
           zero_setup{&comm, zero_model, config, tracer};
       DDPFlags ddp_flags;
-      ddp_flags.ddp.bucket_cap_mb = c.bucket_cap_mb;
+      ddp_flags.options.bucket_cap_mb = c.bucket_cap_mb;
       DDPTraining ddp(ddp_setup, ddp_flags);
       const auto [ddp_losses, ddp_master] = run(ddp, ddp_model, tracer);
       ZeroBucketFlags zero_flags;
-      zero_flags.zero.bucket_cap_mb = c.bucket_cap_mb;
+      zero_flags.options.bucket_cap_mb = c.bucket_cap_mb;
       if (d == Dtype::bf16) {
         Lesson<bf16, float> zero(zero_setup, zero_flags);
         const auto [losses, master] = run(zero, zero_model, tracer);

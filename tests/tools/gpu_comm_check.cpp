@@ -79,8 +79,8 @@ int main(int argc, char** argv) {
       const auto before = dc->counters();
       // chapter 04's ring itself (ring.hpp's templates), its hop add a CUDA kernel
       const std::span<float> buf(in.data(), static_cast<size_t>(n * N));
-      ring_reduce_scatter_with(*dc, buf, tmp.span(), DeviceAdd{});
-      ring_all_gather_of(*dc, buf);
+      ring_reduce_scatter(*dc, buf, tmp.span(), DeviceAdd{});
+      ring_all_gather(*dc, buf);
       const auto after = dc->counters();
       auto sent = [](const std::map<std::string, Communicator::Counters>& m) {
         int64_t s = 0;
