@@ -11,8 +11,8 @@
 //
 // When a bucket is complete, in which order buckets go, no_sync and unused parameters:
 // readiness.hpp (BucketReadiness, shared with chapters 06 and 07). Here: what a launched bucket
-// does, every rank's optimizer (its own ReplicatedPrecision), describe(), and the chapter's
-// ledger formula and traffic theory. With --check-collectives, the communication queue first
+// does, every rank's optimizer (its own ReplicatedPrecision), describe(), and the traffic
+// theory (chapter 04's ring, per bucket; the ledger formula is chapter 04's too). With --check-collectives, the communication queue first
 // checks that every rank is about to run the same all-reduce (common/comm_queue.hpp), so a rank
 // out of order stops every rank with a message instead of a crash inside MPI or different weights.
 // A bucket is a range of the gradients in their element type (float, bf16, fp16); the mean and
@@ -67,7 +67,7 @@ class DDP {
 
   Communicator& comm() const { return comm_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
-  /// The --explain-buckets table of this plan.
+  /// The --explain-buckets table of this plan (common/bucket_tools.hpp).
   std::string explain() const {
     return explain_buckets(buckets_, model_, options_.bucket_cap_mb, options_.first_bucket_cap_mb);
   }

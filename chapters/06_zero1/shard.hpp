@@ -26,7 +26,8 @@
 // collective, with an empty optimizer. Padding is counted under its own ledger tag.
 // Also in this chapter, one concept each: bucket_collectives.hpp (a padded bucket's
 // reduce-scatter and all-gather, and their bytes); below it, common/padded_buffer.hpp (the
-// ledger's padding column), common/sharded_clip.hpp (clip_grad_norm over the shards) and
+// ledger's padding column), common/shard_buffers.hpp (the reduce's scratch and the mean, 16-bit
+// widening), common/sharded_clip.hpp (clip_grad_norm over the shards) and
 // common/shard_state.hpp (the shards gathered whole, and a checkpoint's pieces).
 // Leaves out: parameter sharding (ZeRO-3 keeps only the shard of the parameters too).
 #pragma once
