@@ -108,8 +108,6 @@ class CommQueue {
     if (tracing())
       tracer_->complete("wait for collectives", "wait", Tracer::kMainTrack, start, now() - start);
   }
-  /// Microseconds on the tracer's clock, 0 without a tracer.
-  double now() const { return tracer_ ? tracer_->now_us() : 0; }
 
  private:
   struct Traced {
@@ -117,6 +115,8 @@ class CommQueue {
     nlohmann::json args;  // the span's args
   };
   bool tracing() const { return tracer_ && tracer_->enabled(); }
+  // Microseconds on the tracer's clock; 0 (no clock read) while not tracing.
+  double now() const { return tracing() ? tracer_->now_us() : 0; }
 
   Communicator& comm_;
   Tracer* tracer_;

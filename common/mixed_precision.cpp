@@ -5,6 +5,7 @@
 #include "check.hpp"
 #include "metrics.hpp"
 #include "train.hpp"
+#include "zero_memory.hpp"
 
 namespace ringzero {
 
@@ -113,7 +114,8 @@ nlohmann::json MixedPrecision::summary() const {
 
 std::string MixedPrecision::ledger_formula(Dtype dtype, int64_t psi) {
   return std::string("formula (one process, ") + dtype_name(dtype) +
-         " + AdamW with fp32 master weights): 2Ψ + 2Ψ + 12Ψ = 16Ψ = " + human_bytes(16.0 * psi) +
+         " + AdamW with fp32 master weights): " + full_copy_formula_text(kMixedPrecisionAdam) +
+         " = " + human_bytes(kMixedPrecisionAdam.per_param() * static_cast<double>(psi)) +
          " with Ψ = " + std::to_string(psi) +
          "; plus one layer's fp32 working copy and gradient scratch (activations)";
 }

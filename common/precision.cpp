@@ -77,8 +77,9 @@ std::string ReplicatedPrecision::replicated_ledger_formula(const std::string& un
            full_copy_formula_text(states_) + " = " + human_bytes(states_.per_param() * psi) +
            "; comm_buffers: one chunk of the largest " + unit;
   return "formula (" + std::string(dtype_name(dtype())) +
-         " + AdamW with fp32 master weights, every rank): 2Ψ + 2Ψ + 12Ψ = 16Ψ = " +
-         human_bytes(16.0 * psi) + "; comm_buffers: " +
+         " + AdamW with fp32 master weights, every rank): " +
+         full_copy_formula_text(kMixedPrecisionAdam) + " = " +
+         human_bytes(kMixedPrecisionAdam.per_param() * psi) + "; comm_buffers: " +
          (grad_wire_bytes() == 2 ? "one 16-bit chunk of the largest " + unit
                                  : "the gradient widened to fp32, 4Ψ, and one fp32 chunk of the "
                                    "largest " + unit) +

@@ -52,9 +52,9 @@ struct ShardPiece {
   std::vector<int64_t> segments;  ///< sizes of its parameter pieces, memory order (Σ = real)
 };
 
-/// This rank's piece of every unit of a layout (`units`: BucketShards or LayerShards, which
-/// give offset, shard_size and segments): rank r's shard starts at offset + r·shard_size (a
-/// piece with no segments, padding only, has no elements to read).
+/// This rank's piece of every unit of a layout (`units`: chapter 06's BucketShards, a bucket or
+/// a layer each, which give offset, shard_size and segments): rank r's shard starts at offset +
+/// r·shard_size (a piece with no segments, padding only, has no elements to read).
 template <class Units>
 std::vector<ShardPiece> shard_pieces(const Units& units, int rank) {
   std::vector<ShardPiece> pieces;

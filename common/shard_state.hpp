@@ -52,6 +52,27 @@ inline int64_t shard_real(const ShardUnit& u, int rank) {
   return std::clamp(u.size - rank * u.shard_size, int64_t{0}, u.shard_size);
 }
 
+/// Elements of the padding in `buffer` that are not zero: 0 while the padding invariant holds
+/// (chapter 06's shard.hpp: allocated zero, never written; the tests check it). `buffer` is
+/// laid out as the engine's parameter buffer (unit_starts), or, with `shards`, as this rank's
+/// shard of every unit one after the other in the units' order (ZeRO-2's gradient shard).
+template <class E>
+int64_t count_nonzero_padding(const EngineDescription& d, int rank, std::span<E> buffer,
+                              bool shards) {
+  const std::vector<int64_t> starts = unit_starts(d);
+  int64_t count = 0, shard_start = 0;  // shard_start: Σ s of the units before, in their order
+  for (size_t u = 0; u < d.units.size(); ++u) {
+    const ShardUnit& unit = d.units[u];
+    const bool whole = !shards && d.zero_stage < 3;  // the padded unit, its padding at its end
+    const int64_t start = shards ? shard_start : starts[u],
+                  end = start + (whole ? d.world_size : 1) * unit.shard_size;
+    for (int64_t i = start + (whole ? unit.size : shard_real(unit, rank)); i < end; ++i)
+      count += static_cast<float>(buffer[i]) != 0.0f;
+    shard_start += unit.shard_size;
+  }
+  return count;
+}
+
 /// The parameters (indices, memory order) with elements in [begin, begin + n) of the model's
 /// flat layout: the segments of a shard, as ShardOptimizer cuts them.
 inline std::vector<int> params_in(const Model& model, int64_t begin, int64_t n) {

@@ -1,7 +1,6 @@
-// ZeRO-1's members that are not the lesson: what it is (describe()), what it reports
-// (the exact model-state bytes and the ledger's formula line) and what the tests check (the
-// padding stays zero). zero.hpp declares them; the engine is instantiated here for the element
-// types with_precision builds.
+// ZeRO-1's members that are not the lesson: what it is (describe()) and what it reports (the
+// exact model-state bytes and the ledger's formula line). zero.hpp declares them; the engine is
+// instantiated here for the element types with_precision builds.
 // Leaves out: everything the training step does (zero.hpp); what it saves (--save-final,
 // --save-optimizer-state, checkpoints: derived from describe() in common/shard_state.hpp).
 #include <string>
@@ -50,17 +49,6 @@ EngineDescription Zero1<T, R>::describe() const {
           .world_size = comm_.world_size(),
           .units = shard_units(layout_),
           .padding = layout_.padding_total};
-}
-
-/// Counts the parameters' and the gradients' padding elements that are not zero.
-template <Element T, Element R>
-int64_t Zero1<T, R>::nonzero_padding() const {
-  int64_t count = 0;
-  for (const BucketShard& s : layout_.buckets)
-    for (int64_t i = s.padded_offset + s.size; i < s.padded_offset + s.padded_size(); ++i)
-      count += (static_cast<float>(params_.span()[i]) != 0.0f) +
-               (static_cast<float>(grads_.span()[i]) != 0.0f);
-  return count;
 }
 
 template class Zero1<float, float>;

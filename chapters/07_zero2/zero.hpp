@@ -44,6 +44,7 @@
 #include "common/engine_description.hpp"
 #include "common/padded_buffer.hpp"
 #include "common/shard_precision.hpp"
+#include "common/shard_state.hpp"
 #include "common/typed_collectives.hpp"
 #include "common/train.hpp"
 #include "common/zero_memory.hpp"
@@ -197,8 +198,11 @@ class Zero2 {
   /// Collective: one bucket's padded fp32 buffer all-gathered with the ring (rank r's shard at
   /// r·s; any --collectives), for the states common/shard_state.hpp gathers whole.
   void gather_state(size_t, std::span<float> bucket) { ring_all_gather(comm_, bucket); }
-  /// Elements of the padding that are not zero: must be 0 (zero_io.cpp).
-  int64_t nonzero_padding() const;
+  /// Elements of the padding that are not zero: must be 0 (common/shard_state.hpp).
+  int64_t nonzero_padding() const {
+    return count_nonzero_padding(describe(), comm_.rank(), params_.span(), false) +
+           count_nonzero_padding(describe(), comm_.rank(), grad_shard_.span(), true);
+  }
 
  private:
   // This rank's shard of bucket b in a padded buffer, and its real elements in ours.

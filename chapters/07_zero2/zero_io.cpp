@@ -1,6 +1,6 @@
-// ZeRO-2's members that are not the lesson: what it is (describe()), what it reports
-// (the exact model-state bytes, the buckets in flight and the ledger's formula line) and what
-// the tests check (the padding stays zero). zero.hpp declares them.
+// ZeRO-2's members that are not the lesson: what it is (describe()) and what it reports (the
+// exact model-state bytes, the buckets in flight and the ledger's formula line). zero.hpp
+// declares them.
 // Leaves out: everything the training step does (zero.hpp); what it saves (--save-final,
 // --save-optimizer-state, checkpoints: derived from describe() in common/shard_state.hpp).
 #include <algorithm>
@@ -73,19 +73,6 @@ EngineDescription Zero2<T, R>::describe() const {
           .padding = layout_.padding_total,
           .max_in_flight = 2,  // at most two buckets exist at once (zero.hpp)
           .in_flight_peak_bytes = in_flight_peak_bytes()};
-}
-
-/// Counts the padding elements of the parameters and of the gradient shard that are not zero.
-template <Element T, Element R>
-int64_t Zero2<T, R>::nonzero_padding() const {
-  int64_t count = 0;
-  for (const BucketShard& s : layout_.buckets) {
-    for (int64_t i = s.padded_offset + s.size; i < s.padded_offset + s.padded_size(); ++i)
-      count += static_cast<float>(params_.span()[i]) != 0.0f;
-    for (int64_t i = s.shard_offset + s.real; i < s.shard_offset + s.shard_size; ++i)
-      count += static_cast<float>(grad_shard_.span()[i]) != 0.0f;
-  }
-  return count;
 }
 
 template class Zero2<float, float>;

@@ -38,7 +38,7 @@ inline std::string describe_layer_collective(const CollectiveHeader& h, const La
       "the all-gather of layer %s for its forward", "the all-gather of layer %s for its backward",
       "the reduce-scatter of layer %s's gradient", "the all-gather of layer %s for a checkpoint"};
   const std::string layer =
-      h.id < layout.layers.size() ? layout.layers[h.id].layer->name() : "#" + std::to_string(h.id);
+      h.id < layout.layers.size() ? layout.layers[h.id]->name() : "#" + std::to_string(h.id);
   char out[192];
   const int n = std::snprintf(out, sizeof out, "ZeRO-3 collective #%u is ", h.seq);
   std::snprintf(out + n, sizeof out - n,

@@ -40,7 +40,8 @@ class LayerCollectives {
         queue_(comm, tracer, {layer_collective_name(layout), "post", "zero3"},
                desync_check(layout)) {
     int64_t largest_chunk = 0;
-    for (const LayerShard& s : layout.layers) largest_chunk = std::max(largest_chunk, s.shard_size);
+    for (const BucketShard& s : layout.buckets)
+      largest_chunk = std::max(largest_chunk, s.shard_size);
     scratch_ = BufferOf<R>(largest_chunk, MemTag::comm_buffers);  // (max s_l) the ring's chunk
   }
 
@@ -49,8 +50,8 @@ class LayerCollectives {
   /// ticket is done.
   template <Element E>
   uint64_t all_gather(int l, LayerCollective kind, std::span<E> layer) {
-    const LayerShard& s = layout_.layers[l];
-    return submit(l, kind, element_bytes<E>() * s.padded_size, [this, &s, layer] {
+    const BucketShard& s = layout_.buckets[l];
+    return submit(l, kind, element_bytes<E>() * s.padded_size(), [this, &s, layer] {
       all_gather_bucket(comm_, layer, s.shard_size, scratch_as<E>(), collectives_);
     });
   }
@@ -58,13 +59,14 @@ class LayerCollectives {
   /// Queues layer l's reduce-scatter of `layer` (its gradient, P_l elements of R): this rank's
   /// chunk of the sum, made the mean (mean_of_sum<T, R>), is added to `shard` (s_l elements).
   uint64_t reduce_scatter(int l, std::span<R> layer, std::span<R> shard) {
-    const LayerShard& s = layout_.layers[l];
-    return submit(l, kReduceScatter, element_bytes<R>() * s.padded_size, [this, &s, layer, shard] {
-      std::span<R> sum = reduce_scatter_bucket(comm_, layer, s.shard_size, scratch_.span(),
-                                               collectives_);  // chapter 06's
-      mean_of_sum<T, R>(sum, comm_.world_size());  // fp32: ÷N; 16 bits: pre-divided
-      add_into(shard, std::span<const R>(sum));
-    });
+    const BucketShard& s = layout_.buckets[l];
+    return submit(
+        l, kReduceScatter, element_bytes<R>() * s.padded_size(), [this, &s, layer, shard] {
+          std::span<R> sum = reduce_scatter_bucket(comm_, layer, s.shard_size, scratch_.span(),
+                                                   collectives_);  // chapter 06's
+          mean_of_sum<T, R>(sum, comm_.world_size());  // fp32: ÷N; 16 bits: pre-divided
+          add_into(shard, std::span<const R>(sum));
+        });
   }
 
   /// Waits for `ticket` (traced on the main track); rethrows a collective's error.
@@ -78,7 +80,8 @@ class LayerCollectives {
   template <class Job>
   uint64_t submit(int l, LayerCollective kind, int64_t bytes, Job job) {
     return queue_.submit(
-        {.kind = kind, .unit = l, .elements = layout_.layers[l].padded_size, .bytes = bytes}, job);
+        {.kind = kind, .unit = l, .elements = layout_.buckets[l].padded_size(), .bytes = bytes},
+        job);
   }
   // The trace's names: "all_gather 2 (forward)", "reduce_scatter 4", ...
   static std::function<std::string(uint32_t, int)> layer_collective_name(const LayerLayout& layout) {
@@ -86,7 +89,7 @@ class LayerCollectives {
       static const char* labels[] = {"all_gather %s (forward)", "all_gather %s (backward)",
                                      "reduce_scatter %s", "all_gather %s (state)"};
       char label[96];
-      std::snprintf(label, sizeof label, labels[kind % 4], layout.layers[l].layer->name().c_str());
+      std::snprintf(label, sizeof label, labels[kind % 4], layout.layers[l]->name().c_str());
       return std::string(label);
     };
   }

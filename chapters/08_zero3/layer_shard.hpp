@@ -1,18 +1,11 @@
 // Layer shards: ZeRO-3's unit of gathering is a layer, so its layout is padded per layer.
 //
 // A Linear's weight and bias are consecutive in the model's flat layout (nn.hpp), so a layer
-// is one range of Ψ_l elements. It is padded with zeros to P_l = N·s_l, s_l = ceil(Ψ_l / N), and
-// rank r owns [r s_l, (r+1) s_l) of it: chunk r of chapter 04's ring, so the ring's
-// reduce-scatter leaves each rank the sum of exactly its shard and its all-gather rebuilds the
-// layer (here N = 3, a layer of 7 elements: s 3, padding 2):
-//
-//   padded layer    | w0 w1 w2 | w3 w4 b0 | b1 0  0 |     rank 2 owns one real element
-//   owner           |  rank 0  |  rank 1  | rank 2  |     and two of padding
-//
-// A rank's shard buffers hold its shard of every layer, in layer order: Σ s_l ≈ Ψ/N elements.
-// The padding is allocated zero and nothing ever writes it (the optimizer gets only the real
-// elements; a reduce-scatter adds zeros to zeros), so it adds nothing to norms. A layer smaller
-// than N leaves some ranks only padding; they still join every collective.
+// is one range of Ψ_l elements: a bucket of chapter 06's padded layout (shard.hpp), unchanged.
+// Padded with zeros to P_l = N·s_l, s_l = ceil(Ψ_l / N), rank r owns [r s_l, (r+1) s_l) of it:
+// chunk r of chapter 04's ring, so the ring's reduce-scatter leaves each rank the sum of exactly
+// its shard and its all-gather rebuilds the layer. A rank's shard buffers hold its shard of
+// every layer, in layer order: Σ s_l ≈ Ψ/N elements; the padding stays zero (shard.hpp).
 // Why per layer, not per bucket as chapters 06-07: a layer is what one forward or backward
 // needs at once. The price: for N > 2 the ring sums an element of a layer in the order of its
 // chunk within the layer, not within chapter 07's bucket, so the two are bitwise equal only
@@ -24,10 +17,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
-#include <tuple>
 #include <vector>
 
-#include "chapters/04_ring_allreduce/ring.hpp"
+#include "chapters/06_zero1/shard.hpp"
 #include "common/collectives.hpp"
 #include "common/dist.hpp"
 #include "common/metrics.hpp"
@@ -35,59 +27,28 @@
 
 namespace ringzero {
 
-/// One Linear layer as a range of the model's flat layout, and a rank's shard of it.
-struct LayerShard {
-  Linear* layer = nullptr;
-  int64_t offset = 0;        ///< its first element (weight[0]) in the model's unpadded layout
-  int64_t weight_numel = 0;  ///< out · in; the bias follows
-  int64_t numel = 0;         ///< Ψ_l, weight + bias
-  int64_t shard_size = 0;    ///< s_l = ceil(Ψ_l / N), the same on every rank
-  int64_t padded_size = 0;   ///< P_l = N s_l
-  int64_t shard_offset =
-      0;             ///< this layer's shard in a rank's shard buffers (Σ s of earlier layers)
-  int64_t real = 0;  ///< real elements of this rank's shard: clamp(Ψ_l − r s_l, 0, s_l)
-  std::vector<int64_t> segments;           ///< sizes of the weight and bias pieces among them
-  std::vector<Parameter*> segment_params;  ///< the parameter of each segment
-};
-
-struct LayerLayout {
-  std::vector<LayerShard> layers;  ///< forward order
-  int64_t shard_total = 0;         ///< Σ s_l, elements of each rank's shard buffers
-  int64_t shard_real = 0;          ///< Σ real (Σ over ranks = Ψ)
+/// ZeRO-3's layout: chapter 06's padded layout (shard.hpp) with one bucket per Linear layer, in
+/// forward order, so `buckets[l]` is layer l's range and this rank's shard of it (size Ψ_l,
+/// padded_size() P_l, shard_size s_l, shard_offset, real, segments); and the layers themselves.
+struct LayerLayout : ShardLayout {
+  std::vector<Linear*> layers;  ///< (L) layer l owns buckets[l]
 };
 
 /// The layers of `model` cut into shards, for `rank` of `world_size`.
 /// Errors: a Linear whose weight and bias are not consecutive parameters.
 inline LayerLayout plan_layer_shards(const Model& model, int rank, int world_size) {
-  LayerLayout layout;
   const auto& params = model.parameters();
+  std::vector<Bucket> one_per_layer;
   for (Linear* layer : model.linear_layers()) {
-    const auto w = static_cast<size_t>(std::find(params.begin(), params.end(), &layer->weight) -
-                                       params.begin());
-    RZ_CHECK(w + 1 < params.size() && params[w + 1] == &layer->bias,
+    const auto w =
+        static_cast<int>(std::find(params.begin(), params.end(), &layer->weight) - params.begin());
+    RZ_CHECK(w + 1 < std::ssize(params) && params[w + 1] == &layer->bias,
              "layer " << layer->name() << ": weight and bias must be consecutive parameters");
-    LayerShard s;
-    s.layer = layer;
-    s.offset = model.offsets()[w];
-    s.weight_numel = layer->weight.numel();
-    s.numel = s.weight_numel + layer->bias.numel();
-    s.shard_size = ring_chunk(s.numel, world_size, 0).size;
-    s.padded_size = s.shard_size * world_size;
-    s.shard_offset = layout.shard_total;
-    s.real = std::clamp(s.numel - rank * s.shard_size, int64_t{0}, s.shard_size);
-    const int64_t lo = rank * s.shard_size,
-                  hi = lo + s.real;  // this rank's real elements, layer-local
-    for (auto [p, begin, end] : {std::tuple{&layer->weight, int64_t{0}, s.weight_numel},
-                                 std::tuple{&layer->bias, s.weight_numel, s.numel}})
-      if (std::max(begin, lo) < std::min(end, hi)) {
-        s.segments.push_back(std::min(end, hi) - std::max(begin, lo));
-        s.segment_params.push_back(p);
-      }
-    layout.shard_total += s.shard_size;
-    layout.shard_real += s.real;
-    layout.layers.push_back(std::move(s));
+    one_per_layer.push_back({.offset = model.offsets()[w],
+                             .size = layer->weight.numel() + layer->bias.numel(),
+                             .params = {w + 1, w}});  // as chapter 05's: launch order, bias first
   }
-  return layout;
+  return {plan_shards(model, one_per_layer, rank, world_size), model.linear_layers()};
 }
 
 /// The --explain-layers table: one line per layer, in forward order.
@@ -98,14 +59,15 @@ inline std::string explain_layer_shards(const LayerLayout& layout, int world_siz
       "layer plan: %zu layers, each padded to a multiple of N = %d and cut into N shards:\n",
       layout.layers.size(), world_size);
   std::string out = line;
-  for (const LayerShard& s : layout.layers) {
+  for (size_t l = 0; l < layout.layers.size(); ++l) {
+    const BucketShard& s = layout.buckets[l];
     std::snprintf(
         line, sizeof line,
         "  layer %-4s | %10lld elements | padding %2lld | shard %9lld elements (%s) | %s, %s\n",
-        s.layer->name().c_str(), static_cast<long long>(s.numel),
-        static_cast<long long>(s.padded_size - s.numel), static_cast<long long>(s.shard_size),
-        human_bytes(4.0 * s.shard_size).c_str(), s.layer->weight.name().c_str(),
-        s.layer->bias.name().c_str());
+        layout.layers[l]->name().c_str(), static_cast<long long>(s.size),
+        static_cast<long long>(s.padding), static_cast<long long>(s.shard_size),
+        human_bytes(4.0 * s.shard_size).c_str(), layout.layers[l]->weight.name().c_str(),
+        layout.layers[l]->bias.name().c_str());
     out += line;
   }
   return out;
@@ -121,9 +83,9 @@ inline std::string explain_layer_shards(const LayerLayout& layout, int world_siz
 /// max(gather_bytes·P_{l−1} + 8 P_l + reduce_bytes·P_{l+1}), 8·max P_l without.
 inline int64_t in_flight_peak_bytes(const LayerLayout& layout, bool prefetch,
                                     int64_t gather_bytes = 4, int64_t reduce_bytes = 4) {
-  const auto& L = layout.layers;
+  const auto& L = layout.buckets;
   auto P = [&](size_t l) {
-    return l < L.size() ? L[l].padded_size : int64_t{0};
+    return l < L.size() ? L[l].padded_size() : int64_t{0};
   };  // l = −1 wraps: 0
   int64_t peak = 0;
   for (size_t l = 0; l < L.size(); ++l)
@@ -148,7 +110,7 @@ inline TrafficTheory zero3_traffic_theory(const LayerLayout& layout, int world_s
   const int64_t g = gather_bytes, r = reduce_bytes;
   int64_t sent = 0,
           received = 0;  // bytes per micro-step, the same on every rank (every chunk is s_l)
-  for (const LayerShard& s : layout.layers) {
+  for (const BucketShard& s : layout.buckets) {
     sent += ring ? (N - 1) * s.shard_size * (2 * g + r) : (2 * g + (N - 1) * r) * s.shard_size;
     received += ring ? (N - 1) * s.shard_size * (2 * g + r) : (2 * (N - 1) * g + r) * s.shard_size;
   }

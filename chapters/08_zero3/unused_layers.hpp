@@ -34,7 +34,7 @@ class UnusedLayers {
     std::string unused;
     for (size_t l = 0; l < ran_backward_.size(); ++l)
       if (!ran_backward_[l])
-        for (Parameter* p : layout.layers[l].layer->parameters())
+        for (Parameter* p : layout.layers[l]->parameters())
           unused += (unused.empty() ? "" : ", ") + p->name();
     std::fill(ran_backward_.begin(), ran_backward_.end(), 0);
     RZ_CHECK(unused.empty() || find_unused_parameters,

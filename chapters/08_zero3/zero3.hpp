@@ -43,6 +43,7 @@
 #include "common/engine_description.hpp"
 #include "common/padded_buffer.hpp"
 #include "common/shard_precision.hpp"
+#include "common/shard_state.hpp"
 #include "common/train.hpp"
 #include "common/typed_collectives.hpp"
 #include "common/zero_memory.hpp"
@@ -71,20 +72,19 @@ class Zero3 {
         psi_(model.num_parameters()),
         grad_accum_steps_(config.grad_accum_steps),
         layout_(plan_layer_shards(model, comm.rank(), comm.world_size())),
-        optimizer_(model, config, shard_pieces(layout_.layers, comm.rank()), comm.world_size()) {
+        optimizer_(model, config, shard_pieces(layout_.buckets, comm.rank()), comm.world_size()) {
     optimizer_.check_types<T, R>();                                   // the flags' precision
     check_collectives_for<T>(options.collectives, config.precision);  // mpi: fp32 only
     const int64_t total = layout_.shard_total, padding = total - layout_.shard_real;
     params_ = PaddedBufferOf<T>(total, padding, MemTag::parameters);
     grads_ = PaddedBufferOf<R>(total, padding, MemTag::gradients);
-    for (const LayerShard& s : layout_.layers) {  // this rank's real elements; padding stays 0
+    for (const BucketShard& s : layout_.buckets)  // this rank's real elements; padding stays 0
       if (s.real > 0)
         narrow_into(
             model.params_memory.span().subspan(s.offset + comm.rank() * s.shard_size, s.real),
             params_.span().subspan(s.shard_offset, s.real));
-      s.layer->compute_dtype = dtype_of<T>();  // 16 bits: linear_half (16-bit inputs)
-    }
-    model.params_memory.release();                                // at rest: the shards only
+    for (Linear* m : layout_.layers) m->compute_dtype = dtype_of<T>();  // 16 bits: linear_half
+    model.params_memory.release();                                      // at rest: the shards only
     model.grads_memory.release();
     for (Parameter* p : model.parameters()) p->data = p->grad = Tensor();
     const int L = static_cast<int>(layout_.layers.size());
@@ -95,7 +95,7 @@ class Zero3 {
     tickets_.assign(L, 0);
     unused_layers_ = UnusedLayers(L);
     for (int l = 0; l < L; ++l) {  // through alive_, so the hooks go quiet once the Zero3 is gone
-      Linear& m = *layout_.layers[l].layer;
+      Linear& m = *layout_.layers[l];
       m.add_pre_forward_hook([alive = alive_, l](Module&) {
         if (*alive) (*alive)->pre_forward(l);
       });
@@ -162,10 +162,10 @@ class Zero3 {
   /// Returns false, on every rank, when fp16's loss scaler found an overflow on some rank.
   bool step() {
     std::vector<std::span<R>> grads;  // (layers) this rank's real gradient elements
-    for (const LayerShard& s : layout_.layers) grads.push_back(shard(grads_, s));
+    for (const BucketShard& s : layout_.buckets) grads.push_back(shard(grads_, s));
     if (!optimizer_.prepare(comm_, grads)) return false;  // fp16: an overflow on some rank
     for (size_t l = 0; l < layout_.layers.size(); ++l)
-      optimizer_.step(l, shard(params_, layout_.layers[l]), shard(grads_, layout_.layers[l]));
+      optimizer_.step(l, shard(params_, layout_.buckets[l]), shard(grads_, layout_.buckets[l]));
     return true;
   }
 
@@ -175,12 +175,16 @@ class Zero3 {
   /// This rank's parameter shards, layer after layer (common/shard_state.hpp saves and loads them).
   std::span<T> parameter_storage() { return params_.span(); }
 
-  /// Elements of the padding of the parameter and gradient shards that are not zero (must be 0).
-  int64_t nonzero_padding() const;
+  /// Elements of the padding of the parameter and gradient shards that are not zero: must be 0
+  /// (common/shard_state.hpp).
+  int64_t nonzero_padding() const {
+    return count_nonzero_padding(describe(), comm_.rank(), params_.span(), false) +
+           count_nonzero_padding(describe(), comm_.rank(), grads_.span(), false);
+  }
 
  private:
   template <class Padded>
-  static std::span<typename Padded::T> shard(Padded& buf, const LayerShard& s) {
+  static std::span<typename Padded::T> shard(Padded& buf, const BucketShard& s) {
     return buf.span().subspan(s.shard_offset, s.real);
   }
 
@@ -196,22 +200,22 @@ class Zero3 {
   void pre_backward(int l) {
     use_gathered(l, kBackwardGather);
     if (options_.prefetch && l > 0 && !tickets_[l - 1]) post_all_gather(l - 1, kBackwardGather);
-    const LayerShard& s = layout_.layers[l];
-    full_grads_[l] =
-        Buffer(s.padded_size, MemTag::comm_buffers);  // (P_l) zeros: backward accumulates here
-    s.layer->weight.grad = Tensor(full_grads_[l].data(), s.layer->weight.shape());
-    s.layer->bias.grad = Tensor(full_grads_[l].data() + s.weight_numel, s.layer->bias.shape());
+    Linear& m = *layout_.layers[l];
+    full_grads_[l] = Buffer(layout_.buckets[l].padded_size(),
+                            MemTag::comm_buffers);  // (P_l) zeros: backward accumulates here
+    m.weight.grad = Tensor(full_grads_[l].data(), m.weight.shape());
+    m.bias.grad = Tensor(full_grads_[l].data() + m.weight.numel(), m.bias.shape());
   }
   void post_backward(int l) {
     unused_layers_.ran_backward(l);
     release_parameters(l);
-    layout_.layers[l].layer->weight.grad = layout_.layers[l].layer->bias.grad = Tensor();
+    layout_.layers[l]->weight.grad = layout_.layers[l]->bias.grad = Tensor();
     finish_reduce_scatter();  // the later layer's, posted one layer ago: usually done by now
     rs_layer_ = l;
     reducing_[l] = narrow_for_reduce<T, R>(full_grads_[l]);  // the gradient of T, in R
-    const LayerShard& s = layout_.layers[l];
-    rs_ticket_ = collectives_.reduce_scatter(
-        l, reducing_[l].span(), grads_.span().subspan(s.shard_offset, s.shard_size));
+    const BucketShard& s = layout_.buckets[l];
+    rs_ticket_ = collectives_.reduce_scatter(l, reducing_[l].span(),
+                                             grads_.span().subspan(s.shard_offset, s.shard_size));
     if (!options_.prefetch || l == 0) finish_reduce_scatter();  // nothing left to overlap it with
   }
 
@@ -221,16 +225,16 @@ class Zero3 {
     // BEGIN EXERCISE 08.1 (ZeRO-3: gather a layer before it computes)
     if (!tickets_[l]) post_all_gather(l, kind);
     collectives_.wait(tickets_[l]);
-    const LayerShard& s = layout_.layers[l];
+    Linear& m = *layout_.layers[l];
     computing_[l] = widen_for_compute<T>(gathered_[l]);  // fp32: the same buffer; 16 bits: widened
-    s.layer->weight.data = Tensor(computing_[l].data(), s.layer->weight.shape());
-    s.layer->bias.data = Tensor(computing_[l].data() + s.weight_numel, s.layer->bias.shape());
+    m.weight.data = Tensor(computing_[l].data(), m.weight.shape());
+    m.bias.data = Tensor(computing_[l].data() + m.weight.numel(), m.bias.shape());
     // END EXERCISE 08.1
   }
   void post_all_gather(int l, Kind kind) {
-    const LayerShard& s = layout_.layers[l];
+    const BucketShard& s = layout_.buckets[l];
     gathered_[l] = BufferOf<T>::uninitialized(
-        s.padded_size, MemTag::comm_buffers);  // (P_l) the layer: all written by the gather
+        s.padded_size(), MemTag::comm_buffers);  // (P_l) the layer: all written by the gather
     std::copy_n(params_.data() + s.shard_offset, s.shard_size,
                 gathered_[l].data() + comm_.rank() * s.shard_size);
     tickets_[l] = collectives_.all_gather(l, kind, gathered_[l].span());
@@ -240,7 +244,7 @@ class Zero3 {
     gathered_[l].release();  // a prefetched layer that did not run
     computing_[l].release();
     tickets_[l] = 0;
-    layout_.layers[l].layer->weight.data = layout_.layers[l].layer->bias.data = Tensor();
+    layout_.layers[l]->weight.data = layout_.layers[l]->bias.data = Tensor();
     // END EXERCISE 08.1
   }
   void finish_reduce_scatter() {

@@ -1,7 +1,6 @@
 // ZeRO-3's members that are not the lesson: what it is (describe()), what it reports
 // (model-state and in-flight bytes, the traffic theory, the ledger's formula line), how a state
-// is gathered whole (gather_state: one layer at a time) and what the tests check (the padding
-// stays zero). zero3.hpp declares them.
+// is gathered whole (gather_state: one layer at a time). zero3.hpp declares them.
 // Leaves out: everything the training step does (zero3.hpp); what it saves (--save-final,
 // --save-optimizer-state, checkpoints: derived from describe() in common/shard_state.hpp).
 #include <algorithm>
@@ -23,8 +22,7 @@ std::vector<int64_t> Zero3<T, R>::model_states_bytes() const {
   std::vector<int64_t> bytes;
   for (int r = 0; r < comm_.world_size(); ++r)
     bytes.push_back(static_cast<int64_t>(states.param + element_bytes<R>()) * layout_.shard_total +
-                    static_cast<int64_t>(states.optimizer) *
-                        plan_layer_shards(model_, r, comm_.world_size()).shard_real);
+                    static_cast<int64_t>(states.optimizer) * shard_real_of(layout_, r));
   return bytes;
 }
 
@@ -43,19 +41,15 @@ TrafficTheory Zero3<T, R>::traffic_theory() const {
 template <Element T, Element R>
 EngineDescription Zero3<T, R>::describe() const {
   std::vector<int64_t> sizes;  // P_l per layer, in forward order (the cost model replays them)
-  std::vector<ShardUnit> units;
-  for (const LayerShard& s : layout_.layers) {
-    sizes.push_back(s.padded_size);
-    units.push_back({s.offset, s.numel, s.shard_size});
-  }
+  for (const BucketShard& s : layout_.buckets) sizes.push_back(s.padded_size());
   return {.zero_stage = 3,
           .unit = "layers",
           .unit_sizes = std::move(sizes),
           .collectives = options_.collectives,
           .prefetch = options_.prefetch,
           .world_size = comm_.world_size(),
-          .units = std::move(units),
-          .padding = comm_.world_size() * layout_.shard_total - psi_,
+          .units = shard_units(layout_),
+          .padding = layout_.padding_total,
           .in_flight_peak_bytes = in_flight_peak_bytes(),
           .collective_forward = true};  // every forward gathers each layer
 }
@@ -71,8 +65,7 @@ std::string Zero3<T, R>::ledger_formula() const {
   return "formula (ZeRO-3, " + std::string(states_.name) + "): " + zero_formula_text(3, states_) +
          " = " + human_bytes(f.total()) + " per rank (DDP: " + full_copy_formula_text(states_) +
          " = " + human_bytes(states_.per_param() * static_cast<double>(psi_)) +
-         "); exactly, with padding " +
-         std::to_string(comm_.world_size() * layout_.shard_total - psi_) + ": " +
+         "); exactly, with padding " + std::to_string(layout_.padding_total) + ": " +
          std::to_string(static_cast<int>(states_.param)) + "Σs_l + " +
          std::to_string(element_bytes<R>()) + "Σs_l + " +
          std::to_string(static_cast<int>(states_.optimizer)) + "·(real shard) = " + exact +
@@ -90,16 +83,6 @@ std::string Zero3<T, R>::ledger_formula() const {
 template <Element T, Element R>
 void Zero3<T, R>::gather_state(size_t l, std::span<float> layer) {
   collectives_.wait(collectives_.all_gather(static_cast<int>(l), kStateGather, layer));
-}
-
-template <Element T, Element R>
-int64_t Zero3<T, R>::nonzero_padding() const {
-  int64_t count = 0;
-  for (const LayerShard& s : layout_.layers)
-    for (int64_t i = s.shard_offset + s.real; i < s.shard_offset + s.shard_size; ++i)
-      count += (static_cast<float>(params_.span()[i]) != 0.0f) +
-               (static_cast<float>(grads_.span()[i]) != 0.0f);
-  return count;
 }
 
 template class Zero3<float, float>;

@@ -95,10 +95,10 @@ Result run_reference(const Case& c) {
     for (int64_t k = 0; k < c.grad_accum_steps; ++k) {
       model.zero_grad();
       out.losses.push_back(micro_step(c, model, comm.rank(), step, k));
-      for (const LayerShard& s : layout.layers) {
-        std::span<float> g = model.grads_memory.span().subspan(s.offset, s.numel);
+      for (const BucketShard& s : layout.buckets) {
+        std::span<float> g = model.grads_memory.span().subspan(s.offset, s.size);
         ring_all_reduce(comm, g, scratch.span());
-        for (int64_t i = 0; i < s.numel; ++i)
+        for (int64_t i = 0; i < s.size; ++i)
           acc.data()[s.offset + i] += g[i] / static_cast<float>(comm.world_size());
       }
     }
@@ -153,7 +153,7 @@ test::ElementName layer_element(const std::vector<int64_t>& sizes) {
   const Model model(sizes, 1);
   const LayerLayout layout = plan_layer_shards(model, 0, test_comm().world_size());
   std::vector<std::array<int64_t, 3>> layers;  // offset, numel, shard size
-  for (const LayerShard& s : layout.layers) layers.push_back({s.offset, s.numel, s.shard_size});
+  for (const BucketShard& s : layout.buckets) layers.push_back({s.offset, s.size, s.shard_size});
   return test::parameter_element(model, [layers](size_t, size_t i) -> std::string {
     for (size_t l = 0; l < layers.size(); ++l) {
       const int64_t j = static_cast<int64_t>(i) - layers[l][0];
@@ -194,13 +194,17 @@ TEST_CASE("the per-layer layout: ring chunks, every real element owned once", "[
     REQUIRE(layout.layers.size() == model.linear_layers().size());
     std::vector<double> owned;  // (layers) real elements, summed over ranks
     int64_t offset = 0;
-    for (const LayerShard& s : layout.layers) {
-      INFO("layer " << s.layer->name() << " of " << s.numel << " elements, N = " << N);
-      REQUIRE(s.numel == s.layer->weight.numel() + s.layer->bias.numel());
-      REQUIRE(s.padded_size % N == 0);
-      REQUIRE(s.padded_size - s.numel < N);                           // the least padding
-      REQUIRE(s.shard_size == ring_chunk(s.padded_size, N, r).size);  // the ring's chunk, exactly
-      REQUIRE(s.shard_size == ring_chunk(s.numel, N, 0).size);  // = the unpadded layer's chunks
+    REQUIRE(layout.buckets.size() == layout.layers.size());
+    for (size_t l = 0; l < layout.buckets.size(); ++l) {
+      const BucketShard& s = layout.buckets[l];
+      const Linear& m = *layout.layers[l];
+      INFO("layer " << m.name() << " of " << s.size << " elements, N = " << N);
+      REQUIRE(s.offset == model.offsets()[2 * l]);  // weight first (each layer: weight, bias)
+      REQUIRE(s.size == m.weight.numel() + m.bias.numel());
+      REQUIRE(s.padded_size() % N == 0);
+      REQUIRE(s.padded_size() - s.size < N);                            // the least padding
+      REQUIRE(s.shard_size == ring_chunk(s.padded_size(), N, r).size);  // the ring's chunk, exactly
+      REQUIRE(s.shard_size == ring_chunk(s.size, N, 0).size);  // = the unpadded layer's chunks
       REQUIRE(s.shard_offset == offset);
       REQUIRE(std::accumulate(s.segments.begin(), s.segments.end(), int64_t{0}) == s.real);
       offset += s.shard_size;
@@ -209,7 +213,7 @@ TEST_CASE("the per-layer layout: ring chunks, every real element owned once", "[
     REQUIRE(layout.shard_total == offset);
     comm.all_reduce_metrics(owned);
     for (size_t l = 0; l < owned.size(); ++l)
-      REQUIRE(owned[l] == static_cast<double>(layout.layers[l].numel));
+      REQUIRE(owned[l] == static_cast<double>(layout.buckets[l].size));
   }
 }
 
@@ -261,7 +265,7 @@ TEST_CASE("memory: model states (4 + 4 + 8)Ψ/N throughout, full layers in fligh
       Zero3<> zero(comm, model, config_of(c), options);
       const LayerLayout& layout = zero.layout();
       const int64_t scratch =
-          4 * std::max_element(layout.layers.begin(), layout.layers.end(), [](auto& a, auto& b) {
+          4 * std::max_element(layout.buckets.begin(), layout.buckets.end(), [](auto& a, auto& b) {
                 return a.shard_size < b.shard_size;
               })->shard_size;
       INFO("Ψ = " << psi << ", N = " << comm.world_size() << ", prefetch " << prefetch);
