@@ -57,7 +57,8 @@ namespace ringzero {
 /// parameter and gradient (padded per bucket) and the optimizer state of its shard only.
 /// T: the parameters' and gradients' element type, R: the reduced gradient's (float, bf16,
 /// fp16; common/shard_precision.hpp). Collective: every rank constructs one and calls its
-/// methods in the same order.
+/// methods in the same order. Chapter 07's ZeRO-2 extends it: the virtual members are where
+/// the gradients are kept, the rest is ZeRO-2's too.
 template <Element T = float, Element R = T>
 class Zero1 {
  public:
@@ -68,8 +69,10 @@ class Zero1 {
   /// bits the fp32 master weights, read from the model first), moves the parameters of `model`
   /// into padded flat buffers of T (freeing the model's own; Model::num_parameters() still reads
   /// Ψ, fixed at construction) and hooks every parameter. comm and model must outlive the Zero1.
+  /// full_gradients false (ZeRO-2): no gradient storage; the subclass keeps its own.
   /// Errors: --collectives mpi in 16 bits (MPI has no bf16/fp16 sum).
-  Zero1(Communicator& comm, Model& model, const TrainConfig& config, Options options)
+  Zero1(Communicator& comm, Model& model, const TrainConfig& config, Options options,
+        bool full_gradients = true)
       : comm_(comm),
         model_(model),
         options_(options),
@@ -89,27 +92,37 @@ class Zero1 {
     }
     // (s) the collective's incoming chunk; with R wider than T, the widened bucket and the
     // reduced shard of every bucket (kept until the step).
-    reduce_ =
-        ShardReduce<T, R>(comm.world_size(), largest_bucket, largest_chunk, layout_.shard_total);
+    reduce_ = ShardReduce<T, R>(comm.world_size(), largest_bucket, largest_chunk,
+                                full_gradients ? layout_.shard_total : 0);
     const int64_t padding = layout_.padded_total - psi_;
-    grads_ = PaddedBufferOf<T>(layout_.padded_total, padding, MemTag::gradients);
+    if (full_gradients)
+      grads_ = PaddedBufferOf<T>(layout_.padded_total, padding, MemTag::gradients);
     params_ = PaddedBufferOf<T>(layout_.padded_total, padding, MemTag::parameters);
     binding_ = std::make_unique<ParameterBinding<T>>(model, params_.span(), layout_.param_offset);
-    for (size_t i = 0; i < params.size(); ++i)  // every gradient at its padded place
+    for (size_t i = 0; full_gradients && i < params.size(); ++i)  // each at its padded place
       binding_->bind_grad(i, grads_.span().subspan(static_cast<size_t>(layout_.param_offset[i]),
                                                    static_cast<size_t>(params[i]->numel())));
     readiness_.emplace(model, buckets_, options.find_unused_parameters, "reduce-scattered",
                        [this](int b) { launch(b); }, [this] { comm_queue_.wait_all(); });
   }
 
+  virtual ~Zero1() = default;
   Zero1(const Zero1&) = delete;
   Zero1& operator=(const Zero1&) = delete;
 
   Communicator& comm() const { return comm_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const ShardLayout& layout() const { return layout_; }
-  /// What this engine is, as data: stage, buckets, collectives, padding (zero_io.cpp).
-  EngineDescription describe() const;
+  /// What this engine is, as data (common/engine_description.hpp): stage 1, buckets, shards.
+  EngineDescription describe() const {
+    return {.zero_stage = 1,
+            .unit = "buckets",
+            .unit_sizes = bucket_sizes(buckets_),  // real elements, in launch order
+            .collectives = options_.collectives,
+            .world_size = comm_.world_size(),
+            .units = shard_units(layout_),
+            .padding = layout_.padding_total};
+  }
   /// The --explain-buckets table (common/bucket_tools.hpp).
   std::string explain() const {
     return explain_buckets(buckets_, model_, options_.bucket_cap_mb, options_.first_bucket_cap_mb,
@@ -139,13 +152,13 @@ class Zero1 {
   void set_require_sync(bool sync) { readiness_->set_require_sync(sync); }
 
   /// Sets every gradient (and the partial sums a reduce-scatter left outside the shard) to zero.
-  void zero_grad() { std::fill(grads_.data(), grads_.data() + grads_.size(), T{}); }
+  virtual void zero_grad() { std::fill(grads_.data(), grads_.data() + grads_.size(), T{}); }
 
   /// After backward, before the optimizer step (PyTorch runs this as backward's final
   /// callback): handles unused parameters, waits until every bucket is reduce-scattered and
   /// this rank's shard holds the mean. Does nothing when require_sync is false. Errors: unused
   /// parameters without find_unused_parameters (names them), a failed reduce-scatter.
-  void finalize_backward() { readiness_->finalize_backward(); }
+  virtual void finalize_backward() { readiness_->finalize_backward(); }
 
   /// Collective, after finalize_backward(): this rank's optimizer updates the real elements of
   /// its shard of every bucket (clipped with --clip-grad-norm over every rank's shards first:
@@ -183,7 +196,7 @@ class Zero1 {
            count_nonzero_padding(describe(), comm_.rank(), grads_.span(), false);
   }
 
- private:
+ protected:
   // This rank's shard of bucket b in a padded buffer, and its real elements in ours.
   template <class E>
   std::span<E> shard_of(std::span<E> padded, size_t b) const {
@@ -192,13 +205,13 @@ class Zero1 {
   }
   std::span<T> shard_params(size_t b) { return shard_of(params_.span(), b); }
   // The reduced gradient of our shard: in place in grads_, or the reduce's (R wider than T).
-  std::span<R> shard_grads(size_t b) {
+  virtual std::span<R> shard_grads(size_t b) {
     return reduce_.shard(shard_of(grads_.span(), b), layout_.buckets[b].shard_offset);
   }
 
   // Queues bucket b's reduce-scatter on the communication thread (checked and traced there:
   // common/comm_queue.hpp); returns at once.
-  void launch(int b) {
+  virtual void launch(int b) {
     const BucketShard& s = layout_.buckets[b];
     comm_queue_.submit(
         {.kind = CollectiveSequence::kReduceScatter, .unit = b, .elements = s.padded_size(),
@@ -221,11 +234,12 @@ class Zero1 {
   ShardOptimizer optimizer_;  // this rank's shard: --optimizer, or fp32 masters (16 bits)
   ShardReduce<T, R> reduce_;  // --reduce-dtype: the collective's scratch (and widening)
   PaddedBufferOf<T> params_;  // (Ψ + padding) every parameter, padded per bucket
-  PaddedBufferOf<T> grads_;   // (Ψ + padding) every gradient, same layout
+  PaddedBufferOf<T> grads_;   // (Ψ + padding) every gradient, same layout (ZeRO-2: none)
   std::unique_ptr<ParameterBinding<T>> binding_;  // forward/backward's view of params_, grads_
   std::optional<BucketReadiness> readiness_;      // chapter 05's: when a bucket is launched
   friend struct BucketOrderFault;                 // tests/tools/rank_fault.cpp: a rank out of order
-  CommQueue comm_queue_{comm_, options_.tracer, bucket_naming("zero")};  // last: drained first
+  // Last: drained first, while everything above lives (a subclass drains it in its destructor).
+  CommQueue comm_queue_{comm_, options_.tracer, bucket_naming("zero")};
 };
 
 }  // namespace ringzero

@@ -1,6 +1,6 @@
-// ZeRO-1's members that are not the lesson: what it is (describe()) and what it reports (the
-// exact model-state bytes and the ledger's formula line). zero.hpp declares them; the engine is
-// instantiated here for the element types with_precision builds.
+// ZeRO-1's members that are not the lesson: what it reports (the exact model-state bytes and
+// the ledger's formula line). zero.hpp declares them; the engine is instantiated here for the
+// element types with_precision builds.
 // Leaves out: everything the training step does (zero.hpp); what it saves (--save-final,
 // --save-optimizer-state, checkpoints: derived from describe() in common/shard_state.hpp).
 #include <string>
@@ -38,17 +38,6 @@ std::string Zero1<T, R>::ledger_formula() const {
          std::to_string(layout_.padding_total) + ": " + p + "(Ψ + padding) + " + p +
          "(Ψ + padding) + " + k + "·(real shard) = " + exact + " B on ranks 0..N-1" +
          zero_states_note<T>();
-}
-
-template <Element T, Element R>
-EngineDescription Zero1<T, R>::describe() const {
-  return {.zero_stage = 1,
-          .unit = "buckets",
-          .unit_sizes = bucket_sizes(buckets_),  // real elements, in launch order
-          .collectives = options_.collectives,
-          .world_size = comm_.world_size(),
-          .units = shard_units(layout_),
-          .padding = layout_.padding_total};
 }
 
 template class Zero1<float, float>;

@@ -64,15 +64,11 @@ std::string Zero2<T, R>::ledger_formula() const {
 
 template <Element T, Element R>
 EngineDescription Zero2<T, R>::describe() const {
-  return {.zero_stage = 2,
-          .unit = "buckets",
-          .unit_sizes = bucket_sizes(buckets_),  // real elements, in launch order
-          .collectives = options_.collectives,
-          .world_size = comm_.world_size(),
-          .units = shard_units(layout_),
-          .padding = layout_.padding_total,
-          .max_in_flight = 2,  // at most two buckets exist at once (zero.hpp)
-          .in_flight_peak_bytes = in_flight_peak_bytes()};
+  EngineDescription d = Zero1<T, R>::describe();  // the buckets, their shards, the collectives
+  d.zero_stage = 2;
+  d.max_in_flight = 2;  // at most two buckets exist at once (zero.hpp)
+  d.in_flight_peak_bytes = in_flight_peak_bytes();
+  return d;
 }
 
 template class Zero2<float, float>;
