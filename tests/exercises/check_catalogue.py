@@ -4,18 +4,20 @@
 Code moves (a file renamed, a line reworded) silently break `scripts/exercise start/bug` while
 the default `exercises` proof (a subset) still passes. This check is cheap and covers all of
 them: every file named exists, every exercise ID has a BEGIN/END region pair in each of its
-files, and every bug-hunt patch's `find` text occurs exactly once in its file (so the patch
-applies to one place only). Exit 1 naming each broken entry.
+files and in no other source file (each exercise exists once: no later chapter holds a copy of
+its answer), and every bug-hunt patch's `find` text occurs exactly once in its file (so the
+patch applies to one place only). Exit 1 naming each broken entry.
 """
 import json
 import pathlib
+import re
 import sys
 
 root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".")
 catalogue = json.loads((root / "exercises/catalogue.json").read_text())
 broken = []
 for ex in catalogue["exercises"]:
-    for f in ex["files"] + ex.get("copies", []):
+    for f in ex["files"]:
         path = root / f
         if not path.is_file():
             broken.append(f"exercise {ex['id']}: file {f} does not exist")
@@ -25,6 +27,14 @@ for ex in catalogue["exercises"]:
         ends = text.count(f"END EXERCISE {ex['id']}\n")
         if begins == 0 or begins != ends:
             broken.append(f"exercise {ex['id']}: {f} has {begins} BEGIN and {ends} END markers")
+listed = {(ex["id"], f) for ex in catalogue["exercises"] for f in ex["files"]}
+for path in sorted(p for d in ("chapters", "common", "tests") for p in (root / d).rglob("*")
+                   if p.suffix in (".hpp", ".cpp", ".cu", ".cuh")):
+    for ident in re.findall(r"BEGIN EXERCISE (\S+) ", path.read_text()):
+        rel = str(path.relative_to(root))
+        if (ident, rel) not in listed:
+            broken.append(f"exercise {ident}: {rel} holds its region but is not among its files "
+                          "(each exercise exists once: build on the chapter that has it)")
 for bug in catalogue["bugs"]:
     for patch in bug["patch"]:
         path = root / patch["file"]

@@ -98,7 +98,7 @@ import json
 c = json.load(open('$SRC/exercises/catalogue.json'))
 for e in c['exercises'] + c['bugs']:
     if e['id'] == '$id':
-        print(' '.join(e['files'] + e.get('copies', []) if 'files' in e else sorted({p['file'] for p in e['patch']})))")
+        print(' '.join(e['files'] if 'files' in e else sorted({p['file'] for p in e['patch']})))")
   before=$(cd "$SCRATCH" && sha256sum $files)
   t0=$(date +%s)
   if [ "$kind" = exercise ]; then "$EX" start "$id" >/dev/null; else "$EX" bug "$id" >/dev/null; fi
