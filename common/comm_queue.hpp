@@ -108,6 +108,10 @@ class CommQueue {
     if (tracing())
       tracer_->complete("wait for collectives", "wait", Tracer::kMainTrack, start, now() - start);
   }
+  /// Drains and stops the communication thread as its destructor would (CommThread::stop: when
+  /// an exception is unwinding, queued collectives are dropped and a running one gives up), for
+  /// an owner whose buffers die before the queue (chapter 07's Zero2). Nothing may follow.
+  void stop() { thread_.stop(); }
 
  private:
   struct Traced {

@@ -74,7 +74,10 @@ CommThread::CommThread(int wait_sleep_us)
         run();
       }) {}
 
-CommThread::~CommThread() {
+CommThread::~CommThread() { stop(); }
+
+void CommThread::stop() {
+  if (!thread_.joinable()) return;  // stopped already
   bool busy = false;
   {
     std::unique_lock<std::mutex> lock(mutex_);

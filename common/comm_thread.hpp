@@ -64,6 +64,9 @@ class CommThread {
   /// queued jobs are dropped, a running one is told to give up, and the thread is joined (see
   /// the top of this file; detached only if the job does not stop within 2 s).
   ~CommThread();
+  /// What the destructor does, now (for an owner whose buffers the jobs write and that dies
+  /// before this thread); after it, nothing may be submitted. Calling it again does nothing.
+  void stop();
   CommThread(const CommThread&) = delete;
   CommThread& operator=(const CommThread&) = delete;
 

@@ -58,7 +58,9 @@ namespace ringzero {
 /// T: the parameters' and gradients' element type, R: the reduced gradient's (float, bf16,
 /// fp16; common/shard_precision.hpp). Collective: every rank constructs one and calls its
 /// methods in the same order. Chapter 07's ZeRO-2 extends it: the virtual members are where
-/// the gradients are kept, the rest is ZeRO-2's too.
+/// the gradients are kept, the rest is ZeRO-2's too except the reporting members (describe,
+/// model_states_bytes, ledger_formula, nonzero_padding), which Zero2 hides: not virtual, so
+/// call them on the engine's own type.
 template <Element T = float, Element R = T>
 class Zero1 {
  public:
@@ -69,7 +71,8 @@ class Zero1 {
   /// bits the fp32 master weights, read from the model first), moves the parameters of `model`
   /// into padded flat buffers of T (freeing the model's own; Model::num_parameters() still reads
   /// Ψ, fixed at construction) and hooks every parameter. comm and model must outlive the Zero1.
-  /// full_gradients false (ZeRO-2): no gradient storage; the subclass keeps its own.
+  /// full_gradients false (ZeRO-2): no gradient storage and reduce_ keeps no shard; the
+  /// subclass keeps its own, and its launch copies the reduced shard out.
   /// Errors: --collectives mpi in 16 bits (MPI has no bf16/fp16 sum).
   Zero1(Communicator& comm, Model& model, const TrainConfig& config, Options options,
         bool full_gradients = true)
@@ -91,7 +94,7 @@ class Zero1 {
       largest_bucket = std::max(largest_bucket, s.padded_size());
     }
     // (s) the collective's incoming chunk; with R wider than T, the widened bucket and the
-    // reduced shard of every bucket (kept until the step).
+    // reduced shard of every bucket (kept until the step; ZeRO-2 keeps its own).
     reduce_ = ShardReduce<T, R>(comm.world_size(), largest_bucket, largest_chunk,
                                 full_gradients ? layout_.shard_total : 0);
     const int64_t padding = layout_.padded_total - psi_;
@@ -102,6 +105,7 @@ class Zero1 {
     for (size_t i = 0; full_gradients && i < params.size(); ++i)  // each at its padded place
       binding_->bind_grad(i, grads_.span().subspan(static_cast<size_t>(layout_.param_offset[i]),
                                                    static_cast<size_t>(params[i]->numel())));
+    // launch is virtual: a subclass's runs (during backward, long after construction).
     readiness_.emplace(model, buckets_, options.find_unused_parameters, "reduce-scattered",
                        [this](int b) { launch(b); }, [this] { comm_queue_.wait_all(); });
   }
@@ -235,7 +239,7 @@ class Zero1 {
   ShardReduce<T, R> reduce_;  // --reduce-dtype: the collective's scratch (and widening)
   PaddedBufferOf<T> params_;  // (Ψ + padding) every parameter, padded per bucket
   PaddedBufferOf<T> grads_;   // (Ψ + padding) every gradient, same layout (ZeRO-2: none)
-  std::unique_ptr<ParameterBinding<T>> binding_;  // forward/backward's view of params_, grads_
+  std::unique_ptr<ParameterBinding<T>> binding_;  // forward/backward's view of our buffers
   std::optional<BucketReadiness> readiness_;      // chapter 05's: when a bucket is launched
   friend struct BucketOrderFault;                 // tests/tools/rank_fault.cpp: a rank out of order
   // Last: drained first, while everything above lives (a subclass drains it in its destructor).

@@ -3,7 +3,7 @@
 // gradient; ZeRO-2 keeps only that shard (4Ψ/N). A bucket's full gradient exists from the
 // backward of its first layer until its reduce-scatter is done:
 //
-//   main:  alloc b0 ▶ backward 4 ─▶ alloc b1 ▶ backward 2 ──▶ backward 0 ─▶ finalize ▶ free b1
+//   main:  alloc b0 ▶ backward 4 ─▶ alloc b1 ▶ backward 2 ──▶ backward 0 ─▶ finalize ▶ free b0 b1
 //   comm:                     └ reduce_scatter b0 → shard ┘   └ reduce_scatter b1 → shard ┘
 //
 // The pre-backward hook of the first layer that writes into a bucket allocates it (zeros);
@@ -49,6 +49,7 @@ namespace ringzero {
 template <Element T = float, Element R = T>
 class Zero2 : public Zero1<T, R> {
   using Base = Zero1<T, R>;
+  // Zero1's members we use, by name (a template's base members are not found unqualified).
   using Base::binding_, Base::buckets_, Base::comm_, Base::comm_queue_, Base::layout_,
       Base::model_, Base::optimizer_, Base::options_, Base::params_, Base::psi_,
       Base::readiness_, Base::reduce_;
@@ -77,13 +78,11 @@ class Zero2 : public Zero1<T, R> {
     }
   }
 
-  /// Waits for the communication thread (its jobs write our buffers) and quiets the layer hooks.
+  /// Stops the communication thread (its jobs write our buffers: Zero1's comm_queue_ would
+  /// stop only after our members are gone) and quiets the layer hooks.
   ~Zero2() override {
     *alive_ = nullptr;
-    try {
-      comm_queue_.wait_all();
-    } catch (...) {  // a failed collective: already reported where it was waited for
-    }
+    comm_queue_.stop();
   }
 
   /// Model-state bytes each rank should hold between steps (zero_io.cpp).
@@ -102,8 +101,8 @@ class Zero2 : public Zero1<T, R> {
     std::fill(grad_shard_.data(), grad_shard_.data() + grad_shard_.size(), R{});
   }
 
-  /// Zero1's (unused parameters, every bucket reduce-scattered), then frees the buckets: only
-  /// the shard stays. Does nothing when require_sync is false.
+  /// Chapter 05's readiness, as Zero1's (unused parameters, every bucket reduce-scattered), then
+  /// frees the buckets: only the shard stays. Does nothing when require_sync is false.
   void finalize_backward() override {
     if (!readiness_->finalize_backward()) return;
     for (size_t b = 0; b < bucket_grads_.size(); ++b) free_bucket(b);
