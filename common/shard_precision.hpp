@@ -34,6 +34,7 @@
 #include "config.hpp"
 #include "half.hpp"
 #include "mixed.hpp"
+#include "metrics.hpp"
 #include "mixed_precision.hpp"
 #include "nn.hpp"
 #include "optim.hpp"
@@ -208,6 +209,35 @@ std::string zero_states_note() {
     return "";
   else
     return "; plus one layer's fp32 working copy and gradient scratch (activations)";
+}
+
+/// A ZeRO engine's ledger formula line, written once for stages 1-3: "formula (ZeRO-<stage>,
+/// <states>): <the paper's formula> = <bytes> per rank<extra> (DDP: <one full copy> = <bytes>);
+/// exactly, with padding <padding>: <terms> = <exact[0]>, ... B on ranks 0..N-1<tail>". The
+/// chapter gives its theory: `terms` (its exact byte formula), `exact` (bytes per rank), `extra`
+/// and `tail`. `b`: the state bytes per parameter, b.grad what the engine's gradient holds.
+struct ZeroFormulaLine {
+  int stage = 1;
+  std::string states;  ///< zero_states_name, or the optimizer's StateBytes::name
+  StateBytes b;
+  int64_t psi = 0;  ///< Ψ
+  int world_size = 1;
+  int64_t padding = 0;          ///< elements of padding over all units
+  std::string terms;            ///< e.g. "4(Ψ + padding) + 4(Ψ + padding) + 8·(real shard)"
+  std::vector<int64_t> exact;   ///< (N) the model-state bytes of each rank
+  std::string extra, tail;      ///< after "per rank" and at the end
+};
+
+inline std::string zero_ledger_formula(const ZeroFormulaLine& l) {
+  const double psi = static_cast<double>(l.psi);
+  std::string exact;
+  for (int64_t x : l.exact) exact += (exact.empty() ? "" : ", ") + std::to_string(x);
+  return "formula (ZeRO-" + std::to_string(l.stage) + ", " + l.states +
+         "): " + zero_formula_text(l.stage, l.b) + " = " +
+         human_bytes(zero_model_state_bytes(l.stage, psi, l.world_size, l.b).total()) +
+         " per rank" + l.extra + " (DDP: " + full_copy_formula_text(l.b) + " = " +
+         human_bytes(l.b.per_param() * psi) + "); exactly, with padding " +
+         std::to_string(l.padding) + ": " + l.terms + " = " + exact + " B on ranks 0..N-1" + l.tail;
 }
 
 }  // namespace ringzero

@@ -26,18 +26,13 @@ std::vector<int64_t> Zero1<T, R>::model_states_bytes() const {
 template <Element T, Element R>
 std::string Zero1<T, R>::ledger_formula() const {
   const StateBytes b = optimizer_.state_bytes();
-  const ModelStateBytes f =
-      zero_model_state_bytes(1, static_cast<double>(psi_), comm_.world_size(), b);
-  std::string exact;
-  for (int64_t x : model_states_bytes()) exact += (exact.empty() ? "" : ", ") + std::to_string(x);
   const std::string p = std::to_string(static_cast<int>(b.param)),
                     k = std::to_string(static_cast<int>(b.optimizer));
-  return "formula (ZeRO-1, " + zero_states_name<T>(b) + "): " + zero_formula_text(1, b) + " = " +
-         human_bytes(f.total()) + " per rank (DDP: " + full_copy_formula_text(b) + " = " +
-         human_bytes(b.per_param() * static_cast<double>(psi_)) + "); exactly, with padding " +
-         std::to_string(layout_.padding_total) + ": " + p + "(Ψ + padding) + " + p +
-         "(Ψ + padding) + " + k + "·(real shard) = " + exact + " B on ranks 0..N-1" +
-         zero_states_note<T>();
+  return zero_ledger_formula({.stage = 1, .states = zero_states_name<T>(b), .b = b, .psi = psi_,
+                              .world_size = comm_.world_size(), .padding = layout_.padding_total,
+                              .terms = p + "(Ψ + padding) + " + p + "(Ψ + padding) + " + k +
+                                       "·(real shard)",
+                              .exact = model_states_bytes(), .tail = zero_states_note<T>()});
 }
 
 template class Zero1<float, float>;

@@ -43,23 +43,20 @@ template <Element T, Element R>
 std::string Zero2<T, R>::ledger_formula() const {
   StateBytes b = optimizer_.state_bytes();
   b.grad = element_bytes<R>();  // the gradient shard holds the reduce dtype
-  const ModelStateBytes f =
-      zero_model_state_bytes(2, static_cast<double>(psi_), comm_.world_size(), b);
-  std::string exact;
-  for (int64_t x : model_states_bytes()) exact += (exact.empty() ? "" : ", ") + std::to_string(x);
   const bool fp32 = std::is_same_v<T, float>;
-  return "formula (ZeRO-2, " + zero_states_name<T>(b) + "): " + zero_formula_text(2, b) + " = " +
-         human_bytes(f.total()) + " per rank, + at most two " + (fp32 ? "" : "16-bit ") +
-         "buckets in flight = " + human_bytes(static_cast<double>(in_flight_peak_bytes())) +
-         " (DDP: " + full_copy_formula_text(b) + " = " +
-         human_bytes(b.per_param() * static_cast<double>(psi_)) + "); exactly, with padding " +
-         std::to_string(layout_.padding_total) + ": " + std::to_string(static_cast<int>(b.param)) +
-         "(Ψ + padding) + " + std::to_string(element_bytes<R>()) + "·(shard) + " +
-         std::to_string(static_cast<int>(b.optimizer)) + "·(real shard) = " + exact +
-         " B on ranks 0..N-1 between steps, + " + std::to_string(in_flight_peak_bytes()) +
-         " B in flight at the peak " +
-         (fp32 ? "(K = 1; with K > 1 every bucket stays through accumulation)" : "(K = 1)") +
-         zero_states_note<T>();
+  return zero_ledger_formula(
+      {.stage = 2, .states = zero_states_name<T>(b), .b = b, .psi = psi_,
+       .world_size = comm_.world_size(), .padding = layout_.padding_total,
+       .terms = std::to_string(static_cast<int>(b.param)) + "(Ψ + padding) + " +
+                std::to_string(element_bytes<R>()) + "·(shard) + " +
+                std::to_string(static_cast<int>(b.optimizer)) + "·(real shard)",
+       .exact = model_states_bytes(),
+       .extra = std::string(", + at most two ") + (fp32 ? "" : "16-bit ") +
+                "buckets in flight = " + human_bytes(static_cast<double>(in_flight_peak_bytes())),
+       .tail = " between steps, + " + std::to_string(in_flight_peak_bytes()) +
+               " B in flight at the peak " +
+               (fp32 ? "(K = 1; with K > 1 every bucket stays through accumulation)" : "(K = 1)") +
+               zero_states_note<T>()});
 }
 
 template <Element T, Element R>

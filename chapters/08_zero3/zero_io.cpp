@@ -56,27 +56,23 @@ EngineDescription Zero3<T, R>::describe() const {
 
 template <Element T, Element R>
 std::string Zero3<T, R>::ledger_formula() const {
-  StateBytes states_ = optimizer_.state_bytes();
-  states_.grad = element_bytes<R>();  // the gradient shard holds the reduce dtype
-  const ModelStateBytes f =
-      zero_model_state_bytes(3, static_cast<double>(psi_), comm_.world_size(), states_);
-  std::string exact;
-  for (int64_t b : model_states_bytes()) exact += (exact.empty() ? "" : ", ") + std::to_string(b);
-  return "formula (ZeRO-3, " + std::string(states_.name) + "): " + zero_formula_text(3, states_) +
-         " = " + human_bytes(f.total()) + " per rank (DDP: " + full_copy_formula_text(states_) +
-         " = " + human_bytes(states_.per_param() * static_cast<double>(psi_)) +
-         "); exactly, with padding " + std::to_string(layout_.padding_total) + ": " +
-         std::to_string(static_cast<int>(states_.param)) + "Σs_l + " +
-         std::to_string(element_bytes<R>()) + "Σs_l + " +
-         std::to_string(static_cast<int>(states_.optimizer)) + "·(real shard) = " + exact +
-         " B on ranks 0..N-1; comm_buffers at the peak: full layers in flight " +
-         (!options_.prefetch ? "8·max P_l = "
-          : std::is_same_v<T, float>
-              ? "4·max(P_l-1 + 2P_l + P_l+1) = "
-              : "max(" + std::to_string(element_bytes<T>()) + "P_l-1 + 8P_l + " +
-                    std::to_string(element_bytes<R>()) + "P_l+1) = ") +
-         std::to_string(in_flight_peak_bytes()) + " B + one ring chunk " +
-         std::to_string(collectives_.scratch_bytes()) + " B";
+  StateBytes b = optimizer_.state_bytes();
+  b.grad = element_bytes<R>();  // the gradient shard holds the reduce dtype
+  return zero_ledger_formula(
+      {.stage = 3, .states = b.name, .b = b, .psi = psi_, .world_size = comm_.world_size(),
+       .padding = layout_.padding_total,
+       .terms = std::to_string(static_cast<int>(b.param)) + "Σs_l + " +
+                std::to_string(element_bytes<R>()) + "Σs_l + " +
+                std::to_string(static_cast<int>(b.optimizer)) + "·(real shard)",
+       .exact = model_states_bytes(),
+       .tail = std::string("; comm_buffers at the peak: full layers in flight ") +
+               (!options_.prefetch ? "8·max P_l = "
+                : std::is_same_v<T, float>
+                    ? "4·max(P_l-1 + 2P_l + P_l+1) = "
+                    : "max(" + std::to_string(element_bytes<T>()) + "P_l-1 + 8P_l + " +
+                          std::to_string(element_bytes<R>()) + "P_l+1) = ") +
+               std::to_string(in_flight_peak_bytes()) + " B + one ring chunk " +
+               std::to_string(collectives_.scratch_bytes()) + " B"});
 }
 
 // Each layer through layer_collectives.hpp as a kStateGather, behind the desync check.
