@@ -23,7 +23,6 @@
 
 #include <algorithm>
 #include <cstdio>
-
 #include <span>
 
 #include "check.hpp"

@@ -2,8 +2,9 @@
 // run the same one (issue 9, item 7).
 //
 // Chapters 05-08 launch their collectives from hooks on a communication thread (readiness.hpp,
-// ddp.hpp, zero.hpp, zero3.hpp, layer_collectives.hpp, through common/comm_queue.hpp). The launch order is a rule of the code (buckets in plan order, layers in
-// tape order), not something MPI checks: a rank that launches bucket 2 where the others launch
+// ddp.hpp, zero.hpp, zero3.hpp, layer_collectives.hpp, through common/comm_queue.hpp). The
+// launch order is a rule of the code (buckets in plan order, layers in tape order), not
+// something MPI checks: a rank that launches bucket 2 where the others launch
 // bucket 0 pairs an all-reduce of one length with one of another (a crash inside MPI, or a
 // hang), and a rank that swaps two buckets of equal length exchanges the wrong gradients and
 // trains on, silently different. PyTorch's answer is TORCH_DISTRIBUTED_DEBUG=DETAIL: before

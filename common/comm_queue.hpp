@@ -2,9 +2,9 @@
 // collective, written once: the collective check that runs before it (--check-collectives for
 // chapters 05-07, collective_check.hpp; ZeRO-3's desync check, always) and its trace (--trace,
 // trace.hpp): an instant on the main track when a checked one is queued, a span on the comm
-// track when it runs, and a "wait" span on the main track while the main thread waits for it. An engine
-// (chapters 05-08) says what a collective is (a Collective: kind, unit, length, bytes) and does
-// (its job); no lesson line calls the tracer or the checker.
+// track when it runs, and a "wait" span on the main track while the main thread waits for it.
+// An engine (chapters 05-08) says what a collective is (a Collective: kind, unit, length,
+// bytes) and does (its job); no lesson line calls the tracer or the checker.
 // Leaves out: the collectives themselves (the chapters'), the thread's error handling
 // (comm_thread.hpp).
 #pragma once
@@ -30,7 +30,7 @@ class CommQueue {
  public:
   /// One collective of an engine, as the queue checks and traces it.
   struct Collective {
-    uint32_t kind = 0;     ///< the header's kind (CollectiveSequence::Kind; ZeRO-3's LayerCollective)
+    uint32_t kind = 0;     ///< CollectiveSequence::Kind, or ZeRO-3's LayerCollective
     int unit = 0;          ///< the bucket or layer it works on
     int64_t elements = 0;  ///< its length, which the check compares across ranks
     int64_t bytes = 0;     ///< bytes of its buffer (the span's "bytes")

@@ -40,8 +40,8 @@
 #include "nn.hpp"
 #include "optim.hpp"
 #include "safetensors.hpp"
-#include "zero_memory.hpp"
 #include "trace.hpp"
+#include "zero_memory.hpp"
 
 namespace ringzero {
 

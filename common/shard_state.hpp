@@ -60,10 +60,10 @@ template <class E>
 int64_t count_nonzero_padding(const EngineDescription& d, int rank, std::span<E> buffer,
                               bool shards) {
   const std::vector<int64_t> starts = unit_starts(d);
+  const bool whole = !shards && d.zero_stage < 3;  // padded units, each padding at its end
   int64_t count = 0, shard_start = 0;  // shard_start: Σ s of the units before, in their order
   for (size_t u = 0; u < d.units.size(); ++u) {
     const ShardUnit& unit = d.units[u];
-    const bool whole = !shards && d.zero_stage < 3;  // the padded unit, its padding at its end
     const int64_t start = shards ? shard_start : starts[u],
                   end = start + (whole ? d.world_size : 1) * unit.shard_size;
     for (int64_t i = start + (whole ? unit.size : shard_real(unit, rank)); i < end; ++i)

@@ -102,8 +102,8 @@ class Tracer {
 /// (and no string built) otherwise. E.g. the optimizer objects' "optimizer step" spans
 /// (precision.hpp, shard_precision.hpp), set up by the driver (engine_lesson.hpp).
 inline std::optional<Tracer::Span> span_if(Tracer* tracer, const char* name, const char* cat) {
-  if (tracer && tracer->enabled()) return std::optional<Tracer::Span>(std::in_place, *tracer, name, cat);
-  return std::nullopt;
+  if (!tracer || !tracer->enabled()) return std::nullopt;
+  return std::optional<Tracer::Span>(std::in_place, *tracer, name, cat);
 }
 
 /// Adds hooks to every layer of `model`: spans "forward <layer>" and "backward <layer>" (cat

@@ -12,9 +12,10 @@
 // When a bucket is complete, in which order buckets go, no_sync and unused parameters:
 // readiness.hpp (BucketReadiness, shared with chapters 06 and 07). Here: what a launched bucket
 // does, every rank's optimizer (its own ReplicatedPrecision), describe(), and the traffic
-// theory (chapter 04's ring, per bucket; the ledger formula is chapter 04's too). With --check-collectives, the communication queue first
-// checks that every rank is about to run the same all-reduce (common/comm_queue.hpp), so a rank
-// out of order stops every rank with a message instead of a crash inside MPI or different weights.
+// theory (chapter 04's ring, per bucket; the ledger formula is chapter 04's too). With
+// --check-collectives, the communication queue first checks that every rank is about to run
+// the same all-reduce (common/comm_queue.hpp), so a rank out of order stops every rank with a
+// message instead of a crash inside MPI or different weights.
 // A bucket is a range of the gradients in their element type (float, bf16, fp16); the mean and
 // the --reduce-dtype are the precision's (common/precision.hpp), the all-reduce chapter 04's.
 // Leaves out: bucket rebuilding, comm hooks (compression), static graphs, broadcast buffers.

@@ -84,7 +84,8 @@ class LayerCollectives {
         job);
   }
   // The trace's names: "all_gather 2 (forward)", "reduce_scatter 4", ...
-  static std::function<std::string(uint32_t, int)> layer_collective_name(const LayerLayout& layout) {
+  static std::function<std::string(uint32_t, int)> layer_collective_name(
+      const LayerLayout& layout) {
     return [&layout](uint32_t kind, int l) {
       static const char* labels[] = {"all_gather %s (forward)", "all_gather %s (backward)",
                                      "reduce_scatter %s", "all_gather %s (state)"};

@@ -30,6 +30,8 @@ namespace ringzero {
 /// ZeRO-3's layout: chapter 06's padded layout (shard.hpp) with one bucket per Linear layer, in
 /// forward order, so `buckets[l]` is layer l's range and this rank's shard of it (size Ψ_l,
 /// padded_size() P_l, shard_size s_l, shard_offset, real, segments); and the layers themselves.
+/// (param_offset, padded_offset and padded_total place chapter 06's whole padded buffer, which
+/// ZeRO-3 never allocates: it keeps only the shards.)
 struct LayerLayout : ShardLayout {
   std::vector<Linear*> layers;  ///< (L) layer l owns buckets[l]
 };
