@@ -5,7 +5,7 @@
 namespace ringzero {
 
 Tensor& Node::grad_buffer() {
-  if (!grad.defined()) grad = Tensor::zeros(value.shape(), MemTag::activations);
+  if (!grad.defined()) grad = Tensor::zeros(value.shape(), MemTag::activations, value.device());
   return grad;
 }
 

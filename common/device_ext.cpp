@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "check.hpp"
+#include "device_backend.hpp"
 #include "collectives.hpp"
 #include "engine_description.hpp"
 
@@ -59,8 +60,10 @@ void DeviceExtension::add_flags(CommandLine& cli) {
   app_ = &cli.app;
   cli.app
       .add_option("--device", device_,
-                  "cpu | cuda: where the training step runs (cuda: a CUDA build and a GPU)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+                  "cpu | emulated | cuda: where the training step runs (cuda: a CUDA build and a "
+                  "GPU; emulated: the device backend on the CPU, whose memory host code cannot "
+                  "touch; chapters 01-02 run their own train_step on either)")
+      ->check(CLI::IsMember({"cpu", "emulated", "cuda"}));
   cli.app
       .add_option("--gpu-transport", transport_,
                   "auto | nccl | staged: --device cuda's communication (nccl: one GPU per rank; "
@@ -91,39 +94,49 @@ void DeviceExtension::validate(const RunState& state) {
                << (device_ == "cuda" ? " with --gpu-transport staged" : " without --device cuda")
                << ": NCCL's collectives run on GPU buffers over the NCCL transport; add --device "
                   "cuda (with --gpu-transport nccl or auto), or use --collectives mpi");
-  if (device_ != "cuda") return;
+  RZ_CHECK(device_ != "emulated" || !state.chapter.distributed,
+           "--device emulated: chapter " << state.chapter.name
+                                         << " communicates, and the communicator does not move "
+                                            "device buffers yet (chapters 01-02 run on the "
+                                            "emulated device); use --device cpu");
+  if (device_ == "cpu") return;
   // Checked here, before after_setup probes the GPU, so a build or machine without one gives
-  // these messages too. The GPU step keeps its weights and optimizer state in device buffers: a
-  // checkpoint would save the stale host copy, and a resume would load into the host after
-  // the GPU copied the fresh weights over.
+  // these messages too. The device keeps the weights and optimizer state in device buffers: a
+  // checkpoint would read host buffers that are stale (03-08) or not there (01-02).
   const TrainConfig& c = state.config;
+  const std::string checkpoint_flag =
+      c.resume.empty() ? "--checkpoint-dir " + c.checkpoint_dir : "--resume " + c.resume;
   RZ_CHECK(c.checkpoint_dir.empty() && c.resume.empty(),
-           "--device cuda with " << (c.resume.empty() ? "--checkpoint-dir " + c.checkpoint_dir
-                                                      : "--resume " + c.resume)
-                                 << ": the GPU path cannot save or resume its training state yet "
-                                    "(checkpoints hold the CPU state only). Drop "
-                                    "--checkpoint-dir/--resume, or use --device cpu");
-  // The GPU trainer trains fp32 copies of the host weights, which a 16-bit run has released.
+           "--device " << device_ << " with " << checkpoint_flag
+                       << ": the device path cannot save or resume its training state yet "
+                          "(checkpoints hold the CPU state only). Drop --checkpoint-dir/--resume, "
+                          "or use --device cpu");
+  // 16-bit storage (common/mixed.hpp) has no device operations yet.
   RZ_CHECK(c.precision == "fp32",
-           "--device cuda with --precision " << c.precision
-                                             << ": the GPU path trains in fp32 only so far. Drop "
-                                                "--precision (or use --precision fp32), or use "
-                                                "--device cpu for 16-bit training");
+           "--device " << device_ << " with --precision " << c.precision
+                        << ": the device path trains in fp32 only so far. Drop --precision (or "
+                           "use --precision fp32), or use --device cpu for 16-bit training");
   RZ_CHECK(!given(app_, "--find-unused-parameters"),
-           "--device cuda with --find-unused-parameters: the GPU step runs the model's every "
-           "layer and has no unused-parameter pass. Drop --find-unused-parameters, or use "
-           "--device cpu");
+           "--device " << device_
+                       << " with --find-unused-parameters: the GPU step runs the model's every "
+                          "layer and has no unused-parameter pass. Drop --find-unused-parameters, "
+                          "or use --device cpu");
   RZ_CHECK(!given(app_, "--save-optimizer-state"),
-           "--device cuda with --save-optimizer-state: the GPU path keeps the optimizer state "
-           "on the GPU and does not write it back yet. Drop --save-optimizer-state, or use "
-           "--device cpu");
+           "--device " << device_
+                       << " with --save-optimizer-state: the optimizer state stays on the device "
+                          "and is not written back yet. Drop --save-optimizer-state, or use "
+                          "--device cpu");
 }
 
 void DeviceExtension::after_setup(RunState& state) {
-  if (device_ != "cuda") return;
-  if (!state.chapter.distributed) {
-    trainer_ = make_device_trainer(*state.model, state.config);
-    print0("device " + trainer_->device_name() + " | cuBLAS SGEMM, TF32 off");
+  if (device_ == "cpu") return;
+  if (!state.chapter.distributed) {  // the chapter's own train_step, on the device's backend
+    const Device device = parse_device(device_);
+    state.model->to(device);
+    model_on_device_ = true;
+    device_name_ = backend(device).name();
+    print0("device " + device_name_ + " | the chapter's train_step on the device backend" +
+           (device == Device::cuda ? " (cuBLAS SGEMM, TF32 off)" : ""));
     return;
   }
   DevicePlan plan = plan_for(state);
@@ -140,28 +153,19 @@ void DeviceExtension::after_setup(RunState& state) {
 
 std::optional<double> DeviceExtension::train_step_instead(RunState&, const Step& step) {
   if (parallel_) return parallel_->train_step(step);
-  if (!trainer_) return std::nullopt;
-  // The step of chapters 01-02 (step.hpp of each), on the GPU.
-  const int64_t K = step.config.grad_accum_steps;
-  trainer_->zero_grad();  // once per optimizer step; backward accumulates over the K micro-steps
-  double loss_sum = 0;
-  for (int64_t micro_step = 0; micro_step < K; ++micro_step)
-    loss_sum += trainer_->forward_backward(step.micro_batch(micro_step), 1.0f / K);
-  const double loss = loss_sum / K;
-  check_finite_loss(loss, step.step);
-  if (step.config.clip_grad_norm > 0) trainer_->clip_grad_norm(step.config.clip_grad_norm);
-  trainer_->step();
-  return loss;
+  return std::nullopt;
 }
 
 void DeviceExtension::before_model_read(RunState& state) {
-  if (trainer_) trainer_->copy_to_host(*state.model);
+  // An evaluation between epochs runs on the device (the same ops); after the last step the
+  // model comes home for the report and --save-final.
+  if (model_on_device_ && state.step >= state.steps) state.model->to(Device::cpu);
   if (parallel_) parallel_->copy_to_host(*state.model, state.lesson->training_state(*state.model));
 }
 
 void DeviceExtension::report(RunState&, nlohmann::json& summary) {
-  if (!trainer_ && !parallel_) return;
-  summary["device"] = trainer_ ? trainer_->device_name() : parallel_->device_name();
+  if (!model_on_device_ && !parallel_) return;
+  summary["device"] = parallel_ ? parallel_->device_name() : device_name_;
   if (parallel_) summary["device_transport"] = parallel_->transport();
   // model_states_bytes_per_rank is the host's (the lesson's CPU buffers, idle in a GPU run);
   // the GPU's is the device column's, the largest over ranks.

@@ -1,21 +1,24 @@
-// device_ext: --device cpu|cuda for every chapter, as a Run extension (common/run.hpp), so it
-// costs no line in any main.cpp.
+// device_ext: --device cpu|emulated|cuda for every chapter, as a Run extension
+// (common/run.hpp), so it costs no line in any main.cpp.
 //
-// Provides: DeviceExtension. With --device cuda it runs each optimizer step on the GPU instead
-// of the lesson's train_step, and copies the weights back before the driver reads them
-// (evaluation, the report, --save-final):
-//   chapters 01-02: a DeviceTrainer (device_train.hpp): zero_grad; K micro-batches forward and
-//     backward with d loss = 1/K; the NaN guard; clipping; the optimizer.
-//   chapters 03-08: a DeviceParallel (common/gpu/device_parallel.cpp) doing the chapter's
-//     communication on device buffers, planned here from the chapter and its lesson object
-//     (--collectives, the buckets, ZeRO's padded layout from the lesson's training_state), over
-//     --gpu-transport nccl (one GPU per rank), staged (MPI through pinned host memory: ranks may
-//     share a GPU) or auto (nccl when every rank has its own GPU). The weights go back into
-//     the lesson's own buffers (its training_state pieces), where its evaluation reads them.
+// Provides: DeviceExtension.
+//   chapters 01-02: the model moves to the device (Model::to) and the chapter's own train_step
+//     runs there, every op and optimizer update through the device's backend
+//     (common/device_backend.hpp; the optimizer state follows the parameters); evaluation
+//     between epochs runs there too, and the model comes back to the host after the last step.
+//   chapters 03-08 (--device cuda; emulated refuses them until the communicator moves device
+//     buffers): a DeviceParallel (common/gpu/device_parallel.cpp) runs each step instead of
+//     the lesson's train_step, doing the chapter's communication on device buffers, planned
+//     here from the lesson's description (--collectives, the buckets, ZeRO's padded layout),
+//     over --gpu-transport nccl (one GPU per rank), staged (MPI through pinned host memory:
+//     ranks may share a GPU) or auto (nccl when every rank has its own GPU). The weights go
+//     back into the lesson's own buffers (its training_state pieces) before the driver reads
+//     them (evaluation, the report, --save-final). Issue 27 replaces it by the chapters' code.
 // Errors (at start-up, on every rank, naming the fix): a build without CUDA, no GPU visible,
-// and flags the GPU path does not carry yet (checkpoints, --precision bf16|fp16,
-// --save-optimizer-state). --trace records the GPU's two streams (device_parallel.cpp).
-// Leaves out: the host copy of the optimizer state is never refreshed (hence the refusals).
+// and flags the device path does not carry yet (checkpoints, --precision bf16|fp16,
+// --save-optimizer-state; --device emulated in chapters 03-08). --trace records the GPU's two
+// streams (device_parallel.cpp).
+// Leaves out: the optimizer state never comes back to the host (hence the refusals).
 #pragma once
 
 #include <memory>
@@ -39,7 +42,8 @@ class DeviceExtension : public Extension {
  private:
   std::string device_ = "cpu", transport_ = "auto";
   CLI::App* app_ = nullptr;
-  std::unique_ptr<DeviceTrainer> trainer_;
+  bool model_on_device_ = false;  // chapters 01-02: Model::to(--device), their own train_step
+  std::string device_name_;
   std::unique_ptr<DeviceParallel> parallel_;
 };
 

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "check.hpp"
+#include "device_memory.hpp"
 
 namespace ringzero {
 
@@ -75,11 +76,16 @@ enum class LedgerColumn { host, device };
 /// complete by construction. Allocator provides kName (for errors), T* allocate(int64_t n,
 /// MemTag tag, bool zero) (zero-filled when `zero`; errors name the bytes and the tag) and
 /// void free(T*). size() is in elements, bytes() = sizeof(T) · size(). Errors: size < 0.
+/// An array may also live on a device (common/device_memory.hpp): then allocate_on/free_on
+/// replace the Allocator and it counts in the device column; to() moves it (Tensor.to).
 template <class T, class Allocator, LedgerColumn column = LedgerColumn::host>
 class LedgerArray {
  public:
   LedgerArray() = default;
   LedgerArray(int64_t size, MemTag tag) : LedgerArray(size, tag, /*zero=*/true) {}
+  /// size zero-filled elements on `device` (cpu: the Allocator's memory).
+  LedgerArray(int64_t size, MemTag tag, Device device)
+      : LedgerArray(size, tag, /*zero=*/true, device) {}
   /// Like LedgerArray(size, tag) but not zeroed, for a buffer whose every element is written
   /// before it is read (an all-gather's output): zeroing it would cost one more pass.
   static LedgerArray uninitialized(int64_t size, MemTag tag) {
@@ -89,13 +95,15 @@ class LedgerArray {
   LedgerArray(LedgerArray&& other) noexcept
       : data_(std::exchange(other.data_, nullptr)),
         size_(std::exchange(other.size_, 0)),
-        tag_(other.tag_) {}
+        tag_(other.tag_),
+        device_(other.device_) {}
   LedgerArray& operator=(LedgerArray&& other) noexcept {
     if (this != &other) {
       release();
       data_ = std::exchange(other.data_, nullptr);
       size_ = std::exchange(other.size_, 0);
       tag_ = other.tag_;
+      device_ = other.device_;
     }
     return *this;
   }
@@ -107,27 +115,42 @@ class LedgerArray {
   int64_t size() const { return size_; }
   int64_t bytes() const { return size_ * static_cast<int64_t>(sizeof(T)); }
   MemTag tag() const { return tag_; }
+  /// Where the elements live (cpu for the Allocator's memory).
+  Device device() const { return device_; }
   std::span<T> span() { return {data_, static_cast<size_t>(size_)}; }
   std::span<const T> span() const { return {data_, static_cast<size_t>(size_)}; }
   /// Frees the memory now (the ledger drops it); size() becomes 0.
   void release() {
     if (data_ != nullptr) {
       count(-bytes());
-      Allocator::free(data_);
+      if (device_ == Device::cpu)
+        Allocator::free(data_);
+      else
+        free_on(device_, data_);
     }
     data_ = nullptr;
     size_ = 0;
   }
+  /// Moves the elements to `device` (PyTorch's Tensor.to): a new array there holding the same
+  /// bytes, this one freed; data() changes, so views into it must be re-pointed.
+  void to(Device device) {
+    if (device == device_) return;
+    LedgerArray moved(size_, tag_, /*zero=*/false, device);
+    copy_memory(moved.data_, data_, bytes());
+    *this = std::move(moved);
+  }
 
  protected:
-  LedgerArray(int64_t size, MemTag tag, bool zero) : size_(size), tag_(tag) {
+  LedgerArray(int64_t size, MemTag tag, bool zero, Device device = Device::cpu)
+      : size_(size), tag_(tag), device_(device) {
     RZ_CHECK(size >= 0, Allocator::kName << " size " << size << " is negative");
     if (size == 0) return;
-    data_ = Allocator::allocate(size, tag, zero);
+    data_ = device == Device::cpu ? Allocator::allocate(size, tag, zero)
+                                  : static_cast<T*>(allocate_on(device, bytes()));
     count(bytes());
   }
   void count(int64_t bytes) const {
-    if constexpr (column == LedgerColumn::host)
+    if (column == LedgerColumn::host && device_ == Device::cpu)
       Ledger::get().add(tag_, bytes);
     else
       Ledger::get().add_device(tag_, bytes);
@@ -136,6 +159,7 @@ class LedgerArray {
   T* data_ = nullptr;
   int64_t size_ = 0;
   MemTag tag_ = MemTag::dataset;
+  Device device_ = Device::cpu;
 };
 
 /// Host memory for Buffer: 64-byte aligned, freed blocks kept in the process for reuse

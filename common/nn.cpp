@@ -94,7 +94,17 @@ std::vector<Linear*> Model::linear_layers() const {
 }
 
 void Model::zero_grad() {
-  std::fill(grads_memory.data(), grads_memory.data() + grads_memory.size(), 0.0f);
+  zero_memory(grads_memory.data(), grads_memory.bytes());  // all-zero bits: 0.0f, here or there
+}
+
+void Model::to(Device device) {
+  params_memory.to(device);
+  grads_memory.to(device);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i]->data = Tensor(params_memory.data() + offsets_[i], params_[i]->shape());
+    params_[i]->grad = Tensor(grads_memory.data() + offsets_[i], params_[i]->shape());
+  }
+  device_ = device;
 }
 
 }  // namespace ringzero

@@ -108,6 +108,11 @@ class Model {
   std::vector<Linear*> linear_layers() const;
   /// Sets every gradient to zero (PyTorch zero_grad(set_to_none=False)).
   void zero_grad();
+  /// Moves the parameters and gradients to `device` (PyTorch's Module.to): both flat buffers
+  /// move and every Parameter's views are re-pointed into them; the ops then run there.
+  void to(Device device);
+  /// Where the parameters live (cpu until to()).
+  Device device() const { return device_; }
 
   Sequential net;
   Buffer params_memory;  ///< (Ψ) all parameters, registration order; tag parameters
@@ -117,6 +122,7 @@ class Model {
   std::vector<Parameter*> params_;
   std::vector<int64_t> offsets_;
   int64_t num_parameters_ = 0;
+  Device device_ = Device::cpu;
 };
 
 }  // namespace ringzero

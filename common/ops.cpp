@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "check.hpp"
+#include "device_backend.hpp"
 #include "kernels.hpp"
 
 namespace ringzero {
@@ -14,6 +15,8 @@ void linear_forward(Tensor out, const Tensor& inp, const Tensor& weight, const T
            "linear: inp " << shape_str(inp.shape()) << ", weight " << shape_str(weight.shape())
                           << ", out " << shape_str(out.shape())
                           << " do not fit (B, C) x (OC, C)ᵀ -> (B, OC)");
+  if (DeviceBackend* d = backend_of({out.data(), inp.data(), weight.data(), bias.data()}))
+    return d->linear_forward(out, inp, weight, bias);
   out.mat().noalias() = inp.mat() * weight.mat().transpose();
   const int64_t B = out.rows(), OC = out.cols();
   float* o = out.data();
@@ -24,6 +27,9 @@ void linear_forward(Tensor out, const Tensor& inp, const Tensor& weight, const T
 
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
                      const Tensor& inp, const Tensor& weight) {
+  if (DeviceBackend* d = backend_of({dinp.data(), dweight.data(), dbias.data(), dout.data(),
+                                     inp.data(), weight.data()}))
+    return d->linear_backward(dinp, dweight, dbias, dout, inp, weight);
   // BEGIN EXERCISE 01.1 (linear backward)
   if (dinp.defined()) dinp.mat().noalias() += dout.mat() * weight.mat();  // (B, OC)(OC, C)
   dweight.mat().noalias() += dout.mat().transpose() * inp.mat();          // (OC, B)(B, C)
@@ -41,12 +47,15 @@ void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& do
 }
 
 void relu_forward(Tensor out, const Tensor& inp) {
+  if (DeviceBackend* d = backend_of({out.data(), inp.data()})) return d->relu_forward(out, inp);
   float* o = out.data();
   const float* x = inp.data();
   for (int64_t i = 0, n = inp.numel(); i < n; ++i) o[i] = kernels::relu(x[i]);
 }
 
 void relu_backward(Tensor dinp, const Tensor& dout, const Tensor& out) {
+  if (DeviceBackend* d = backend_of({dinp.data(), dout.data(), out.data()}))
+    return d->relu_backward(dinp, dout, out);
   float* dx = dinp.data();
   const float *dy = dout.data(), *y = out.data();
   for (int64_t i = 0, n = out.numel(); i < n; ++i) dx[i] += kernels::relu_grad(dy[i], y[i]);
@@ -55,12 +64,16 @@ void relu_backward(Tensor dinp, const Tensor& dout, const Tensor& out) {
 float mse_forward(const Tensor& pred, const Tensor& target) {
   RZ_CHECK(pred.shape() == target.shape(),
            "mse: pred " << shape_str(pred.shape()) << " vs target " << shape_str(target.shape()));
+  if (DeviceBackend* d = backend_of({pred.data(), target.data()}))
+    return d->mse_forward(pred, target);
   double sum = 0.0;
   for (int64_t i = 0; i < pred.numel(); ++i) sum += kernels::squared_error(pred[i], target[i]);
   return static_cast<float>(sum / static_cast<double>(pred.numel()));
 }
 
 void mse_backward(Tensor dpred, float dloss, const Tensor& pred, const Tensor& target) {
+  if (DeviceBackend* d = backend_of({dpred.data(), pred.data(), target.data()}))
+    return d->mse_backward(dpred, dloss, pred, target);
   const float scale = 2.0f * dloss / static_cast<float>(pred.numel());
   float* d = dpred.data();
   const float *p = pred.data(), *t = target.data();
@@ -71,6 +84,8 @@ float cross_entropy_forward(Tensor probs, const Tensor& logits, std::span<const 
   const int64_t B = logits.rows(), C = logits.cols();
   RZ_CHECK(static_cast<int64_t>(labels.size()) == B,
            "cross_entropy: " << labels.size() << " labels for " << B << " rows");
+  if (DeviceBackend* d = backend_of({probs.data(), logits.data()}))
+    return d->cross_entropy_forward(probs, logits, labels);
   double nll = 0.0;
   for (int64_t b = 0; b < B; ++b) {
     RZ_CHECK(labels[b] >= 0 && labels[b] < C,
@@ -92,6 +107,8 @@ float cross_entropy_forward(Tensor probs, const Tensor& logits, std::span<const 
 
 void cross_entropy_backward(Tensor dlogits, float dloss, const Tensor& probs,
                             std::span<const int32_t> labels) {
+  if (DeviceBackend* d = backend_of({dlogits.data(), probs.data()}))
+    return d->cross_entropy_backward(dlogits, dloss, probs, labels);
   // BEGIN EXERCISE 01.2 (cross-entropy from logits: backward)
   const int64_t B = probs.rows(), C = probs.cols();
   const float scale = dloss / static_cast<float>(B);
@@ -106,7 +123,9 @@ void cross_entropy_backward(Tensor dlogits, float dloss, const Tensor& probs,
 
 Var linear(Tape& tape, const Var& inp, Parameter& weight, Parameter& bias) {
   auto out =
-      make_var(Tensor::zeros({inp->value.rows(), weight.shape()[0]}, MemTag::activations), true);
+      make_var(Tensor::zeros({inp->value.rows(), weight.shape()[0]}, MemTag::activations,
+                             inp->value.device()),
+               true);
   linear_forward(out->value, inp->value, weight.data, bias.data);
   tape.record(
       [out, inp, &weight, &bias] {
@@ -118,7 +137,9 @@ Var linear(Tape& tape, const Var& inp, Parameter& weight, Parameter& bias) {
 }
 
 Var relu(Tape& tape, const Var& inp) {
-  auto out = make_var(Tensor::zeros(inp->value.shape(), MemTag::activations), inp->requires_grad);
+  auto out = make_var(
+      Tensor::zeros(inp->value.shape(), MemTag::activations, inp->value.device()),
+      inp->requires_grad);
   relu_forward(out->value, inp->value);
   if (inp->requires_grad) {
     tape.record([out, inp] { relu_backward(inp->grad_buffer(), out->grad_buffer(), out->value); });
@@ -137,7 +158,8 @@ Var mse_loss(Tape& tape, const Var& pred, const Tensor& target) {
 
 Var cross_entropy(Tape& tape, const Var& logits, std::span<const int32_t> labels) {
   auto loss = make_var(Tensor::zeros({1}, MemTag::activations), logits->requires_grad);
-  Tensor probs = Tensor::zeros(logits->value.shape(), MemTag::activations);
+  Tensor probs =
+      Tensor::zeros(logits->value.shape(), MemTag::activations, logits->value.device());
   loss->value[0] = cross_entropy_forward(probs, logits->value, labels);
   tape.record([loss, logits, probs, labels = std::vector<int32_t>(labels.begin(), labels.end())] {
     cross_entropy_backward(logits->grad_buffer(), loss->grad_buffer()[0], probs, labels);

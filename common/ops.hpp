@@ -7,6 +7,9 @@
 //   mse      loss = mean((pred - target)²) over all elements  (nn.MSELoss, reduction="mean")
 //   cross_entropy  loss = mean_b( logsumexp(logits_b) - logits_b[label_b] )  (nn.CrossEntropyLoss)
 // The wrappers (linear, relu, mse_loss, cross_entropy) run the forward and record the backward.
+// Each function runs on the host or, when its tensors live on a device, on that device's
+// backend (the one backend_of line ahead of each loop, common/device_backend.hpp). Outputs are
+// allocated where the inputs live; a loss is a host scalar (its forward returns it, as .item()).
 // Leaves out: every op the two models do not need.
 #pragma once
 

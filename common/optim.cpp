@@ -6,6 +6,7 @@
 #include <variant>
 
 #include "check.hpp"
+#include "device_backend.hpp"
 #include "kernels.hpp"
 
 namespace ringzero {
@@ -43,6 +44,8 @@ void AdamW::step(std::span<float> params, std::span<const float> grads) {
            "AdamW::step: " << params.size() << " params, " << grads.size() << " grads, state for "
                            << exp_avg_.size());
   const AdamWOptions& o = options_;
+  exp_avg_.to(device_of(params.data()));  // the state lives where the parameters do (PyTorch)
+  exp_avg_sq_.to(device_of(params.data()));
   float* m = exp_avg_.data();
   float* v = exp_avg_sq_.data();
   int64_t begin = 0;
@@ -50,13 +53,17 @@ void AdamW::step(std::span<float> params, std::span<const float> grads) {
     // BEGIN EXERCISE 01.3 (AdamW step: one segment)
     const int64_t t = ++steps_[s];
     const kernels::AdamWStep k = adamw_step_constants(o, t);
-    float* p = params.data();
-    const float* g = grads.data();
-    for (int64_t i = begin, end = begin + sizes_[s]; i < end; ++i)
-      kernels::adamw_update(p[i], m[i], v[i], g[i], k);  // the formula (kernels.hpp): the GPU's too
+    adamw_update(params.data() + begin, m + begin, v + begin, grads.data() + begin, sizes_[s], k);
     // END EXERCISE 01.3
     begin += sizes_[s];
   }
+}
+
+void adamw_update(float* p, float* m, float* v, const float* g, int64_t n,
+                  const kernels::AdamWStep& k) {
+  if (DeviceBackend* d = backend_of({p, m, v, g})) return d->adamw_update(p, m, v, g, n, k);
+  for (int64_t i = 0; i < n; ++i)
+    kernels::adamw_update(p[i], m[i], v[i], g[i], k);  // the formula (kernels.hpp): the GPU's too
 }
 
 SGD::SGD(int64_t size, SGDOptions options) : options_(options) {
@@ -71,12 +78,20 @@ void SGD::step(std::span<float> params, std::span<const float> grads) {
   RZ_CHECK(params.size() == grads.size(),
            "SGD::step: " << params.size() << " params, " << grads.size() << " grads");
   const SGDOptions& o = options_;
-  float* buf = momentum_buffer_.data();
-  float no_buffer = 0.0f;  // sgd_update ignores buf without momentum
-  for (size_t i = 0; i < params.size(); ++i)
-    kernels::sgd_update(params[i], o.momentum > 0 ? buf[i] : no_buffer, grads[i], o.lr, o.momentum,
-                        o.weight_decay, first_step_);
+  momentum_buffer_.to(device_of(params.data()));  // where the parameters are, as AdamW's state
+  sgd_update(params.data(), momentum_buffer_.data(), grads.data(),
+             static_cast<int64_t>(params.size()), o.lr, o.momentum, o.weight_decay, first_step_);
   first_step_ = false;
+}
+
+void sgd_update(float* p, float* buf, const float* g, int64_t n, float lr, float momentum,
+                float weight_decay, bool first_step) {
+  if (DeviceBackend* d = backend_of({p, buf, g}))
+    return d->sgd_update(p, buf, g, n, lr, momentum, weight_decay, first_step);
+  float no_buffer = 0.0f;  // sgd_update ignores buf without momentum
+  for (int64_t i = 0; i < n; ++i)
+    kernels::sgd_update(p[i], momentum > 0 ? buf[i] : no_buffer, g[i], lr, momentum, weight_decay,
+                        first_step);
 }
 
 static std::variant<AdamW, SGD> make_optimizer(const TrainConfig& c, std::vector<int64_t> sizes) {
@@ -100,6 +115,8 @@ void Optimizer::step(std::span<float> params, std::span<const float> grads) {
 }
 
 double sum_of_squares(std::span<const float> grads) {
+  if (DeviceBackend* d = backend_of({grads.data()}))
+    return d->sum_of_squares(grads.data(), static_cast<int64_t>(grads.size()));
   double s = 0.0;
   for (float g : grads) s += kernels::square(g);
   return s;
@@ -110,6 +127,8 @@ float clip_coefficient(double total_norm, float max_norm) {
 }
 
 void scale_in_place(std::span<float> grads, float coef) {
+  if (DeviceBackend* d = backend_of({grads.data()}))
+    return d->scale(grads.data(), static_cast<int64_t>(grads.size()), coef);
   for (float& g : grads) g *= coef;
 }
 

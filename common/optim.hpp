@@ -7,6 +7,8 @@
 // Both optimizers update a flat span of parameters from a flat span of gradients of the same
 // length; a ZeRO shard is simply a shorter span. The span is split into segments (normally
 // one per parameter, or the part of a parameter inside a shard), each with its own step count.
+// The updates run where the spans live (the host, or a device: adamw_update and sgd_update
+// dispatch, common/device_backend.hpp), and the optimizer's state follows the parameters there.
 // Leaves out: parameter groups, amsgrad, maximize, nesterov, learning-rate schedules.
 #pragma once
 
@@ -110,6 +112,13 @@ class Optimizer {
   std::variant<AdamW, SGD> impl_;
 };
 
+/// The AdamW update of n elements, kernels::adamw_update on each (AdamW::step calls it per
+/// segment), on the host or on the device that holds the four arrays.
+void adamw_update(float* p, float* m, float* v, const float* g, int64_t n,
+                  const kernels::AdamWStep& k);
+/// The SGD update of n elements, kernels::sgd_update on each; buf may be null without momentum.
+void sgd_update(float* p, float* buf, const float* g, int64_t n, float lr, float momentum,
+                float weight_decay, bool first_step);
 /// Σ g², accumulated in float64.
 double sum_of_squares(std::span<const float> grads);
 /// The factor clip_grad_norm_ scales gradients by: min(1, max_norm / (total_norm + 1e-6)).

@@ -16,11 +16,18 @@ std::string shape_str(const Shape& shape) {
   return s + ")";
 }
 
-Tensor Tensor::zeros(Shape shape, MemTag tag) {
+Tensor Tensor::zeros(Shape shape, MemTag tag, Device device) {
   for (int64_t d : shape) RZ_CHECK(d >= 0, "negative dimension in shape " << shape_str(shape));
-  auto storage = std::make_shared<Buffer>(ringzero::numel(shape), tag);
+  auto storage = std::make_shared<Buffer>(ringzero::numel(shape), tag, device);
   Tensor t(storage->data(), std::move(shape));
   t.storage_ = std::move(storage);
+  return t;
+}
+
+Tensor Tensor::to(Device device, MemTag tag) const {
+  if (!defined() || this->device() == device) return *this;
+  Tensor t = zeros(shape_, tag, device);
+  copy_memory(t.data(), data_, numel() * static_cast<int64_t>(sizeof(float)));
   return t;
 }
 

@@ -2,8 +2,10 @@
 //
 // Provides: Tensor, a (pointer, shape) view that may also own its storage. A parameter, a
 // gradient, a bucket and a shard are all views: (offset, size) into one flat Buffer, as in
-// llm.c's params_memory. Eigen maps give the math without copies.
-// Leaves out: strides, broadcasting, dtypes other than float32, devices.
+// llm.c's params_memory. Eigen maps give the math without copies. A tensor lives where its
+// memory does (device(): the host or a device, common/device_memory.hpp); mat(), vec(), span()
+// and operator[] are for host tensors, the operations of common/ops.hpp take either.
+// Leaves out: strides, broadcasting, dtypes other than float32.
 #pragma once
 
 #include <Eigen/Dense>
@@ -34,8 +36,13 @@ class Tensor {
   Tensor() = default;
   /// A view of `shape` over data[0, numel(shape)).
   Tensor(float* data, Shape shape) : data_(data), shape_(std::move(shape)) {}
-  /// A fresh zero-filled tensor whose bytes are counted under `tag`.
-  static Tensor zeros(Shape shape, MemTag tag);
+  /// A fresh zero-filled tensor on `device` whose bytes are counted under `tag`.
+  static Tensor zeros(Shape shape, MemTag tag, Device device = Device::cpu);
+  /// This tensor on `device`: itself when it is there already, else an owning copy counted
+  /// under `tag` (PyTorch's Tensor.to).
+  Tensor to(Device device, MemTag tag) const;
+  /// Where the elements live.
+  Device device() const { return device_of(data_); }
 
   float* data() const { return data_; }
   const Shape& shape() const { return shape_; }

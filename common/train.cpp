@@ -43,10 +43,13 @@ Batch make_batch(const Dataset& ds, std::span<const int64_t> indices) {
   return b;
 }
 
-Var forward_loss(Tape& tape, Model& model, const Batch& batch) {
-  Var out = model.forward(tape, make_var(batch.x));
-  return batch.labels.empty() ? mse_loss(tape, out, batch.y)
-                              : cross_entropy(tape, out, batch.labels);
+Var forward_loss(Tape& tape, Model& model, const Batch& batch, Var* output) {
+  // The batch is read on the host; the model may live on a device (a no-op copy on the host).
+  Var out = model.forward(tape, make_var(batch.x.to(model.device(), MemTag::activations)));
+  if (output != nullptr) *output = out;
+  return batch.labels.empty()
+             ? mse_loss(tape, out, batch.y.to(model.device(), MemTag::activations))
+             : cross_entropy(tape, out, batch.labels);
 }
 
 EvalSums evaluate(Model& model, const Dataset& test, int64_t begin, int64_t end) {
@@ -58,13 +61,13 @@ EvalSums evaluate(Model& model, const Dataset& test, int64_t begin, int64_t end)
     for (int64_t i = s; i < e; ++i) idx[i - s] = i;
     Batch batch = make_batch(test, idx);
     Tape tape;  // recorded and dropped: evaluation never calls backward
-    Var out = model.forward(tape, make_var(batch.x));
-    Var loss = batch.labels.empty() ? mse_loss(tape, out, batch.y)
-                                    : cross_entropy(tape, out, batch.labels);
+    Var out;
+    Var loss = forward_loss(tape, model, batch, &out);
     sums.loss_sum += static_cast<double>(loss->value[0]) * static_cast<double>(e - s);
     sums.count += static_cast<double>(e - s);
     if (!batch.labels.empty()) {
-      auto logits = out->value.mat();
+      const Tensor host_logits = out->value.to(Device::cpu, MemTag::activations);
+      auto logits = host_logits.mat();
       for (int64_t r = 0; r < logits.rows(); ++r) {
         Eigen::Index arg;
         logits.row(r).maxCoeff(&arg);

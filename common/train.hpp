@@ -36,8 +36,10 @@ struct Batch {
 Batch make_batch(const Dataset& ds, std::span<const int64_t> indices);
 
 /// Forward pass and the loss of the model (cross-entropy for classification, MSE for
-/// regression), mean over the batch, recorded on `tape`.
-Var forward_loss(Tape& tape, Model& model, const Batch& batch);
+/// regression), mean over the batch, recorded on `tape`; `output` (if given) gets the model's
+/// output (B, out). The batch is copied to the model's device first (Model::to); the loss is a
+/// host scalar.
+Var forward_loss(Tape& tape, Model& model, const Batch& batch, Var* output = nullptr);
 
 /// Sums over test samples [begin, end): Σ per-sample loss, number correct (classification).
 struct EvalSums {

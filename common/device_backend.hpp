@@ -1,0 +1,90 @@
+// device_backend: the operation table a device provides, below the tensor.
+//
+// Provides: DeviceBackend, the table each non-host device fills (needle's backend arrays: the
+// CPU and CUDA backends register the same operations, and autograd, ops and nn never name a
+// device), and backend_of, the one line each operation of common/ops.cpp and common/optim.cpp
+// runs before its host loop:
+//     if (DeviceBackend* d = backend_of({out.data(), inp.data()})) return d->relu_forward(...);
+//     for (...) out[i] = kernels::relu(inp[i]);        // the host loop, unchanged
+// so a chapter's train_step, written over tensors and spans, runs wherever its model lives.
+// Two backends: emulated (common/emulated_device.cpp: the host functions on a second mapping of
+// PROT_NONE device memory, so the same bits as the CPU) and cuda (common/gpu/cuda_backend.cpp:
+// the kernels of common/gpu/kernels.cu around the element functions of common/kernels.hpp, and
+// cuBLAS SGEMM). The host is not a backend: null from backend_of means "run the loop below".
+// Leaves out: 16-bit operations (bf16/fp16 storage stays on the host for now), communication
+// (the communicator routes device buffers: issue 27's next step).
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <string>
+
+#include "device_memory.hpp"
+#include "tensor.hpp"
+
+namespace ringzero {
+
+namespace kernels {
+struct AdamWStep;  // common/kernels.hpp, not included: it holds exercise regions (optim.hpp)
+}
+
+/// The operations of one device. Every pointer and tensor argument lives on this device; labels
+/// are host spans (copied over by the backend). Semantics are the host functions' of the same
+/// name (common/ops.hpp, common/optim.hpp): d-buffers ACCUMULATE (+=), reductions return to
+/// the host and synchronise.
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+  /// What the start-up line and the summary's "device" field say ("NVIDIA H200", ...).
+  virtual std::string name() const = 0;
+
+  // Memory (device_memory.hpp calls these; the chapters never do).
+  virtual void* allocate(int64_t bytes) = 0;  ///< zero-filled; errors name the bytes
+  virtual void free(void* p) = 0;
+  /// dst, src each on the host or on this device; synchronous.
+  virtual void copy(void* dst, const void* src, int64_t bytes) = 0;
+  virtual void zero(void* p, int64_t bytes) = 0;
+
+  // The model's operations (common/ops.hpp).
+  virtual void linear_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
+                              const Tensor& bias) = 0;
+  /// dinp may be undefined (the first layer's input needs no gradient).
+  virtual void linear_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                               const Tensor& dout, const Tensor& inp, const Tensor& weight) = 0;
+  virtual void relu_forward(const Tensor& out, const Tensor& inp) = 0;
+  virtual void relu_backward(const Tensor& dinp, const Tensor& dout, const Tensor& out) = 0;
+  virtual float mse_forward(const Tensor& pred, const Tensor& target) = 0;
+  virtual void mse_backward(const Tensor& dpred, float dloss, const Tensor& pred,
+                            const Tensor& target) = 0;
+  /// Errors: a label outside [0, C) (checked on the host before it is copied).
+  virtual float cross_entropy_forward(const Tensor& probs, const Tensor& logits,
+                                      std::span<const int32_t> labels) = 0;
+  virtual void cross_entropy_backward(const Tensor& dlogits, float dloss, const Tensor& probs,
+                                      std::span<const int32_t> labels) = 0;
+
+  // The optimizers' element updates and clipping (common/optim.hpp), on n elements.
+  virtual void adamw_update(float* p, float* m, float* v, const float* g, int64_t n,
+                            const kernels::AdamWStep& k) = 0;
+  /// buf may be null when momentum == 0.
+  virtual void sgd_update(float* p, float* buf, const float* g, int64_t n, float lr,
+                          float momentum, float weight_decay, bool first_step) = 0;
+  /// Σ g² in float64.
+  virtual double sum_of_squares(const float* g, int64_t n) = 0;
+  virtual void scale(float* g, int64_t n, float coef) = 0;
+};
+
+/// The backend of `device` (not cpu), created on first use. Errors: cuda in a build without
+/// CUDA (reconfigure with -DRINGZERO_CUDA=ON) or on a machine without a GPU (use --device cpu or
+/// emulated).
+DeviceBackend& backend(Device device);
+/// The two backends (emulated_device.cpp; gpu/cuda_backend.cpp, or no_cuda.cpp's error).
+DeviceBackend& emulated_backend();
+DeviceBackend& cuda_backend();
+
+/// The backend of the device that holds `pointers` (nulls ignored), or null when they are all
+/// on the host. Errors: pointers on two places, the host and a device or two devices (names
+/// both; move one with Tensor::to or Model::to).
+DeviceBackend* backend_of(std::initializer_list<const void*> pointers);
+
+}  // namespace ringzero

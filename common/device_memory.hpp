@@ -1,0 +1,45 @@
+// device_memory: where an array lives (the host or a device) and the bytes that move between.
+//
+// Provides: Device (cpu, emulated, cuda), the allocation calls that every Buffer and Tensor on a
+// device goes through (allocate_on, free_on: the device's backend allocates, zero-filled), the
+// one question every operation asks before it runs (device_of: which device holds this
+// address), and copy_memory / zero_memory, which work whatever side each pointer is on (the
+// host's memcpy/memset, or the device's copies: cudaMemcpy with cudaMemcpyDefault on a GPU).
+// PyTorch's torch.device and Tensor.to, in miniature: an array knows where it lives because
+// every device allocation is registered here, as [address, address + bytes).
+// The backends, the operation table each device provides, are common/device_backend.hpp.
+// Leaves out: more than one device of a kind per process, streams (everything is in order).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ringzero {
+
+/// Where an array lives. cpu: host memory, the loops the chapters show. cuda: a GPU's memory,
+/// the CUDA backend (-DRINGZERO_CUDA=ON and a GPU). emulated: the CUDA backend's contract on
+/// the CPU: device memory is mapped PROT_NONE in the address space, so host code that touches
+/// it directly stops with SIGSEGV, and the backend reaches it through a second mapping
+/// (common/emulated_device.cpp). What a machine without a GPU proves the device path with.
+enum class Device { cpu, emulated, cuda };
+
+/// "cpu", "emulated", "cuda" (the --device values).
+const char* device_label(Device device);
+/// The Device of a --device value. Errors: any other string (names it and the choices).
+Device parse_device(const std::string& name);
+
+/// Which device holds address `p` (cpu for host memory and for null): O(log allocations) on a
+/// registry of live device allocations, O(1) while there is none. Thread-safe.
+Device device_of(const void* p);
+/// `bytes` zero-filled bytes on `device` (not cpu), registered for device_of. Errors: the
+/// backend's (no CUDA in this build, out of device memory: names the bytes).
+void* allocate_on(Device device, int64_t bytes);
+/// Frees what allocate_on(device, ...) returned (null: nothing).
+void free_on(Device device, void* p);
+/// `bytes` bytes from src to dst, each on the host or on a device (memcpy's contract: no
+/// overlap). Synchronous: dst holds them when it returns.
+void copy_memory(void* dst, const void* src, int64_t bytes);
+/// `bytes` zero bytes at p, on the host or on a device.
+void zero_memory(void* p, int64_t bytes);
+
+}  // namespace ringzero

@@ -1,0 +1,136 @@
+// cuda_backend: the device backend on an NVIDIA GPU (--device cuda), common/device_backend.hpp's
+// table over the kernels of common/gpu/kernels.cu (each the element function of
+// common/kernels.hpp that the host loops call) and cuBLAS SGEMM with TF32 off
+// (common/gpu/linear.cpp). Memory is cudaMalloc'd (zero-filled); copies use cudaMemcpyDefault,
+// which under unified virtual addressing finds each side's place itself. Everything runs on the
+// legacy default stream, in launch order; the reductions (a loss, a norm) synchronise.
+// Differences from the host: float32 rounding only (cuBLAS sums a product's terms in another
+// order than Eigen; per-block partial sums; FMA contraction), measured by scripts/gpu-check.
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "common/check.hpp"
+#include "common/device_backend.hpp"
+#include "common/gpu/device.hpp"
+
+namespace ringzero {
+
+namespace {
+
+void check_cuda(cudaError_t rc, const char* call) {
+  RZ_CHECK(rc == cudaSuccess, call << " failed: " << cudaGetErrorString(rc));
+}
+#define CUDA_CALL(...) check_cuda((__VA_ARGS__), #__VA_ARGS__)
+
+// Labels on the device for one call (B int32), freed with it.
+class DeviceLabels {
+ public:
+  DeviceLabels(std::span<const int32_t> labels, int64_t C) : bytes_(labels.size() * 4) {
+    for (int32_t y : labels)
+      RZ_CHECK(y >= 0 && y < C, "cross_entropy: label " << y << " outside [0, " << C << ")");
+    data_ = static_cast<int32_t*>(device_alloc(bytes_, MemTag::activations));
+    copy_to_device(data_, labels.data(), bytes_);
+  }
+  ~DeviceLabels() { device_free(data_, bytes_, MemTag::activations); }
+  DeviceLabels(const DeviceLabels&) = delete;
+  DeviceLabels& operator=(const DeviceLabels&) = delete;
+  const int32_t* data() const { return data_; }
+
+ private:
+  int64_t bytes_;
+  int32_t* data_ = nullptr;
+};
+
+class CudaBackend : public DeviceBackend {
+ public:
+  CudaBackend() : name_(require_gpu(0)) {}
+  std::string name() const override { return name_; }
+
+  void* allocate(int64_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t rc = cudaMalloc(&p, static_cast<size_t>(bytes));
+    RZ_CHECK(rc == cudaSuccess, "cudaMalloc of " << bytes << " bytes failed: "
+                                                 << cudaGetErrorString(rc)
+                                                 << "; reduce the model or batch size");
+    CUDA_CALL(cudaMemset(p, 0, static_cast<size_t>(bytes)));
+    return p;
+  }
+  void free(void* p) override { cudaFree(p); }
+  void copy(void* dst, const void* src, int64_t bytes) override {
+    CUDA_CALL(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault));
+  }
+  void zero(void* p, int64_t bytes) override {
+    CUDA_CALL(cudaMemset(p, 0, static_cast<size_t>(bytes)));
+  }
+
+  void linear_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
+                      const Tensor& bias) override {
+    gpu::linear_forward(out.data(), inp.data(), weight.data(), bias.data(), inp.rows(),
+                        inp.cols(), weight.rows());
+  }
+  void linear_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                       const Tensor& dout, const Tensor& inp, const Tensor& weight) override {
+    gpu::linear_backward(dinp.defined() ? dinp.data() : nullptr, dweight.data(), dbias.data(),
+                         dout.data(), inp.data(), weight.data(), inp.rows(), inp.cols(),
+                         weight.rows());
+  }
+  void relu_forward(const Tensor& out, const Tensor& inp) override {
+    gpu::relu_forward(out.data(), inp.data(), inp.numel());
+  }
+  void relu_backward(const Tensor& dinp, const Tensor& dout, const Tensor& out) override {
+    gpu::relu_backward(dinp.data(), dout.data(), out.data(), out.numel());
+  }
+  float mse_forward(const Tensor& pred, const Tensor& target) override {
+    const double sum = gpu::squared_error_sum(pred.data(), target.data(), pred.numel());
+    return static_cast<float>(sum / static_cast<double>(pred.numel()));
+  }
+  void mse_backward(const Tensor& dpred, float dloss, const Tensor& pred,
+                    const Tensor& target) override {
+    gpu::mse_backward(dpred.data(), pred.data(), target.data(), pred.numel(),
+                      2.0f * dloss / static_cast<float>(pred.numel()));
+  }
+  float cross_entropy_forward(const Tensor& probs, const Tensor& logits,
+                              std::span<const int32_t> labels) override {
+    const int64_t B = logits.rows(), C = logits.cols();
+    const DeviceLabels device_labels(labels, C);
+    auto* row_nll = static_cast<double*>(device_alloc(B * 8, MemTag::activations));
+    gpu::cross_entropy_forward(probs.data(), row_nll, logits.data(), device_labels.data(), B, C);
+    std::vector<double> nll(static_cast<size_t>(B));
+    copy_to_host(nll.data(), row_nll, B * 8);
+    device_free(row_nll, B * 8, MemTag::activations);
+    double sum = 0.0;  // in row order, as the host's cross_entropy_forward
+    for (double x : nll) sum += x;
+    return static_cast<float>(sum / static_cast<double>(B));
+  }
+  void cross_entropy_backward(const Tensor& dlogits, float dloss, const Tensor& probs,
+                              std::span<const int32_t> labels) override {
+    const int64_t B = probs.rows(), C = probs.cols();
+    const DeviceLabels device_labels(labels, C);
+    gpu::cross_entropy_backward(dlogits.data(), probs.data(), device_labels.data(), B, C,
+                                dloss / static_cast<float>(B));
+  }
+
+  void adamw_update(float* p, float* m, float* v, const float* g, int64_t n,
+                    const kernels::AdamWStep& k) override {
+    gpu::adamw_update(p, m, v, g, n, k);
+  }
+  void sgd_update(float* p, float* buf, const float* g, int64_t n, float lr, float momentum,
+                  float weight_decay, bool first_step) override {
+    gpu::sgd_update(p, buf, g, n, lr, momentum, weight_decay, first_step);
+  }
+  double sum_of_squares(const float* g, int64_t n) override { return gpu::sum_of_squares(g, n); }
+  void scale(float* g, int64_t n, float coef) override { gpu::scale(g, n, coef); }
+
+ private:
+  std::string name_;
+};
+
+}  // namespace
+
+DeviceBackend& cuda_backend() {
+  static CudaBackend backend;
+  return backend;
+}
+
+}  // namespace ringzero
