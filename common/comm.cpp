@@ -4,8 +4,10 @@
 
 #include <chrono>
 #include <thread>
+#include <vector>
 
 #include "check.hpp"
+#include "device_memory.hpp"
 
 namespace ringzero {
 
@@ -22,6 +24,33 @@ void check_mpi(int rc, const char* call) {
                        << "; check that every rank runs the same command line");
 }
 #define MPI_CALL(...) check_mpi((__VA_ARGS__), #__VA_ARGS__)
+
+// A message's bytes where MPI can reach them, the host: `data` itself when it lives there, else
+// a host copy, filled from the device when `fill`, and written back to it by finish() (MPI
+// staged through host memory; the counters count the message, not the copies).
+class HostStage {
+ public:
+  HostStage(const void* data, int64_t bytes, bool fill) : device_(const_cast<void*>(data)) {
+    if (device_of(data) == Device::cpu) {
+      host_ = static_cast<char*>(device_);
+      return;
+    }
+    copy_.resize(static_cast<size_t>(bytes));
+    host_ = copy_.data();
+    if (fill) copy_memory(host_, data, bytes);
+  }
+  char* data() { return host_; }
+  float* floats() { return reinterpret_cast<float*>(host_); }
+  /// The bytes received into data() back to the device (nothing to do on the host).
+  void finish() {
+    if (!copy_.empty()) copy_memory(device_, host_, static_cast<int64_t>(copy_.size()));
+  }
+
+ private:
+  void* device_;
+  std::vector<char> copy_;
+  char* host_ = nullptr;
+};
 }  // namespace
 
 std::vector<std::pair<int64_t, int64_t>> split_count(int64_t n, int64_t max_piece) {
@@ -130,7 +159,8 @@ void Communicator::recv(std::span<uint16_t> buf, int src) {
 
 void Communicator::send_raw(const void* data, int64_t size, int dest, int elem_bytes) {
   const MPI_Datatype type = elem_bytes == 4 ? MPI_FLOAT : MPI_UINT16_T;
-  const auto* bytes = static_cast<const char*>(data);
+  HostStage stage(data, size * elem_bytes, /*fill=*/true);
+  const char* bytes = stage.data();
   Counters& c = counter("send");
   if (scope_.empty()) c.calls += 1;
   for (auto [off, n] : split_count(size)) {
@@ -143,7 +173,8 @@ void Communicator::send_raw(const void* data, int64_t size, int dest, int elem_b
 
 void Communicator::recv_raw(void* data, int64_t size, int src, int elem_bytes) {
   const MPI_Datatype type = elem_bytes == 4 ? MPI_FLOAT : MPI_UINT16_T;
-  auto* bytes = static_cast<char*>(data);
+  HostStage stage(data, size * elem_bytes, /*fill=*/false);
+  char* bytes = stage.data();
   Counters& c = counter("recv");
   if (scope_.empty()) c.calls += 1;
   for (auto [off, n] : split_count(size)) {
@@ -152,6 +183,7 @@ void Communicator::recv_raw(void* data, int64_t size, int src, int elem_bytes) {
     c.messages_received += 1;
     c.bytes_received += n * elem_bytes;
   }
+  stage.finish();
 }
 
 void Communicator::set_abandon_flag_this_thread(const std::atomic<bool>* flag) {
@@ -178,8 +210,10 @@ void Communicator::sendrecv(std::span<const uint16_t> send_buf, int dest,
 void Communicator::sendrecv_raw(const void* send_data, int64_t send_n, int dest, void* recv_data,
                                 int64_t recv_n, int src, int elem_bytes) {
   const MPI_Datatype type = elem_bytes == 4 ? MPI_FLOAT : MPI_UINT16_T;
-  const auto* send_bytes = static_cast<const char*>(send_data);
-  auto* recv_bytes = static_cast<char*>(recv_data);
+  HostStage send_stage(send_data, send_n * elem_bytes, /*fill=*/true);
+  HostStage recv_stage(recv_data, recv_n * elem_bytes, /*fill=*/false);
+  const char* send_bytes = send_stage.data();
+  char* recv_bytes = recv_stage.data();
   Counters& c = counter("sendrecv");
   if (scope_.empty()) c.calls += 1;
   // Each direction is cut into pieces on its own: the sender's send length is the receiver's
@@ -225,26 +259,31 @@ void Communicator::sendrecv_raw(const void* send_data, int64_t send_n, int dest,
       std::this_thread::sleep_for(std::chrono::microseconds(wait_sleep_us));
     }
   }
+  recv_stage.finish();
 }
 
 void Communicator::broadcast(std::span<float> buf, int root) {
   Counters& c = counter("broadcast");
   c.calls += 1;
+  HostStage stage(buf.data(), static_cast<int64_t>(buf.size()) * 4, /*fill=*/rank_ == root);
   for (auto [off, n] : split_count(static_cast<int64_t>(buf.size()))) {
-    MPI_CALL(MPI_Bcast(buf.data() + off, static_cast<int>(n), MPI_FLOAT, root, MPI_COMM_WORLD));
+    MPI_CALL(MPI_Bcast(stage.floats() + off, static_cast<int>(n), MPI_FLOAT, root, MPI_COMM_WORLD));
     (rank_ == root ? c.bytes_sent : c.bytes_received) += n * 4;
   }
+  stage.finish();
 }
 
 void Communicator::all_reduce(std::span<float> buf) {
   Counters& c = counter("all_reduce");
   c.calls += 1;
+  HostStage stage(buf.data(), static_cast<int64_t>(buf.size()) * 4, /*fill=*/true);
   for (auto [off, n] : split_count(static_cast<int64_t>(buf.size()))) {
-    MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, buf.data() + off, static_cast<int>(n), MPI_FLOAT, MPI_SUM,
-                           MPI_COMM_WORLD));
+    MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, stage.floats() + off, static_cast<int>(n), MPI_FLOAT,
+                           MPI_SUM, MPI_COMM_WORLD));
     c.bytes_sent += n * 4;
     c.bytes_received += n * 4;
   }
+  stage.finish();
 }
 
 void Communicator::reduce_scatter(std::span<const float> in, std::span<float> out) {
@@ -256,18 +295,20 @@ void Communicator::reduce_scatter(std::span<const float> in, std::span<float> ou
   c.calls += 1;
   c.bytes_sent += (s * (world_size_ - 1)) * 4;
   c.bytes_received += s * 4;
+  HostStage in_stage(in.data(), s * world_size_ * 4, /*fill=*/true);
+  HostStage out_stage(out.data(), s * 4, /*fill=*/false);
+  const float* input = in_stage.floats();
+  float* output = out_stage.floats();
   if (s * world_size_ <= INT_MAX) {
-    MPI_CALL(MPI_Reduce_scatter_block(in.data(), out.data(), static_cast<int>(s), MPI_FLOAT,
-                                      MPI_SUM, MPI_COMM_WORLD));
-    return;
+    MPI_CALL(MPI_Reduce_scatter_block(input, output, static_cast<int>(s), MPI_FLOAT, MPI_SUM,
+                                      MPI_COMM_WORLD));
+  } else {  // too large for one call: block r is reduced to rank r, in pieces
+    for (int r = 0; r < world_size_; ++r)
+      for (auto [off, n] : split_count(s))
+        MPI_CALL(MPI_Reduce(input + r * s + off, output + off, static_cast<int>(n), MPI_FLOAT,
+                            MPI_SUM, r, MPI_COMM_WORLD));
   }
-  // Too large for one call: block r is reduced to rank r, in pieces.
-  for (int r = 0; r < world_size_; ++r) {
-    for (auto [off, n] : split_count(s)) {
-      MPI_CALL(MPI_Reduce(in.data() + r * s + off, out.data() + off, static_cast<int>(n), MPI_FLOAT,
-                          MPI_SUM, r, MPI_COMM_WORLD));
-    }
-  }
+  out_stage.finish();
 }
 
 void Communicator::all_gather(std::span<const float> in, std::span<float> out) {
@@ -279,16 +320,21 @@ void Communicator::all_gather(std::span<const float> in, std::span<float> out) {
   c.calls += 1;
   c.bytes_sent += s * 4;
   c.bytes_received += s * (world_size_ - 1) * 4;
+  HostStage in_stage(in.data(), s * 4, /*fill=*/true);
+  HostStage out_stage(out.data(), s * world_size_ * 4, /*fill=*/false);
+  const float* input = in_stage.floats();
+  float* output = out_stage.floats();
   if (s * world_size_ <= INT_MAX) {
-    MPI_CALL(MPI_Allgather(in.data(), static_cast<int>(s), MPI_FLOAT, out.data(),
-                           static_cast<int>(s), MPI_FLOAT, MPI_COMM_WORLD));
-    return;
+    MPI_CALL(MPI_Allgather(input, static_cast<int>(s), MPI_FLOAT, output, static_cast<int>(s),
+                           MPI_FLOAT, MPI_COMM_WORLD));
+  } else {  // too large for one call: each rank broadcasts its block, in pieces
+    std::copy(input, input + s, output + rank_ * s);
+    for (int r = 0; r < world_size_; ++r)
+      for (auto [off, n] : split_count(s))
+        MPI_CALL(
+            MPI_Bcast(output + r * s + off, static_cast<int>(n), MPI_FLOAT, r, MPI_COMM_WORLD));
   }
-  std::copy(in.begin(), in.end(), out.begin() + rank_ * s);
-  for (int r = 0; r < world_size_; ++r)
-    for (auto [off, n] : split_count(s))
-      MPI_CALL(
-          MPI_Bcast(out.data() + r * s + off, static_cast<int>(n), MPI_FLOAT, r, MPI_COMM_WORLD));
+  out_stage.finish();
 }
 
 void Communicator::barrier() {

@@ -74,8 +74,10 @@ void free_on(Device device, void* p) {
   {
     Registry& r = registry();
     std::lock_guard lock(r.mutex);
-    RZ_CHECK(r.ranges.erase(reinterpret_cast<uintptr_t>(p)) == 1,
-             "free_on(" << device_label(device) << "): " << p << " is not a live allocation");
+    auto it = r.ranges.find(reinterpret_cast<uintptr_t>(p));
+    RZ_CHECK(it != r.ranges.end() && it->second.device == device,
+             "free_on(" << device_label(device) << "): " << p << " is not a live allocation there");
+    r.ranges.erase(it);
     r.live.fetch_sub(1, std::memory_order_release);
   }
   backend(device).free(p);

@@ -1,9 +1,9 @@
 // device_backend: the operation table a device provides, below the tensor.
 //
 // Provides: DeviceBackend, the table each non-host device fills (needle's backend arrays: the
-// CPU and CUDA backends register the same operations, and autograd, ops and nn never name a
-// device), and backend_of, the one line each operation of common/ops.cpp and common/optim.cpp
-// runs before its host loop:
+// CPU and CUDA backends register the same operations; autograd, ops and nn name no backend:
+// they allocate where their inputs live and dispatch), and backend_of, the one line each
+// operation of common/ops.cpp and common/optim.cpp runs before its host loop:
 //     if (DeviceBackend* d = backend_of({out.data(), inp.data()})) return d->relu_forward(...);
 //     for (...) out[i] = kernels::relu(inp[i]);        // the host loop, unchanged
 // so a chapter's train_step, written over tensors and spans, runs wherever its model lives.
@@ -11,8 +11,9 @@
 // PROT_NONE device memory, so the same bits as the CPU) and cuda (common/gpu/cuda_backend.cpp:
 // the kernels of common/gpu/kernels.cu around the element functions of common/kernels.hpp, and
 // cuBLAS SGEMM). The host is not a backend: null from backend_of means "run the loop below".
-// Leaves out: 16-bit operations (bf16/fp16 storage stays on the host for now), communication
-// (the communicator routes device buffers: issue 27's next step).
+// Communication needs no entry: the communicator stages a device buffer through host memory
+// (common/comm.cpp; NCCL on a GPU is the next step).
+// Leaves out: 16-bit operations (bf16/fp16 storage stays on the host for now).
 #pragma once
 
 #include <cstdint>
@@ -72,13 +73,17 @@ class DeviceBackend {
   /// Σ g² in float64.
   virtual double sum_of_squares(const float* g, int64_t n) = 0;
   virtual void scale(float* g, int64_t n, float coef) = 0;
+  /// g /= divisor on n elements (the mean over ranks: a division, as the host's).
+  virtual void divide(float* g, int64_t n, float divisor) = 0;
+  /// dst += src on n elements (a reduction's add: common/half.hpp's add_into).
+  virtual void add(float* dst, const float* src, int64_t n) = 0;
 };
 
 /// The backend of `device` (not cpu), created on first use. Errors: cuda in a build without
-/// CUDA (reconfigure with -DRINGZERO_CUDA=ON) or on a machine without a GPU (use --device cpu or
-/// emulated).
+/// CUDA (reconfigure with -DRINGZERO_CUDA=ON) or on a machine without a GPU (use --device cpu).
 DeviceBackend& backend(Device device);
-/// The two backends (emulated_device.cpp; gpu/cuda_backend.cpp, or no_cuda.cpp's error).
+/// The two backends (emulated_device.cpp; gpu/cuda_backend.cpp, or no_cuda_backend.cpp's
+/// error).
 DeviceBackend& emulated_backend();
 DeviceBackend& cuda_backend();
 

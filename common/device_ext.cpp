@@ -62,7 +62,7 @@ void DeviceExtension::add_flags(CommandLine& cli) {
       .add_option("--device", device_,
                   "cpu | emulated | cuda: where the training step runs (cuda: a CUDA build and a "
                   "GPU; emulated: the device backend on the CPU, whose memory host code cannot "
-                  "touch; chapters 01-02 run their own train_step on either)")
+                  "touch, chapters 01-05)")
       ->check(CLI::IsMember({"cpu", "emulated", "cuda"}));
   cli.app
       .add_option("--gpu-transport", transport_,
@@ -73,11 +73,12 @@ void DeviceExtension::add_flags(CommandLine& cli) {
   // Before the lesson's run_instead (chapter 04's benchmark runs instead of training, ahead of
   // validate): the benchmark measures host buffers, not the GPU.
   cli.app.parse_complete_callback([this] {
-    if (device_ == "cuda" && given(app_, "--bench-allreduce"))
+    if (device_ != "cpu" && given(app_, "--bench-allreduce"))
       throw CLI::ValidationError(
-          "--device cuda with --bench-allreduce: the benchmark measures host buffers (ours vs "
-          "MPI_Allreduce); NCCL's bus bandwidth on the GPU is build-cuda/tests/gpu_nccl_check "
-          "(scripts/gpu-check). Drop --device cuda");
+          "--device " + device_ +
+          " with --bench-allreduce: the benchmark measures host buffers (ours vs MPI_Allreduce); "
+          "NCCL's bus bandwidth on the GPU is build-cuda/tests/gpu_nccl_check "
+          "(scripts/gpu-check). Drop --device " + device_);
   });
 }
 
@@ -94,11 +95,11 @@ void DeviceExtension::validate(const RunState& state) {
                << (device_ == "cuda" ? " with --gpu-transport staged" : " without --device cuda")
                << ": NCCL's collectives run on GPU buffers over the NCCL transport; add --device "
                   "cuda (with --gpu-transport nccl or auto), or use --collectives mpi");
-  RZ_CHECK(device_ != "emulated" || !state.chapter.distributed,
+  RZ_CHECK(device_ != "emulated" || state.lesson_on_device,
            "--device emulated: chapter " << state.chapter.name
-                                         << " communicates, and the communicator does not move "
-                                            "device buffers yet (chapters 01-02 run on the "
-                                            "emulated device); use --device cpu");
+                                         << "'s engine does not run on the device backend yet "
+                                            "(its shard buffers are host loops; chapters 01-05 "
+                                            "run there); use --device cpu");
   if (device_ == "cpu") return;
   // Checked here, before after_setup probes the GPU, so a build or machine without one gives
   // these messages too. The device keeps the weights and optimizer state in device buffers: a
@@ -128,15 +129,23 @@ void DeviceExtension::validate(const RunState& state) {
                           "--device cpu");
 }
 
+void DeviceExtension::before_lesson(RunState& state) {
+  // The chapter's own train_step on the device's backend: the model moves before the lesson
+  // exists, so the lesson's buffers are allocated where the model lives. (--device cuda in
+  // chapters 03-08 still runs DeviceParallel from the host model, in after_setup.)
+  if (device_ == "cpu" || (device_ == "cuda" && state.chapter.distributed)) return;
+  const Device device = parse_device(device_);
+  state.model->to(device);
+  model_on_device_ = true;
+  device_name_ = backend(device).name();
+}
+
 void DeviceExtension::after_setup(RunState& state) {
   if (device_ == "cpu") return;
-  if (!state.chapter.distributed) {  // the chapter's own train_step, on the device's backend
-    const Device device = parse_device(device_);
-    state.model->to(device);
-    model_on_device_ = true;
-    device_name_ = backend(device).name();
+  if (model_on_device_) {
     print0("device " + device_name_ + " | the chapter's train_step on the device backend" +
-           (device == Device::cuda ? " (cuBLAS SGEMM, TF32 off)" : ""));
+           (device_ == "cuda" ? " (cuBLAS SGEMM, TF32 off)" : "") +
+           (state.chapter.distributed ? " | messages staged through host memory" : ""));
     return;
   }
   DevicePlan plan = plan_for(state);
@@ -167,8 +176,9 @@ void DeviceExtension::report(RunState&, nlohmann::json& summary) {
   if (!model_on_device_ && !parallel_) return;
   summary["device"] = parallel_ ? parallel_->device_name() : device_name_;
   if (parallel_) summary["device_transport"] = parallel_->transport();
-  // model_states_bytes_per_rank is the host's (the lesson's CPU buffers, idle in a GPU run);
-  // the GPU's is the device column's, the largest over ranks.
+  // model_states_bytes_per_rank is the host's peak (DeviceParallel: the lesson's idle CPU
+  // buffers; the chapter's own step: the model before it moved); the device's is the device
+  // column's, the largest over ranks.
   double device_states = 0;
   if (summary.contains("ledger"))
     for (const auto& ledger : summary["ledger"])

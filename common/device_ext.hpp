@@ -2,12 +2,14 @@
 // (common/run.hpp), so it costs no line in any main.cpp.
 //
 // Provides: DeviceExtension.
-//   chapters 01-02: the model moves to the device (Model::to) and the chapter's own train_step
-//     runs there, every op and optimizer update through the device's backend
-//     (common/device_backend.hpp; the optimizer state follows the parameters); evaluation
-//     between epochs runs there too, and the model comes back to the host after the last step.
-//   chapters 03-08 (--device cuda; emulated refuses them until the communicator moves device
-//     buffers): a DeviceParallel (common/gpu/device_parallel.cpp) runs each step instead of
+//   the chapter's own train_step (chapters 01-02 on cuda; 01-05 on emulated, whose lessons'
+//     runs_on_device() is true): the model moves to the device (Model::to) before the lesson
+//     is built, so the lesson's buffers are allocated there, and every op, optimizer update and
+//     reduction add runs through the device's backend (common/device_backend.hpp; the
+//     optimizer state follows the parameters; the communicator stages messages through host
+//     memory); evaluation between epochs runs there too, and the model comes back to the host
+//     after the last step.
+//   chapters 03-08 on cuda: a DeviceParallel (common/gpu/device_parallel.cpp) runs each step instead of
 //     the lesson's train_step, doing the chapter's communication on device buffers, planned
 //     here from the lesson's description (--collectives, the buckets, ZeRO's padded layout),
 //     over --gpu-transport nccl (one GPU per rank), staged (MPI through pinned host memory:
@@ -34,6 +36,7 @@ class DeviceExtension : public Extension {
  public:
   void add_flags(CommandLine& cli) override;
   void validate(const RunState& state) override;
+  void before_lesson(RunState& state) override;
   void after_setup(RunState& state) override;
   std::optional<double> train_step_instead(RunState& state, const Step& step) override;
   void before_model_read(RunState& state) override;
@@ -42,7 +45,7 @@ class DeviceExtension : public Extension {
  private:
   std::string device_ = "cpu", transport_ = "auto";
   CLI::App* app_ = nullptr;
-  bool model_on_device_ = false;  // chapters 01-02: Model::to(--device), their own train_step
+  bool model_on_device_ = false;  // Model::to(--device): the chapter's own train_step
   std::string device_name_;
   std::unique_ptr<DeviceParallel> parallel_;
 };

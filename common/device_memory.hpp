@@ -6,7 +6,9 @@
 // address), and copy_memory / zero_memory, which work whatever side each pointer is on (the
 // host's memcpy/memset, or the device's copies: cudaMemcpy with cudaMemcpyDefault on a GPU).
 // PyTorch's torch.device and Tensor.to, in miniature: an array knows where it lives because
-// every device allocation is registered here, as [address, address + bytes).
+// every allocation made through allocate_on (each Buffer, Tensor and Model on a device) is
+// registered here, as [address, address + bytes). (The GPU path of chapters 03-08,
+// DeviceParallel's DeviceBuffer, allocates on its own and is not: it goes with issue 27.)
 // The backends, the operation table each device provides, are common/device_backend.hpp.
 // Leaves out: more than one device of a kind per process, streams (everything is in order).
 #pragma once
@@ -28,7 +30,8 @@ const char* device_label(Device device);
 /// The Device of a --device value. Errors: any other string (names it and the choices).
 Device parse_device(const std::string& name);
 
-/// Which device holds address `p` (cpu for host memory and for null): O(log allocations) on a
+/// Which device holds address `p` (cpu for host memory, for null, and for anything not from
+/// allocate_on, e.g. an empty array's null data): O(log allocations) on a
 /// registry of live device allocations, O(1) while there is none. Thread-safe.
 Device device_of(const void* p);
 /// `bytes` zero-filled bytes on `device` (not cpu), registered for device_of. Errors: the

@@ -20,6 +20,7 @@
 
 #include "check.hpp"
 #include "device_backend.hpp"
+#include "half.hpp"
 #include "ops.hpp"
 #include "optim.hpp"
 
@@ -35,13 +36,22 @@ class EmulatedBackend : public DeviceBackend {
     const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     const size_t length = (static_cast<size_t>(bytes) + page - 1) / page * page;
     const int fd = memfd_create("ringzero-emulated-device", MFD_CLOEXEC);
-    RZ_CHECK(fd >= 0 && ftruncate(fd, static_cast<off_t>(length)) == 0,
-             "emulated device: cannot allocate " << bytes << " bytes: " << std::strerror(errno));
-    void* device = mmap(nullptr, length, PROT_NONE, MAP_SHARED, fd, 0);
-    void* side = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    RZ_CHECK(fd >= 0,
+             "emulated device: no memfd for " << bytes << " bytes: " << std::strerror(errno));
+    void* device = MAP_FAILED;
+    void* side = MAP_FAILED;
+    if (ftruncate(fd, static_cast<off_t>(length)) == 0) {
+      device = mmap(nullptr, length, PROT_NONE, MAP_SHARED, fd, 0);
+      side = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    }
+    const int error = errno;
     close(fd);
-    RZ_CHECK(device != MAP_FAILED && side != MAP_FAILED,
-             "emulated device: cannot map " << bytes << " bytes: " << std::strerror(errno));
+    if (device == MAP_FAILED || side == MAP_FAILED) {
+      if (device != MAP_FAILED) munmap(device, length);
+      if (side != MAP_FAILED) munmap(side, length);
+      RZ_CHECK(false, "emulated device: cannot allocate " << bytes << " bytes: "
+                                                          << std::strerror(error));
+    }
     std::lock_guard lock(mutex_);
     maps_[reinterpret_cast<uintptr_t>(device)] = {static_cast<char*>(side), length};
     return device;  // zero-filled: a fresh memfd reads as zeros
@@ -105,6 +115,12 @@ class EmulatedBackend : public DeviceBackend {
   }
   void scale(float* g, int64_t n, float coef) override {
     ringzero::scale_in_place({side(g), static_cast<size_t>(n)}, coef);
+  }
+  void divide(float* g, int64_t n, float divisor) override {
+    ringzero::divide_in_place({side(g), static_cast<size_t>(n)}, divisor);
+  }
+  void add(float* dst, const float* src, int64_t n) override {
+    ringzero::add_into({side(dst), static_cast<size_t>(n)}, {side(src), static_cast<size_t>(n)});
   }
 
  private:

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "check.hpp"
+#include "optim.hpp"
 #include "run.hpp"
 
 namespace ringzero {
@@ -74,8 +75,12 @@ class GradientScan : public Extension {
  private:
   void scan(Parameter& p) {
     if (g_bad_step != 0 || p.grad.numel() == 0) return;  // the first one is the one to name
-    const float* g = p.grad.data();
-    const int64_t n = p.grad.numel();
+    // On a device: Σ g² in float64 is finite exactly when every element is (no float32 square
+    // overflows a double), so only a gradient with a non-finite element comes to the host.
+    if (p.grad.device() != Device::cpu && std::isfinite(sum_of_squares(p.grad.span()))) return;
+    const Tensor grad = p.grad.to(Device::cpu, MemTag::activations);  // itself on the host
+    const float* g = grad.data();
+    const int64_t n = grad.numel();
     bool finite = true;
     for (int64_t i = 0; i < n; ++i) finite &= std::isfinite(g[i]);  // vectorises; no branch
     if (finite) return;

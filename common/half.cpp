@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "check.hpp"
+#include "device_backend.hpp"
 
 #if defined(__F16C__) && defined(__AVX__)
 #include <immintrin.h>
@@ -159,6 +160,14 @@ void round_in_place(Dtype dtype, std::span<float> x) {
     convert_to_half(dtype, x.subspan(i, n), {tmp, n});
     convert_to_float(dtype, {tmp, n}, x.subspan(i, n));
   }
+}
+
+void add_into(std::span<float> dst, std::span<const float> src) {
+  if (DeviceBackend* d = backend_of({dst.data(), src.data()}))
+    return d->add(dst.data(), src.data(), static_cast<int64_t>(dst.size()));
+  float* __restrict out = dst.data();
+  const float* __restrict in = src.data();
+  for (size_t i = 0; i < dst.size(); ++i) out[i] += in[i];
 }
 
 void accumulate_half(Dtype dtype, std::span<uint16_t> dst, std::span<const uint16_t> src) {

@@ -164,11 +164,8 @@ std::span<const uint16_t> as_bits(std::span<const T> values) {
 /// dst[i] += src[i] for every i, in the element type's arithmetic: float32 adds; bf16/fp16 add in
 /// float32 and round once (the same numbers as T::operator+=, through accumulate_half's
 /// vectorised loop). Errors: sizes differ (16-bit).
-inline void add_into(std::span<float> dst, std::span<const float> src) {
-  float* __restrict d = dst.data();
-  const float* __restrict s = src.data();
-  for (size_t i = 0; i < dst.size(); ++i) d[i] += s[i];
-}
+/// float32 runs where the spans live (the host, or a device's backend).
+void add_into(std::span<float> dst, std::span<const float> src);
 template <Half T>
 void add_into(std::span<T> dst, std::span<const T> src) {
   accumulate_half(T::dtype, as_bits(dst), as_bits(src));

@@ -98,8 +98,14 @@ void Model::zero_grad() {
 }
 
 void Model::to(Device device) {
-  params_memory.to(device);
-  grads_memory.to(device);
+  // Both arrays exist on `device` before either old one goes, so a failed allocation (out of
+  // device memory) leaves the model as it was.
+  Buffer params(params_memory.size(), params_memory.tag(), device);
+  Buffer grads(grads_memory.size(), grads_memory.tag(), device);
+  copy_memory(params.data(), params_memory.data(), params_memory.bytes());
+  copy_memory(grads.data(), grads_memory.data(), grads_memory.bytes());
+  params_memory = std::move(params);
+  grads_memory = std::move(grads);
   for (size_t i = 0; i < params_.size(); ++i) {
     params_[i]->data = Tensor(params_memory.data() + offsets_[i], params_[i]->shape());
     params_[i]->grad = Tensor(grads_memory.data() + offsets_[i], params_[i]->shape());

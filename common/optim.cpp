@@ -132,6 +132,12 @@ void scale_in_place(std::span<float> grads, float coef) {
   for (float& g : grads) g *= coef;
 }
 
+void divide_in_place(std::span<float> grads, float divisor) {
+  if (DeviceBackend* d = backend_of({grads.data()}))
+    return d->divide(grads.data(), static_cast<int64_t>(grads.size()), divisor);
+  for (float& g : grads) g /= divisor;
+}
+
 double clip_grad_norm(std::span<float> grads, float max_norm) {
   RZ_CHECK(max_norm > 0, "max grad norm = " << max_norm << "; use --clip-grad-norm > 0");
   const double norm = std::sqrt(sum_of_squares(grads));

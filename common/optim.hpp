@@ -125,6 +125,8 @@ double sum_of_squares(std::span<const float> grads);
 float clip_coefficient(double total_norm, float max_norm);
 /// g *= coef.
 void scale_in_place(std::span<float> grads, float coef);
+/// g /= divisor (the mean over ranks; a division, so not scale_in_place by 1/divisor's bits).
+void divide_in_place(std::span<float> grads, float divisor);
 /// Scales grads so their global L2 norm is at most max_norm; returns the norm before clipping.
 double clip_grad_norm(std::span<float> grads, float max_norm);
 

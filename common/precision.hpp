@@ -84,7 +84,7 @@ class ReplicatedPrecision {
     if (!mixed_) {
       std::span<float> grads = model_.grads_memory.span().subspan(offset, n);
       sum(grads, scratch32_.span());
-      for (float& g : grads) g /= static_cast<float>(world_size_);  // the mean
+      divide_in_place(grads, static_cast<float>(world_size_));  // the mean: g /= N
     } else if (grads32_.size() > 0) {  // --reduce-dtype fp32: widen, sum in fp32
       std::span<float> grads = grads32_.span().subspan(offset, n);
       convert_to_float(mixed_->dtype(), grads16().subspan(offset, n), grads);

@@ -50,7 +50,7 @@ std::vector<std::unique_ptr<Extension>> extensions() {
   list.push_back(std::make_unique<PrecisionCheck>());
   // A feature every chapter gets: list.push_back(std::make_unique<MyFeature>());
   list.push_back(cost_model_extension());  // --net-*: the predicted step (cost_model.hpp)
-  list.push_back(std::make_unique<DeviceExtension>());  // --device cpu|cuda
+  list.push_back(std::make_unique<DeviceExtension>());  // --device cpu|emulated|cuda
   list.push_back(checkpoint_extension());               // --checkpoint-*, --resume (checkpoint.hpp)
   list.push_back(collective_check_extension());  // --check-collectives (collective_check.hpp)
   list.push_back(gradient_scan_extension());     // where a gradient first turns non-finite
@@ -129,6 +129,7 @@ int Run::run(LessonOptions& options,
   const int N = comm_ ? comm_->world_size() : 1, rank = comm_ ? comm_->rank() : 0;
   validate(config_, N);
   RunState state{chapter_, config_, comm_.get(), rank, N};
+  state.lesson_on_device = options.runs_on_device();
   for (auto& e : extensions_) e->validate(state);
   // Rank 0 writes these: checked before training, not after it, and every rank stops if one
   // fails (each rank's --checkpoint-dir is checked the same way, checkpoint_guard.cpp).

@@ -67,6 +67,7 @@ struct RunState {
   Tracer* tracer = nullptr;
   StepLogger* logger = nullptr;
   int64_t steps = 0;  ///< optimizer steps of the whole run
+  bool lesson_on_device = true;  ///< LessonOptions::runs_on_device()
   /// Optimizer steps done. The loop starts at global batch step % steps_per_epoch of epoch
   /// 1 + step / steps_per_epoch: an extension that restores a run at after_setup sets it.
   int64_t step = 0;
@@ -121,6 +122,9 @@ struct LessonOptions {
   /// After the flags are checked, before set-up: returns true when it did the whole job (the
   /// memory calculator, the all-reduce benchmark) and the run ends there.
   virtual bool run_instead(Communicator*) { return false; }
+  /// Whether the lesson's engine runs on a device (--device emulated|cuda through the device
+  /// backend): its buffers are allocated where the model lives and its loops dispatch.
+  virtual bool runs_on_device() const { return true; }
 };
 
 /// The training driver. Construct it first in main (it starts MPI for distributed chapters),

@@ -94,11 +94,11 @@ class CudaBackend : public DeviceBackend {
                               std::span<const int32_t> labels) override {
     const int64_t B = logits.rows(), C = logits.cols();
     const DeviceLabels device_labels(labels, C);
-    auto* row_nll = static_cast<double*>(device_alloc(B * 8, MemTag::activations));
-    gpu::cross_entropy_forward(probs.data(), row_nll, logits.data(), device_labels.data(), B, C);
+    const Tensor row_nll = Tensor::zeros({B, 2}, MemTag::activations, Device::cuda);  // B doubles
+    auto* nll_device = reinterpret_cast<double*>(row_nll.data());
+    gpu::cross_entropy_forward(probs.data(), nll_device, logits.data(), device_labels.data(), B, C);
     std::vector<double> nll(static_cast<size_t>(B));
-    copy_to_host(nll.data(), row_nll, B * 8);
-    device_free(row_nll, B * 8, MemTag::activations);
+    copy_to_host(nll.data(), nll_device, B * 8);
     double sum = 0.0;  // in row order, as the host's cross_entropy_forward
     for (double x : nll) sum += x;
     return static_cast<float>(sum / static_cast<double>(B));
@@ -121,6 +121,8 @@ class CudaBackend : public DeviceBackend {
   }
   double sum_of_squares(const float* g, int64_t n) override { return gpu::sum_of_squares(g, n); }
   void scale(float* g, int64_t n, float coef) override { gpu::scale(g, n, coef); }
+  void divide(float* g, int64_t n, float divisor) override { gpu::divide(g, n, divisor); }
+  void add(float* dst, const float* src, int64_t n) override { gpu::add(dst, src, n); }
 
  private:
   std::string name_;

@@ -109,6 +109,8 @@ void sgd_update(float* p, float* buf, const float* g, int64_t n, float lr, float
 double sum_of_squares(const float* g, int64_t n);
 /// g *= coef.
 void scale(float* g, int64_t n, float coef);
+/// g /= divisor (a division, not a multiplication by 1/divisor: the host's mean over ranks).
+void divide(float* g, int64_t n, float divisor);
 /// dst += src on n elements (the ring's and the central reducer's add, in float32).
 void add(float* dst, const float* src, int64_t n);
 

@@ -138,6 +138,10 @@ __global__ void scale_kernel(float* g, int64_t n, float coef) {
   RZ_GRID_STRIDE(i, n) g[i] *= coef;
 }
 
+__global__ void divide_kernel(float* g, int64_t n, float divisor) {
+  RZ_GRID_STRIDE(i, n) g[i] /= divisor;
+}
+
 __global__ void add_kernel(float* dst, const float* src, int64_t n) {
   RZ_GRID_STRIDE(i, n) dst[i] += src[i];
 }
@@ -194,6 +198,12 @@ double sum_of_squares(const float* g, int64_t n) {
 void scale(float* g, int64_t n, float coef) {
   scale_kernel<<<blocks_for(n), kThreads>>>(g, n, coef);
   check_launch("scale");
+}
+
+void divide(float* g, int64_t n, float divisor) {
+  if (n == 0) return;
+  divide_kernel<<<blocks_for(n), kThreads>>>(g, n, divisor);
+  check_launch("divide");
 }
 
 void add(float* dst, const float* src, int64_t n) {

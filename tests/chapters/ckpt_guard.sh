@@ -257,10 +257,10 @@ refused fp16_overflow "at step 1, before any update: the forward pass overflowed
   -- "${C1[@]}" --max-steps 3 --init-from "$WORK/wbig.safetensors" --precision fp16
 
 # --- F16/F17: --device cuda, refused before the device probe (a CPU build has none) -----------
-refused cuda_resume "--device cuda with --resume .*: the GPU path cannot save or resume its training state" \
+refused cuda_resume "--device cuda with --resume .*: the device path cannot save or resume its training state" \
   -- "${C1[@]}" --max-steps 2 --device cuda --resume "$WORK/c1"
-refused cuda_ckpt "--device cuda with --checkpoint-dir .*: the GPU path cannot save or resume" \
+refused cuda_ckpt "--device cuda with --checkpoint-dir .*: the device path cannot save or resume" \
   -- "${C1[@]}" --max-steps 2 --device cuda --checkpoint-dir "$WORK/cg"
-refused cuda_bf16 "--device cuda with --precision bf16: the GPU path trains in fp32 only" \
+refused cuda_bf16 "--device cuda with --precision bf16: the device path trains in fp32 only" \
   -- "${C1[@]}" --max-steps 2 --device cuda --precision bf16
 echo "all ckpt_guard cases passed"

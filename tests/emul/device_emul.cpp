@@ -137,6 +137,9 @@ double sum_of_squares(const float* g, int64_t n) {
 void scale(float* g, int64_t n, float coef) {
   for (int64_t i = 0; i < n; ++i) g[i] *= coef;
 }
+void divide(float* g, int64_t n, float divisor) {
+  for (int64_t i = 0; i < n; ++i) g[i] /= divisor;
+}
 void add(float* dst, const float* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
 }
