@@ -7,7 +7,11 @@
 #      `reset ID` must restore the file byte for byte (same sha256 as before `start`);
 #   3. for each bug hunt: `scripts/exercise bug ID`, build, `check ID` must FAIL; reset, and the
 #      file must be byte for byte the original;
-#   4. rebuild and run every selected grader again: all PASS on the restored code.
+#   4. rebuild and run every selected grader again: all PASS on the restored code;
+#   and for the bug hunts of DEVICE_BUGS that are selected (a bug in a chapter engine that runs on
+#   the emulated device, issue 27): the planted bug changes the chapter's final weights on the CPU
+#   AND on --device emulated, and both broken runs agree bit for bit, since the device runs the
+#   chapter's own code (weights compared with cmp against the unpatched CPU run).
 # Cost: one configure + the needed targets once (ccache, when present, makes this and every
 # restore a cache hit), then one or two translation units per mutation.
 #   EXERCISES_FULL=1   every exercise and bug hunt (the full mutation sweep; 906 s on 2 cores
@@ -22,7 +26,13 @@ set -euo pipefail
 # grader at N = 1 and 3
 # (04.1, a chapter header), one script grader that runs two chapters (02.1) and one ctest-based
 # bug hunt (04.b1: the equivalence chain's own MPI test must catch it).
-EXERCISES_SUBSET=${EXERCISES_SUBSET:-"05.1 02.1 04.1 04.b1"}
+# 05.b1 too: with 04.b1, the bug hunts the emulated device must break as the CPU (DEVICE_BUGS).
+EXERCISES_SUBSET=${EXERCISES_SUBSET:-"05.1 02.1 04.1 04.b1 05.b1"}
+# ID:BINARY:NP, the chapter a bug hunt breaks and the world size where it shows. (05.b3 is not
+# one: its patch adds a host loop over the gradients to the engine, which on the emulated device
+# stops at once with SIGSEGV, as a host loop over GPU memory would.)
+DEVICE_BUGS=${DEVICE_BUGS:-"04.b1:ch04_ring_allreduce:3 05.b1:ch05_ddp_buckets:2"}
+MPIRUN=${MPIRUN:-mpirun}
 start_time=$(date +%s)
 
 ids=$(python3 -c "
@@ -64,6 +74,8 @@ want = set('$ids'.split())
 t = set()
 for e in c['exercises'] + c['bugs']:
     if e['id'] in want: t.update(e['build'])
+for d in '$DEVICE_BUGS'.split():
+    if d.split(':')[0] in want: t.add(d.split(':')[1])
 print(' '.join(sorted(t)))")
 launcher=()
 if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
@@ -84,6 +96,41 @@ for id in $ids; do
     echo "   $id passes ($(($(date +%s) - t0)) s)"
   else
     tail -20 "$SCRATCH/$id.pass.log"; bad "$id's grader fails on the solution"
+  fi
+done
+
+# device_run NAME BINARY NP DEVICE: a short run of the scratch copy's chapter, its final weights
+# in $SCRATCH/NAME.safetensors.
+device_run() {
+  timeout 300 "$MPIRUN" -np "$3" --oversubscribe "$RINGZERO_BUILD/bin/$2" --model mlp \
+    --global-batch-size 48 --max-steps 3 --eval-every-epoch 0 --seed 3 --device "$4" \
+    --save-final "$SCRATCH/$1.safetensors" >"$SCRATCH/$1.log" 2>&1 ||
+    { tail -20 "$SCRATCH/$1.log"; bad "$1: the run of $2 failed"; }
+}
+# device_bug ID: after `exercise bug ID`, the chapter broken alike on the CPU and the device.
+device_bug() {
+  local spec binary np
+  for spec in $DEVICE_BUGS; do
+    [ "${spec%%:*}" = "$1" ] || continue
+    binary=$(cut -d: -f2 <<<"$spec"); np=$(cut -d: -f3 <<<"$spec")
+    cmake --build "$RINGZERO_BUILD" -j2 --target "$binary" >>"$SCRATCH/build.log" 2>&1 ||
+      { bad "$1: $binary does not build with the bug"; return; }
+    device_run "$1.bug_cpu" "$binary" "$np" cpu
+    device_run "$1.bug_emulated" "$binary" "$np" emulated
+    if cmp -s "$SCRATCH/$1.reference.safetensors" "$SCRATCH/$1.bug_cpu.safetensors" ||
+       cmp -s "$SCRATCH/$1.reference.safetensors" "$SCRATCH/$1.bug_emulated.safetensors"; then
+      bad "$1: the planted bug leaves $binary's weights unchanged on the CPU or the device"
+    elif ! cmp -s "$SCRATCH/$1.bug_cpu.safetensors" "$SCRATCH/$1.bug_emulated.safetensors"; then
+      bad "$1: the bug breaks $binary differently on the emulated device than on the CPU"
+    else
+      echo "   $1 breaks $binary at N = $np on the CPU and on the emulated device alike"
+    fi
+  done
+}
+for spec in $DEVICE_BUGS; do  # the unpatched reference of each selected device bug hunt
+  id=${spec%%:*}
+  if [[ " $ids " == *" $id "* ]]; then
+    device_run "$id.reference" "$(cut -d: -f2 <<<"$spec")" "$(cut -d: -f3 <<<"$spec")" cpu
   fi
 done
 
@@ -114,6 +161,7 @@ for e in c['exercises'] + c['bugs']:
           cut -c1-160 || true)
     echo "   $id fails on the $kind ($(($(date +%s) - t0)) s): $why"
   fi
+  [ "$kind" = bug ] && device_bug "$id"
   "$EX" reset "$id" >/dev/null
   [ "$before" = "$(cd "$SCRATCH" && sha256sum $files)" ] ||
     bad "$id: reset did not restore $files byte for byte"
