@@ -1,9 +1,7 @@
 // collectives: which implementation of reduce-scatter / all-gather / all-reduce a chapter runs.
 //
 // Provides: Collectives (ring: ours, chapter 04's ring.hpp; mpi: MPI's own collectives),
-// parsed once from --collectives by add_collectives_flag, and its name for reports. The third
-// value, nccl, is mpi for the lesson (the library's collectives instead of ours) and asks the GPU
-// path for NCCL's (common/device_ext.cpp refuses it without --device cuda).
+// parsed once from --collectives by add_collectives_flag, and its name for reports.
 // Leaves out: the collectives themselves (chapters/04_ring_allreduce/ring.hpp, common/comm.hpp).
 #pragma once
 
@@ -18,23 +16,15 @@ namespace ringzero {
 /// the payload handed to MPI).
 enum class Collectives { ring, mpi };
 
-/// true once --collectives nccl was parsed (this process): what the GPU path reads.
-inline bool& collectives_nccl_requested() {
-  static bool requested = false;
-  return requested;
-}
-
-/// "ring", "mpi" or "nccl": the flag's value, as the banner and the metrics' "collectives" field
-/// print it.
+/// "ring" or "mpi": the flag's value, as the banner and the metrics' "collectives" field print
+/// it.
 inline const char* collectives_name(Collectives c) {
-  if (c == Collectives::ring) return "ring";
-  return collectives_nccl_requested() ? "nccl" : "mpi";
+  return c == Collectives::ring ? "ring" : "mpi";
 }
 
-/// Registers --collectives ring|mpi|nccl, stored into `collectives` once parsed (nccl: mpi, and
-/// collectives_nccl_requested()). A bad value is CLI11's IsMember error ("--collectives: x not
-/// in {ring,mpi,nccl}"), exit non-zero; the default shown in --help and compared across ranks is
-/// `collectives`'s current value.
+/// Registers --collectives ring|mpi, stored into `collectives` once parsed. A bad value is
+/// CLI11's IsMember error ("--collectives: x not in {ring,mpi}"), exit non-zero; the default
+/// shown in --help and compared across ranks is `collectives`'s current value.
 inline CLI::Option* add_collectives_flag(CLI::App& app, Collectives& collectives,
                                          const std::string& help) {
   return app
@@ -42,10 +32,9 @@ inline CLI::Option* add_collectives_flag(CLI::App& app, Collectives& collectives
           "--collectives",
           [&collectives](const std::string& v) {
             collectives = v == "ring" ? Collectives::ring : Collectives::mpi;
-            collectives_nccl_requested() = v == "nccl";
           },
-          help + " | nccl (--device cuda: NCCL's, on the GPU's communication stream)")
-      ->check(CLI::IsMember({"ring", "mpi", "nccl"}))
+          help)
+      ->check(CLI::IsMember({"ring", "mpi"}))
       ->default_str(collectives_name(collectives));
 }
 

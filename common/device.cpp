@@ -100,9 +100,19 @@ void zero_memory(void* p, int64_t bytes) {
   std::memset(p, 0, static_cast<size_t>(bytes));
 }
 
+BackendFactory& cuda_backend_factory() {
+  static BackendFactory factory = nullptr;
+  return factory;
+}
+
 DeviceBackend& backend(Device device) {
   RZ_CHECK(device != Device::cpu, "backend(cpu): the host runs the loops themselves");
-  return device == Device::emulated ? emulated_backend() : cuda_backend();
+  if (device == Device::emulated) return emulated_backend();
+  RZ_CHECK(cuda_backend_factory() != nullptr,
+           "--device cuda: this build has no CUDA path; reconfigure with cmake --preset release "
+           "-DRINGZERO_CUDA=ON (needs the CUDA toolkit and NCCL), or run with --device cpu or "
+           "--device emulated");
+  return cuda_backend_factory()();
 }
 
 DeviceBackend* backend_of(std::initializer_list<const void*> pointers) {

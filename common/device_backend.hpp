@@ -79,13 +79,19 @@ class DeviceBackend {
   virtual void add(float* dst, const float* src, int64_t n) = 0;
 };
 
-/// The backend of `device` (not cpu), created on first use. Errors: cuda in a build without
-/// CUDA (reconfigure with -DRINGZERO_CUDA=ON) or on a machine without a GPU (use --device cpu).
+/// The backend of `device` (not cpu), created on first use. Errors: cuda in a program built
+/// without the GPU library (reconfigure with -DRINGZERO_CUDA=ON) or on a machine without a GPU
+/// (use --device cpu).
 DeviceBackend& backend(Device device);
-/// The two backends (emulated_device.cpp; gpu/cuda_backend.cpp, or no_cuda_backend.cpp's
-/// error).
+/// The emulated backend (emulated_device.cpp).
 DeviceBackend& emulated_backend();
+/// The CUDA backend (common/gpu/cuda_backend.cpp, in the GPU library of a CUDA build).
 DeviceBackend& cuda_backend();
+/// What backend(cuda) calls: null unless the program links the GPU library, whose
+/// common/gpu/register_cuda.cpp (compiled into each such executable) sets it to cuda_backend
+/// before main. So the library below the GPU one never names it: no link cycle.
+using BackendFactory = DeviceBackend& (*)();
+BackendFactory& cuda_backend_factory();
 
 /// The backend of the device that holds `pointers` (nulls ignored), or null when they are all
 /// on the host. Errors: pointers on two places, the host and a device or two devices (names

@@ -7,14 +7,17 @@
 // host's memcpy/memset, or the device's copies: cudaMemcpy with cudaMemcpyDefault on a GPU).
 // PyTorch's torch.device and Tensor.to, in miniature: an array knows where it lives because
 // every allocation made through allocate_on (each Buffer, Tensor and Model on a device) is
-// registered here, as [address, address + bytes). (The GPU path of chapters 03-08,
-// DeviceParallel's DeviceBuffer, allocates on its own and is not: it goes with issue 27.)
+// registered here, as [address, address + bytes). (DeviceBuffer, common/gpu/device.hpp, is the
+// NCCL check's and the kernel check's own GPU array and is not.)
 // The backends, the operation table each device provides, are common/device_backend.hpp.
 // Leaves out: more than one device of a kind per process, streams (everything is in order).
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
+
+#include "check.hpp"
 
 namespace ringzero {
 
@@ -44,5 +47,24 @@ void free_on(Device device, void* p);
 void copy_memory(void* dst, const void* src, int64_t bytes);
 /// `bytes` zero bytes at p, on the host or on a device.
 void zero_memory(void* p, int64_t bytes);
+
+/// dst = src, element for element, each on the host or a device (PyTorch's Tensor.copy_; on
+/// the host a memcpy, std::copy's bits). Errors: sizes differ (names both).
+template <class T>
+void copy_elements(std::span<const T> src, std::span<T> dst) {
+  RZ_CHECK(src.size() == dst.size(),
+           "copy_elements: " << src.size() << " elements into " << dst.size());
+  copy_memory(dst.data(), src.data(), static_cast<int64_t>(src.size_bytes()));
+}
+template <class T>
+void copy_elements(std::span<T> src, std::span<T> dst) {
+  copy_elements(std::span<const T>(src), dst);
+}
+/// Every element of `s` zero (all bits 0: float's and bf16/fp16's +0), on the host or a
+/// device (PyTorch's Tensor.zero_).
+template <class T>
+void zero_elements(std::span<T> s) {
+  zero_memory(s.data(), static_cast<int64_t>(s.size_bytes()));
+}
 
 }  // namespace ringzero

@@ -87,9 +87,10 @@ class LedgerArray {
   LedgerArray(int64_t size, MemTag tag, Device device)
       : LedgerArray(size, tag, /*zero=*/true, device) {}
   /// Like LedgerArray(size, tag) but not zeroed, for a buffer whose every element is written
-  /// before it is read (an all-gather's output): zeroing it would cost one more pass.
-  static LedgerArray uninitialized(int64_t size, MemTag tag) {
-    return LedgerArray(size, tag, /*zero=*/false);
+  /// before it is read (an all-gather's output): zeroing it would cost one more pass (on a
+  /// device it comes zeroed: allocate_on's contract).
+  static LedgerArray uninitialized(int64_t size, MemTag tag, Device device = Device::cpu) {
+    return LedgerArray(size, tag, /*zero=*/false, device);
   }
   ~LedgerArray() { release(); }
   LedgerArray(LedgerArray&& other) noexcept

@@ -18,9 +18,10 @@
 namespace ringzero {
 
 /// An Array (Buffer: float; Buffer16: 16-bit bits) of `size` elements whose last `padding` are
-/// counted under MemTag::padding, the rest under `tag`, at sizeof(element) bytes each. The
-/// ledger moves are ordered so that no tag's peak ever includes bytes that belong to another
-/// tag. Use the aliases PaddedBuffer and PaddedBufferOf<T>.
+/// counted under MemTag::padding, the rest under `tag`, at sizeof(element) bytes each, on the
+/// host or on `device` (the ledger's device column). The ledger moves are ordered so that no
+/// tag's peak ever includes bytes that belong to another tag. Use the aliases PaddedBuffer and
+/// PaddedBufferOf<T>.
 template <class Array>
 class BasicPaddedBuffer {
  public:
@@ -28,10 +29,11 @@ class BasicPaddedBuffer {
   static constexpr int64_t kBytes = sizeof(T);  ///< bytes per element
 
   BasicPaddedBuffer() = default;
-  BasicPaddedBuffer(int64_t size, int64_t padding, MemTag tag) : padding_(padding) {
-    Ledger::get().add(tag, -kBytes * padding);  // the Array adds all `size` to `tag` ...
-    buffer_ = Array(size, tag);
-    Ledger::get().add(MemTag::padding, kBytes * padding);  // ... of which `padding` are padding
+  BasicPaddedBuffer(int64_t size, int64_t padding, MemTag tag, Device device = Device::cpu)
+      : padding_(padding) {
+    count(device, tag, -kBytes * padding);  // the Array adds all `size` to `tag` ...
+    buffer_ = Array(size, tag, device);
+    count(device, MemTag::padding, kBytes * padding);  // ... of which `padding` are padding
   }
   ~BasicPaddedBuffer() { release(); }
   BasicPaddedBuffer(BasicPaddedBuffer&& o) noexcept
@@ -48,6 +50,7 @@ class BasicPaddedBuffer {
   BasicPaddedBuffer& operator=(const BasicPaddedBuffer&) = delete;
 
   T* data() { return buffer_.data(); }
+  Device device() const { return buffer_.device(); }
   int64_t size() const { return buffer_.size(); }
   std::span<T> span() { return buffer_.span(); }
   std::span<const T> span() const { return buffer_.span(); }
@@ -55,13 +58,21 @@ class BasicPaddedBuffer {
   void release() {
     if (buffer_.size() == 0) return;
     const MemTag tag = buffer_.tag();
+    const Device device = buffer_.device();
     buffer_.release();
-    Ledger::get().add(tag, kBytes * padding_);
-    Ledger::get().add(MemTag::padding, -kBytes * padding_);
+    count(device, tag, kBytes * padding_);
+    count(device, MemTag::padding, -kBytes * padding_);
     padding_ = 0;
   }
 
  private:
+  // The ledger's column for `device`: host memory or the device's.
+  static void count(Device device, MemTag tag, int64_t bytes) {
+    if (device == Device::cpu)
+      Ledger::get().add(tag, bytes);
+    else
+      Ledger::get().add_device(tag, bytes);
+  }
   Array buffer_;
   int64_t padding_ = 0;
 };

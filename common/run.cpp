@@ -129,7 +129,6 @@ int Run::run(LessonOptions& options,
   const int N = comm_ ? comm_->world_size() : 1, rank = comm_ ? comm_->rank() : 0;
   validate(config_, N);
   RunState state{chapter_, config_, comm_.get(), rank, N};
-  state.lesson_on_device = options.runs_on_device();
   for (auto& e : extensions_) e->validate(state);
   // Rank 0 writes these: checked before training, not after it, and every rank stops if one
   // fails (each rank's --checkpoint-dir is checked the same way, checkpoint_guard.cpp).
@@ -200,15 +199,11 @@ int Run::run(LessonOptions& options,
                                     rank_micro_batch(sampler, t, rank, N, K, micro_step));
                 },
                 tracer};
-      std::optional<double> loss;
-      for (auto& e : extensions_)
-        if (!loss) loss = e->train_step_instead(state, step);
-      if (!loss) {  // the lesson's step, one span on the trace (--trace), named only then
+      {  // the lesson's step, one span on the trace (--trace), named only then
         std::optional<Tracer::Span> span;
         if (tracer.enabled()) span.emplace(tracer, "step " + std::to_string(step.step), "step");
-        loss = train_step(*lesson, step);
+        state.loss = train_step(*lesson, step);
       }
-      state.loss = *loss;
       tracer.set_enabled(false);
       times.add(watch.ms());
       state.last_ms = watch.ms();
@@ -217,7 +212,6 @@ int Run::run(LessonOptions& options,
       for (auto& e : extensions_) e->after_step(state);
     }
     if (config_.eval_every_epoch) {
-      for (auto& x : extensions_) x->before_model_read(state);
       std::optional<EvalResult> e = lesson->evaluate(data.test);
       if (!e) {
         if (comm_) {
@@ -233,7 +227,6 @@ int Run::run(LessonOptions& options,
       logger.eval(epoch, state.test_loss, state.test_accuracy);
     }
   }
-  for (auto& e : extensions_) e->before_model_read(state);
   report(state, startup, times.median_ms());
   return 0;
 }

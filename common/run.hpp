@@ -67,7 +67,6 @@ struct RunState {
   Tracer* tracer = nullptr;
   StepLogger* logger = nullptr;
   int64_t steps = 0;  ///< optimizer steps of the whole run
-  bool lesson_on_device = true;  ///< LessonOptions::runs_on_device()
   /// Optimizer steps done. The loop starts at global batch step % steps_per_epoch of epoch
   /// 1 + step / steps_per_epoch: an extension that restores a run at after_setup sets it.
   int64_t step = 0;
@@ -95,13 +94,6 @@ class Extension {
   virtual void after_setup(RunState&) {}
   /// After each optimizer step (state.step is that step's number, state.loss its loss).
   virtual void after_step(RunState&) {}
-  /// Runs the optimizer step INSTEAD of the lesson's train_step when it returns a loss (the GPU
-  /// step of --device cuda); nullopt (the default) leaves the step to the lesson. The first
-  /// extension that returns a loss wins.
-  virtual std::optional<double> train_step_instead(RunState&, const Step&) { return std::nullopt; }
-  /// Before the driver reads the model's host buffers (each evaluation, the end-of-run report
-  /// and --save-final): an extension that trains elsewhere (a GPU) writes them back here.
-  virtual void before_model_read(RunState&) {}
   /// End of run, after the ledger and traffic tables: print lines, add summary fields (rank 0's
   /// `summary` is the one written).
   virtual void report(RunState&, nlohmann::json& /*summary*/) {}
@@ -122,9 +114,6 @@ struct LessonOptions {
   /// After the flags are checked, before set-up: returns true when it did the whole job (the
   /// memory calculator, the all-reduce benchmark) and the run ends there.
   virtual bool run_instead(Communicator*) { return false; }
-  /// Whether the lesson's engine runs on a device (--device emulated|cuda through the device
-  /// backend): its buffers are allocated where the model lives and its loops dispatch.
-  virtual bool runs_on_device() const { return true; }
 };
 
 /// The training driver. Construct it first in main (it starts MPI for distributed chapters),

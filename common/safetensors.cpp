@@ -10,6 +10,7 @@
 #include "atomic_file.hpp"
 #include "check.hpp"
 #include "checked.hpp"
+#include "device_memory.hpp"
 
 namespace ringzero {
 
@@ -201,8 +202,11 @@ std::map<std::string, NamedTensor> parse_safetensors(std::span<const uint8_t> by
 
 std::map<std::string, NamedTensor> state_dict(const Model& model) {
   std::map<std::string, NamedTensor> out;
-  for (Parameter* p : model.parameters())
-    out[p->name()] = {p->shape(), {p->data.span().begin(), p->data.span().end()}};
+  for (Parameter* p : model.parameters()) {  // copied to the host from wherever they live
+    std::vector<float> values(static_cast<size_t>(p->numel()));
+    copy_elements(p->data.span(), std::span<float>(values));
+    out[p->name()] = {p->shape(), std::move(values)};
+  }
   return out;
 }
 

@@ -21,20 +21,23 @@
 #include <vector>
 
 #include "check.hpp"
+#include "device_memory.hpp"
 #include "half.hpp"
 #include "ledger.hpp"
 #include "mixed.hpp"
 #include "nn.hpp"
+#include "optim.hpp"
 
 namespace ringzero {
 
-/// in[i] as T, into out (the same size): a copy for float; bf16/fp16 rounded to nearest even
-/// (convert_to_half). Errors: sizes differ.
+/// in[i] as T, into out (the same size): a copy for float (on the host or a device:
+/// copy_elements); bf16/fp16 rounded to nearest even (convert_to_half, host). Errors: sizes
+/// differ.
 template <Element T>
 void narrow_into(std::span<const float> in, std::span<T> out) {
   RZ_CHECK(in.size() == out.size(), "narrow_into: " << in.size() << " values into " << out.size());
   if constexpr (std::is_same_v<T, float>)
-    std::copy(in.begin(), in.end(), out.begin());
+    copy_elements(in, out);
   else
     convert_to_half(T::dtype, in, as_bits(out));
 }
@@ -72,18 +75,19 @@ BufferOf<R> narrow_for_reduce(Buffer& grad) {
 }
 
 /// The mean from the sum over ranks, in place on `sum` (a shard's elements): ÷N in fp32 training
-/// (T float: after the sum, the bitwise chain to chapter 02); nothing in 16 bits (the backward
-/// seed pre-divided by N, ShardOptimizer::seed).
+/// (T float, so R float: after the sum, a division, the bitwise chain to chapter 02;
+/// divide_in_place runs where `sum` lives); nothing in 16 bits (the backward seed pre-divided
+/// by N, ShardOptimizer::seed).
 template <Element T, Element R>
 void mean_of_sum(std::span<R> sum, int world_size) {
-  if constexpr (std::is_same_v<T, float>)
-    for (R& g : sum) g /= static_cast<float>(world_size);
+  if constexpr (std::is_same_v<T, float>) divide_in_place(sum, static_cast<float>(world_size));
 }
 
 /// --reduce-dtype as a communication hook on a padded bucket of T (see the header). Holds, tag
-/// comm_buffers: the collective's incoming chunk (R); when R differs from T, the bucket widened
-/// to R and, if `kept` > 0, `kept` elements of R where reduced shards stay until the optimizer
-/// step (a chapter that keeps its gradients whole: the fp32 sums of its shard).
+/// comm_buffers, on the engine's device: the collective's incoming chunk (R); when R differs
+/// from T, the bucket widened to R and, if `kept` > 0, `kept` elements of R where reduced
+/// shards stay until the optimizer step (a chapter that keeps its gradients whole: the fp32
+/// sums of its shard).
 template <Element T, Element R>
 class ShardReduce {
  public:
@@ -91,11 +95,13 @@ class ShardReduce {
   /// largest_bucket, largest_chunk: elements of the largest padded bucket and shard; kept: 0,
   /// or (R wider than T) the elements of every reduced shard the engine keeps (Σ s: ZeRO-1,
   /// whose gradients stay whole in T, keeps the fp32 sums of its shard here until the step).
-  ShardReduce(int world_size, int64_t largest_bucket, int64_t largest_chunk, int64_t kept = 0)
-      : world_size_(world_size), scratch_(largest_chunk, MemTag::comm_buffers) {
+  /// device: where the engine's buckets live.
+  ShardReduce(int world_size, int64_t largest_bucket, int64_t largest_chunk, int64_t kept = 0,
+              Device device = Device::cpu)
+      : world_size_(world_size), scratch_(largest_chunk, MemTag::comm_buffers, device) {
     if constexpr (!std::is_same_v<T, R>) {
-      wide_ = BufferOf<R>(largest_bucket, MemTag::comm_buffers);
-      if (kept > 0) kept_ = BufferOf<R>(kept, MemTag::comm_buffers);
+      wide_ = BufferOf<R>(largest_bucket, MemTag::comm_buffers, device);
+      if (kept > 0) kept_ = BufferOf<R>(kept, MemTag::comm_buffers, device);
     }
   }
 
@@ -114,8 +120,9 @@ class ShardReduce {
       convert_to_float(T::dtype, as_bits(std::span<const T>(bucket)), wide);  // exact
       shard = sum(wide, scratch_.span());
       if (kept_.size() > 0) {
-        std::copy(shard.begin(), shard.end(), kept_.data() + kept_offset);
-        shard = kept_.span().subspan(kept_offset, shard.size());
+        std::span<R> kept = kept_.span().subspan(kept_offset, shard.size());
+        copy_elements(shard, kept);
+        shard = kept;
       }
     }
     mean_of_sum<T, R>(shard, world_size_);  // fp32: ÷N; 16 bits: pre-divided
@@ -163,9 +170,9 @@ class ParameterBinding {
       const auto& ps = model.parameters();
       for (size_t i = 0; i < ps.size(); ++i) {
         Parameter& p = *ps[i];
-        float* data = params.data() + offsets[i];
-        std::copy_n(p.data.data(), p.numel(), data);
-        p.data = Tensor(data, p.shape());
+        std::span<float> data = params.subspan(offsets[i], p.numel());
+        copy_elements(p.data.span(), data);  // from the model's memory, host or device
+        p.data = Tensor(data.data(), p.shape());
         p.grad = Tensor();
       }
       model.params_memory.release();

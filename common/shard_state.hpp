@@ -142,8 +142,8 @@ std::map<std::string, NamedTensor> gather_units(const EngineDescription& d, cons
   for (size_t u = 0; u < d.units.size(); ++u) {
     const ShardUnit& s = d.units[u];
     Buffer full(d.world_size * s.shard_size, MemTag::comm_buffers);  // (N s) unit u, gathered
-    std::span<const float> mine = of(u);
-    std::copy(mine.begin(), mine.end(), full.data() + rank * s.shard_size);
+    std::span<const float> mine = of(u);  // on the host, or the engine's device
+    copy_elements(mine, full.span().subspan(rank * s.shard_size, mine.size()));
     all_gather(u, full.span());
     for (size_t i = 0; i < params.size(); ++i) {  // a unit holds whole parameters
       const int64_t at = model.offsets()[i] - s.offset;

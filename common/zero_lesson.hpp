@@ -35,9 +35,6 @@ struct ZeroFlags : LessonOptions {
     if (calculator.enabled) print0(memory_calculator(calculator));
     return calculator.enabled;
   }
-  /// Not yet: the shard buffers and their copies (common/shard_buffers.hpp, padded buffers) are
-  /// host loops without a backend_of line (issue 27's next step).
-  bool runs_on_device() const override { return false; }
 };
 
 /// The end-of-run summary fields of every ZeRO stage (the metrics' "summary" record): the

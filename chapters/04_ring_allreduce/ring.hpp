@@ -19,8 +19,9 @@
 // One template serves every element type, float, bf16 and fp16 (common/half.hpp): the hop adds
 // with the element type's own `+=` (float32 adds; bf16/fp16 add in fp32 and round once).
 // It also serves any communicator with Communicator's rank, world_size, sendrecv, count_call and
-// Scope: on the GPU (--device cuda) the same loop runs over NCCL's or the staged transport's
-// sendrecv on device buffers, its add a CUDA kernel (common/gpu/device_comm.hpp).
+// Scope (tests/tools/gpu_comm_check.cpp runs it over NCCL's sendrecv on device buffers, its add
+// a CUDA kernel). With --device emulated|cuda the chapters run it over the Communicator, as on
+// the CPU: the hop's add dispatches to the device (common/half.hpp's add_into).
 // Leaves out: pipelining each chunk in segments (adding one while the next is in flight),
 // bidirectional rings, the tree and recursive-doubling schedules MPI libraries prefer for
 // small messages (latency: the ring takes 2 (N − 1) rounds), and topology awareness.

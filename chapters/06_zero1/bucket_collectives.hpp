@@ -17,6 +17,7 @@
 #include "common/check.hpp"
 #include "common/collectives.hpp"
 #include "common/comm.hpp"
+#include "common/device_memory.hpp"
 #include "common/dist.hpp"
 #include "common/half.hpp"
 #include "common/metrics.hpp"
@@ -94,7 +95,7 @@ std::span<T> reduce_scatter_bucket(Communicator& comm, std::span<T> bucket, int6
     ring_reduce_scatter(comm, bucket, scratch);  // chapter 04's first half: our chunk is summed
   } else {                                       // MPI wants the output apart from the input
     mpi_reduce_scatter(comm, bucket, scratch.first(shard_size));
-    std::copy_n(scratch.data(), shard_size, shard.begin());
+    copy_elements(scratch.first(shard_size), shard);
   }
   return shard;
 }
@@ -110,7 +111,7 @@ void all_gather_bucket(Communicator& comm, std::span<T> bucket, int64_t shard_si
     ring_all_gather(comm, bucket);  // chapter 04's second half
   } else {                          // MPI wants the input apart from the output
     std::span<T> shard = bucket.subspan(comm.rank() * shard_size, shard_size);
-    std::copy(shard.begin(), shard.end(), scratch.data());
+    copy_elements(shard, scratch.first(shard_size));
     mpi_all_gather(comm, scratch.first(shard_size), bucket);
   }
 }

@@ -95,12 +95,13 @@ class Zero1 {
     }
     // (s) the collective's incoming chunk; with R wider than T, the widened bucket and the
     // reduced shard of every bucket (kept until the step; ZeRO-2 keeps its own).
+    // Every buffer lives where the model does (the host, or --device's memory).
     reduce_ = ShardReduce<T, R>(comm.world_size(), largest_bucket, largest_chunk,
-                                full_gradients ? layout_.shard_total : 0);
+                                full_gradients ? layout_.shard_total : 0, model.device());
     const int64_t padding = layout_.padded_total - psi_;
     if (full_gradients)
-      grads_ = PaddedBufferOf<T>(layout_.padded_total, padding, MemTag::gradients);
-    params_ = PaddedBufferOf<T>(layout_.padded_total, padding, MemTag::parameters);
+      grads_ = PaddedBufferOf<T>(layout_.padded_total, padding, MemTag::gradients, model.device());
+    params_ = PaddedBufferOf<T>(layout_.padded_total, padding, MemTag::parameters, model.device());
     binding_ = std::make_unique<ParameterBinding<T>>(model, params_.span(), layout_.param_offset);
     for (size_t i = 0; full_gradients && i < params.size(); ++i)  // each at its padded place
       binding_->bind_grad(i, grads_.span().subspan(static_cast<size_t>(layout_.param_offset[i]),
@@ -156,7 +157,7 @@ class Zero1 {
   void set_require_sync(bool sync) { readiness_->set_require_sync(sync); }
 
   /// Sets every gradient (and the partial sums a reduce-scatter left outside the shard) to zero.
-  virtual void zero_grad() { std::fill(grads_.data(), grads_.data() + grads_.size(), T{}); }
+  virtual void zero_grad() { zero_elements(grads_.span()); }
 
   /// After backward, before the optimizer step (PyTorch runs this as backward's final
   /// callback): handles unused parameters, waits until every bucket is reduce-scattered and

@@ -62,7 +62,7 @@ class Zero2 : public Zero1<T, R> {
   Zero2(Communicator& comm, Model& model, const TrainConfig& config, ZeroOptions options)
       : Base(comm, model, config, options, /*full_gradients=*/false) {
     grad_shard_ = PaddedBufferOf<R>(layout_.shard_total, layout_.shard_total - layout_.shard_real,
-                                    MemTag::gradients);
+                                    MemTag::gradients, model.device());
     bucket_grads_.resize(buckets_.size());
     tickets_.assign(buckets_.size(), 0);
     const auto& params = model.parameters();
@@ -98,7 +98,7 @@ class Zero2 : public Zero1<T, R> {
   void zero_grad() override {
     comm_queue_.wait_all();
     for (size_t b = 0; b < bucket_grads_.size(); ++b) free_bucket(b);
-    std::fill(grad_shard_.data(), grad_shard_.data() + grad_shard_.size(), R{});
+    zero_elements(grad_shard_.span());
   }
 
   /// Chapter 05's readiness, as Zero1's (unused parameters, every bucket reduce-scattered), then
@@ -127,7 +127,8 @@ class Zero2 : public Zero1<T, R> {
     for (int old = 0; old + 1 < b; ++old)
       if (tickets_[old] != 0) free_bucket(old);
     const BucketShard& s = layout_.buckets[b];
-    bucket_grads_[b] = PaddedBufferOf<T>(s.padded_size(), s.padding, MemTag::gradients);
+    bucket_grads_[b] =
+        PaddedBufferOf<T>(s.padded_size(), s.padding, MemTag::gradients, model_.device());
     for (int p : buckets_[b].params)
       binding_->bind_grad(
           static_cast<size_t>(p),
@@ -160,7 +161,8 @@ class Zero2 : public Zero1<T, R> {
                     comm_, grads, s.shard_size, scratch,
                     options_.collectives);  // bucket_collectives.hpp: in R, the mean
               });
-          std::copy(shard.begin(), shard.end(), grad_shard_.data() + s.shard_offset);  // all we keep
+          // all we keep: this rank's shard, at its place in grad_shard_
+          copy_elements(shard, grad_shard_.span().subspan(s.shard_offset, shard.size()));
           // END EXERCISE 07.1
         });
   }

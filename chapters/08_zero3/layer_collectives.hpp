@@ -31,9 +31,10 @@ enum LayerCollective : uint32_t { kForwardGather, kBackwardGather, kReduceScatte
 template <Element T, Element R>
 class LayerCollectives {
  public:
-  /// comm and layout must outlive it. tracer: optional (comm_queue.hpp).
+  /// comm and layout must outlive it. tracer: optional (comm_queue.hpp). device: where the
+  /// engine's buffers live (the ring's chunk buffer goes there too).
   LayerCollectives(Communicator& comm, const LayerLayout& layout, Collectives collectives,
-                   Tracer* tracer)
+                   Tracer* tracer, Device device)
       : comm_(comm),
         layout_(layout),
         collectives_(collectives),
@@ -42,7 +43,7 @@ class LayerCollectives {
     int64_t largest_chunk = 0;
     for (const BucketShard& s : layout.buckets)
       largest_chunk = std::max(largest_chunk, s.shard_size);
-    scratch_ = BufferOf<R>(largest_chunk, MemTag::comm_buffers);  // (max s_l) the ring's chunk
+    scratch_ = BufferOf<R>(largest_chunk, MemTag::comm_buffers, device);  // (max s_l) a chunk
   }
 
   /// Queues layer l's all-gather: `layer` (P_l elements of E: the parameters' T, or fp32

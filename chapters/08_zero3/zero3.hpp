@@ -76,8 +76,8 @@ class Zero3 {
     optimizer_.check_types<T, R>();                                   // the flags' precision
     check_collectives_for<T>(options.collectives, config.precision);  // mpi: fp32 only
     const int64_t total = layout_.shard_total, padding = total - layout_.shard_real;
-    params_ = PaddedBufferOf<T>(total, padding, MemTag::parameters);
-    grads_ = PaddedBufferOf<R>(total, padding, MemTag::gradients);
+    params_ = PaddedBufferOf<T>(total, padding, MemTag::parameters, model.device());
+    grads_ = PaddedBufferOf<R>(total, padding, MemTag::gradients, model.device());
     for (const BucketShard& s : layout_.buckets)  // this rank's real elements; padding stays 0
       if (s.real > 0)
         narrow_into(
@@ -140,7 +140,7 @@ class Zero3 {
   const ShardOptimizer& optimizer() const { return optimizer_; }
 
   /// Sets this rank's gradient shard to zero.
-  void zero_grad() { std::fill(grads_.data(), grads_.data() + grads_.size(), R{}); }
+  void zero_grad() { zero_elements(grads_.span()); }
 
   /// After the last micro-step's backward: every reduce-scatter has finished (the first
   /// layer's is waited for in its hook) and no layer is left gathered. A layer whose backward
@@ -201,8 +201,8 @@ class Zero3 {
     use_gathered(l, kBackwardGather);
     if (options_.prefetch && l > 0 && !tickets_[l - 1]) post_all_gather(l - 1, kBackwardGather);
     Linear& m = *layout_.layers[l];
-    full_grads_[l] = Buffer(layout_.buckets[l].padded_size(),
-                            MemTag::comm_buffers);  // (P_l) zeros: backward accumulates here
+    full_grads_[l] = Buffer(layout_.buckets[l].padded_size(), MemTag::comm_buffers,
+                            model_.device());  // (P_l) zeros: backward accumulates here
     m.weight.grad = Tensor(full_grads_[l].data(), m.weight.shape());
     m.bias.grad = Tensor(full_grads_[l].data() + m.weight.numel(), m.bias.shape());
   }
@@ -233,10 +233,10 @@ class Zero3 {
   }
   void post_all_gather(int l, Kind kind) {
     const BucketShard& s = layout_.buckets[l];
-    gathered_[l] = BufferOf<T>::uninitialized(
-        s.padded_size(), MemTag::comm_buffers);  // (P_l) the layer: all written by the gather
-    std::copy_n(params_.data() + s.shard_offset, s.shard_size,
-                gathered_[l].data() + comm_.rank() * s.shard_size);
+    gathered_[l] = BufferOf<T>::uninitialized(  // (P_l) the layer: all written by the gather
+        s.padded_size(), MemTag::comm_buffers, model_.device());
+    copy_elements(params_.span().subspan(s.shard_offset, s.shard_size),
+                  gathered_[l].span().subspan(comm_.rank() * s.shard_size, s.shard_size));
     tickets_[l] = collectives_.all_gather(l, kind, gathered_[l].span());
   }
   void release_parameters(int l) {
@@ -274,7 +274,8 @@ class Zero3 {
   std::shared_ptr<Zero3*> alive_ =
       std::make_shared<Zero3*>(this);  // what the layer hooks reach us by
   // Last: its communication thread drains first, while everything above lives.
-  LayerCollectives<T, R> collectives_{comm_, layout_, options_.collectives, options_.tracer};
+  LayerCollectives<T, R> collectives_{comm_, layout_, options_.collectives, options_.tracer,
+                                      model_.device()};
 };
 
 }  // namespace ringzero

@@ -2,12 +2,12 @@
 // table over the kernels of common/gpu/kernels.cu (each the element function of
 // common/kernels.hpp that the host loops call) and cuBLAS SGEMM with TF32 off
 // (common/gpu/linear.cpp). Memory is cudaMalloc'd (zero-filled); copies use cudaMemcpyDefault,
-// which under unified virtual addressing finds each side's place itself. Everything runs on the
-// legacy default stream, in launch order; the reductions (a loss, a norm) synchronise.
-// Differences from the host: float32 rounding only (cuBLAS sums a product's terms in another
-// order than Eigen; per-block partial sums; FMA contraction), measured by scripts/gpu-check.
-#include <cuda_runtime.h>
-
+// which under unified virtual addressing finds each side's place itself (common/gpu/device.cpp).
+// Everything runs on the legacy default stream, in launch order; the reductions (a loss, a norm)
+// synchronise. Differences from the host: float32 rounding only (cuBLAS sums a product's terms
+// in another order than Eigen; per-block partial sums; FMA contraction), measured by
+// scripts/gpu-check. Written over common/gpu/device.hpp only, so the CPU emulation of that layer
+// (tests/emul) runs this file too.
 #include <vector>
 
 #include "common/check.hpp"
@@ -17,11 +17,6 @@
 namespace ringzero {
 
 namespace {
-
-void check_cuda(cudaError_t rc, const char* call) {
-  RZ_CHECK(rc == cudaSuccess, call << " failed: " << cudaGetErrorString(rc));
-}
-#define CUDA_CALL(...) check_cuda((__VA_ARGS__), #__VA_ARGS__)
 
 // Labels on the device for one call (B int32), freed with it.
 class DeviceLabels {
@@ -47,22 +42,10 @@ class CudaBackend : public DeviceBackend {
   CudaBackend() : name_(require_gpu(0)) {}
   std::string name() const override { return name_; }
 
-  void* allocate(int64_t bytes) override {
-    void* p = nullptr;
-    const cudaError_t rc = cudaMalloc(&p, static_cast<size_t>(bytes));
-    RZ_CHECK(rc == cudaSuccess, "cudaMalloc of " << bytes << " bytes failed: "
-                                                 << cudaGetErrorString(rc)
-                                                 << "; reduce the model or batch size");
-    CUDA_CALL(cudaMemset(p, 0, static_cast<size_t>(bytes)));
-    return p;
-  }
-  void free(void* p) override { cudaFree(p); }
-  void copy(void* dst, const void* src, int64_t bytes) override {
-    CUDA_CALL(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault));
-  }
-  void zero(void* p, int64_t bytes) override {
-    CUDA_CALL(cudaMemset(p, 0, static_cast<size_t>(bytes)));
-  }
+  void* allocate(int64_t bytes) override { return allocate_zeroed(bytes); }
+  void free(void* p) override { free_allocation(p); }
+  void copy(void* dst, const void* src, int64_t bytes) override { copy_any(dst, src, bytes); }
+  void zero(void* p, int64_t bytes) override { zero_bytes(p, bytes); }
 
   void linear_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
                       const Tensor& bias) override {

@@ -111,20 +111,26 @@ void copy_on_device(void* dst, const void* src, int64_t bytes) {
     CUDA_CALL(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice));
 }
 
-void* pinned_alloc(int64_t bytes, MemTag tag) {
+void* allocate_zeroed(int64_t bytes) {
   void* p = nullptr;
-  if (bytes == 0) return p;
-  const cudaError_t rc = cudaMallocHost(&p, static_cast<size_t>(bytes));
-  RZ_CHECK(rc == cudaSuccess, "cudaMallocHost of " << bytes << " bytes for " << mem_tag_name(tag)
-                                                   << " failed: " << cudaGetErrorString(rc));
-  Ledger::get().add(tag, bytes);
+  const cudaError_t rc = cudaMalloc(&p, static_cast<size_t>(bytes));
+  RZ_CHECK(rc == cudaSuccess, "cudaMalloc of " << bytes << " bytes failed: "
+                                               << cudaGetErrorString(rc)
+                                               << "; reduce the model or batch size");
+  CUDA_CALL(cudaMemset(p, 0, static_cast<size_t>(bytes)));
   return p;
 }
 
-void pinned_free(void* p, int64_t bytes, MemTag tag) {
-  if (p == nullptr) return;
-  Ledger::get().add(tag, -bytes);
-  cudaFreeHost(p);
+void free_allocation(void* p) {
+  cudaFree(p);
+}
+
+void copy_any(void* dst, const void* src, int64_t bytes) {
+  CUDA_CALL(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault));
+}
+
+void zero_bytes(void* p, int64_t bytes) {
+  CUDA_CALL(cudaMemset(p, 0, static_cast<size_t>(bytes)));
 }
 
 void device_synchronize() {

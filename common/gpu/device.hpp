@@ -52,10 +52,16 @@ void copy_to_host(void* dst, const void* src, int64_t bytes);
 /// Device -> device, `bytes` bytes, in stream order with the kernels (cudaMemcpyAsync on the
 /// default stream).
 void copy_on_device(void* dst, const void* src, int64_t bytes);
-/// Page-locked host memory (cudaMallocHost) for staging copies, counted under `tag` in the
-/// ledger's host column. Errors: allocation failure (names bytes).
-void* pinned_alloc(int64_t bytes, MemTag tag);
-void pinned_free(void* p, int64_t bytes, MemTag tag);
+/// The CUDA backend's memory (cuda_backend.cpp; not counted here: the LedgerArray or Tensor on
+/// Device::cuda that asked counts them). `bytes` of GPU memory, zero-filled (cudaMalloc +
+/// cudaMemset). Errors: cudaMalloc's, naming the bytes and the fix.
+void* allocate_zeroed(int64_t bytes);
+void free_allocation(void* p);
+/// `bytes` from src to dst, each on the host or this GPU (cudaMemcpy with cudaMemcpyDefault:
+/// unified virtual addressing finds each side); synchronous.
+void copy_any(void* dst, const void* src, int64_t bytes);
+/// `bytes` zero bytes at device pointer p (cudaMemset).
+void zero_bytes(void* p, int64_t bytes);
 void device_synchronize();
 
 /// Timing marks on the GPU's streams, for --trace (CUDA events with timing, cudaEventRecord /

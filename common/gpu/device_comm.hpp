@@ -1,16 +1,15 @@
-// device_comm: the communicator's interface on float32 DEVICE buffers, two transports.
+// device_comm: the communicator's interface on float32 DEVICE buffers, for the NCCL transport.
 //
 // Provides: DeviceComm (point-to-point send, recv, sendrecv and the collectives all_reduce,
 // reduce_scatter, all_gather, broadcast, with the same shapes as Communicator in
-// common/comm.hpp), and its two implementations:
-//   NcclCommunicator (nccl_comm.hpp): NCCL on one GPU per rank; sendrecv is ncclSend + ncclRecv
-//     inside ncclGroupStart/End (NCCL docs, "Point-to-point communication": a group makes the
-//     pair one operation, so a ring cannot deadlock), collectives are ncclAllReduce etc.
-//   StagedCommunicator (staged_comm.hpp): copy to pinned host memory, the MPI Communicator,
-//     copy back. Slower (two PCIe copies per message) but any number of ranks can share one
-//     GPU, which NCCL refuses (it needs a distinct device per rank).
-// Counters: both transports count into the host Communicator's counters (the staged one through
-// the very MPI calls, NCCL through Communicator::count_external), so the end-of-run traffic
+// common/comm.hpp), implemented by NcclCommunicator (nccl_comm.hpp): NCCL on one GPU per rank;
+// sendrecv is ncclSend + ncclRecv inside ncclGroupStart/End (NCCL docs, "Point-to-point
+// communication": a group makes the pair one operation, so a ring cannot deadlock), collectives
+// are ncclAllReduce etc. What runs the chapters on a GPU today is not this: the Communicator
+// stages device buffers through host memory (common/comm.cpp); wiring NCCL under it is the next
+// step, and tests/tools/gpu_comm_check.cpp proves this transport on a GPU meanwhile.
+// Counters: NCCL counts into the host Communicator's counters (Communicator::count_external), so
+// the end-of-run traffic
 // table of a GPU run reads the same counters, under the same names, as a CPU run: sendrecv counts
 // one message each way of its length; collectives count their payload; a Scope relabels.
 // count_call, Scope and the span form of sendrecv are what chapter 04's ring template
@@ -92,9 +91,9 @@ class DeviceComm {
   /// wait() for every async collective queued so far.
   virtual void wait_async() {}
   /// true when the async collectives can overlap the compute stream (NCCL), false when they
-  /// are the blocking calls (the staged transport).
+  /// are blocking calls.
   virtual bool overlaps() const { return false; }
-  /// "nccl" or "staged-mpi".
+  /// "nccl".
   virtual std::string transport() const = 0;
 
   // What chapter 04's ring template uses (the same names as Communicator's).

@@ -73,8 +73,8 @@ toy=(--model toy --hidden-sizes 32 --lr 1e10 --max-steps 10 --eval-every-epoch 0
 fails nan_loss_ch01 "loss is inf at step 2" "lower --lr" -- "${CH01[@]}" "${toy[@]}"
 fails nan_loss_ch02 "loss is inf at step 2" "lower --lr" -- "${CH02[@]}" "${toy[@]}" --grad-accum-steps 4
 # --device: an unknown one; cuda where it cannot run (with no GPU or no CUDA build, every
-# chapter, on every rank); flags the GPU path does not carry; --gpu-transport where it means
-# nothing. On a machine with a GPU, scripts/gpu-check covers cuda.
+# chapter, on every rank); flags the device path does not carry; --collectives nccl (NCCL under
+# the communicator is not there yet). On a machine with a GPU, scripts/gpu-check covers cuda.
 fails device_unknown "--device" "tpu" -- "${CH01[@]}" --device tpu
 if ! nvidia-smi -L >/dev/null 2>&1; then
   fails device_cuda_no_gpu "--device cuda" "--device cpu" -- "${CH01[@]}" --model toy --device cuda --max-steps 1
@@ -85,19 +85,12 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 fails device_cuda_optstate "--device cuda with --save-optimizer-state" "Drop --save-optimizer-state, or use --device cpu" \
   -- "$BIN/ch06_zero1" --model toy --device cuda --save-optimizer-state "$WORK/o.st" --max-steps 1
-fails gpu_transport_cpu "--gpu-transport nccl without --device cuda" "add --device cuda" \
-  -- "$BIN/ch04_ring_allreduce" --model toy --gpu-transport nccl --max-steps 1
-fails gpu_transport_ch01 "--gpu-transport staged: chapter 01_training_loop runs one process" \
-  "drop --gpu-transport" -- "${CH01[@]}" --model toy --gpu-transport staged --max-steps 1
-fails gpu_transport_bad "--gpu-transport" "infiniband" -- "${CH01[@]}" --gpu-transport infiniband
 fails device_cuda_bench "--device cuda with --bench-allreduce" "Drop --device cuda" \
   -- "$MPIRUN" -np 2 --oversubscribe "$BIN/ch04_ring_allreduce" --device cuda --bench-allreduce
 fails device_cuda_unused "--device cuda with --find-unused-parameters" "use --device cpu" \
   -- "$BIN/ch05_ddp_buckets" --model toy --device cuda --find-unused-parameters --max-steps 1
-fails collectives_nccl_cpu "--collectives nccl without --device cuda" "or use --collectives mpi" \
-  -- "$BIN/ch05_ddp_buckets" --model toy --collectives nccl --max-steps 1
-fails collectives_nccl_staged "--collectives nccl with --gpu-transport staged" "add --device cuda" \
-  -- "$BIN/ch08_zero3" --model toy --collectives nccl --device cuda --gpu-transport staged --max-steps 1
+fails collectives_nccl "--collectives" "nccl" -- "$BIN/ch05_ddp_buckets" --model toy \
+  --collectives nccl --max-steps 1
 # RINGZERO_COMM_CPUS (scripts/cluster up --comm-core pins the communication thread with it):
 # a value that is not a CPU list stops the chapter at start-up, naming the value and the fix.
 fails comm_cpus_word "RINGZERO_COMM_CPUS='one'" "a list such as 1, 2,3 or 0-3" \

@@ -1,10 +1,10 @@
-// The GPU path's device layer, emulated on the CPU, for tests/emul/device_emulation_test.cpp:
-// DeviceBuffer in host memory, each kernel of common/gpu/kernels.cu as the same per-element
-// (per-row, per-column) call of common/kernels.hpp in a plain loop, and sgemm as a reference
-// column-major BLAS SGEMM (op, leading dimensions and beta exactly as cuBLAS defines them).
-// With it, common/gpu/device_train.cpp (the layer loop, offsets, loss scaling, optimizer
-// segments) and common/gpu/linear.cpp (the row-major/column-major transposition of every
-// product) run and are tested on machines without a GPU. What it cannot test: CUDA itself
+// The GPU layer (common/gpu/device.hpp), emulated on the CPU for tests/emul: memory in host
+// memory, each kernel of common/gpu/kernels.cu as the same per-element (per-row, per-column)
+// call of common/kernels.hpp in a plain loop, and sgemm as a reference column-major BLAS SGEMM
+// (op, leading dimensions and beta exactly as cuBLAS defines them). With it, the CUDA backend
+// (common/gpu/cuda_backend.cpp: the table, label copies, partial sums) and common/gpu/linear.cpp
+// (the row-major/column-major transposition of every product) run, and every chapter runs
+// --device cuda, on machines without a GPU. What it cannot test: CUDA itself
 // (launch bounds, the grid-stride loops, cuBLAS's own results); scripts/gpu-check does that.
 #include <chrono>
 #include <cstdlib>
@@ -59,15 +59,19 @@ void copy_to_host(void* dst, const void* src, int64_t bytes) {
 void copy_on_device(void* dst, const void* src, int64_t bytes) {
   if (bytes > 0) std::memmove(dst, src, static_cast<size_t>(bytes));
 }
-void* pinned_alloc(int64_t bytes, MemTag tag) {
-  if (bytes == 0) return nullptr;
-  Ledger::get().add(tag, bytes);
-  return std::calloc(static_cast<size_t>(bytes), 1);
+void* allocate_zeroed(int64_t bytes) {
+  void* p = std::calloc(static_cast<size_t>(bytes), 1);
+  RZ_CHECK(p != nullptr, "out of memory: " << bytes << " bytes");
+  return p;
 }
-void pinned_free(void* p, int64_t bytes, MemTag tag) {
-  if (p == nullptr) return;
-  Ledger::get().add(tag, -bytes);
+void free_allocation(void* p) {
   std::free(p);
+}
+void copy_any(void* dst, const void* src, int64_t bytes) {
+  std::memcpy(dst, src, static_cast<size_t>(bytes));
+}
+void zero_bytes(void* p, int64_t bytes) {
+  std::memset(p, 0, static_cast<size_t>(bytes));
 }
 void device_synchronize() {}
 

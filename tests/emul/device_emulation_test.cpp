@@ -1,10 +1,12 @@
-// The GPU training step (common/gpu/device_train.cpp) and the row-major products over a column-
-// major SGEMM (common/gpu/linear.cpp), run on the CPU through the emulated device layer of
-// tests/emul/device_emul.cpp, against the CPU path (Eigen, the autograd tape, Optimizer):
+// The CUDA backend (common/gpu/cuda_backend.cpp: the DeviceBackend table over the launchers, its
+// label copies and float64 partial sums) and the row-major products over a column-major SGEMM
+// (common/gpu/linear.cpp), run on the CPU through the emulated layer of tests/emul/device_emul.cpp,
+// against the host path (Eigen, the autograd tape, Optimizer):
 //   - linear forward/backward through sgemm vs Eigen: catches a wrong transpose, leading
 //     dimension or beta (which would be off by O(1), not by rounding);
-//   - 10 training steps of DeviceTrainer vs the chapter 01/02 loop: MLP + cross-entropy with
-//     AdamW, ToyModel + MSE with SGD momentum and clipping, K = 2 accumulation.
+//   - 10 steps of the chapter 01/02 loop with the model on --device cuda (Model::to) vs the same
+//     loop on the host: MLP + cross-entropy with AdamW, ToyModel + MSE with SGD momentum and
+//     clipping, K = 2 accumulation.
 // Tolerance: the element math is the same code, so what differs is the order of each dot
 // product's sum (reference SGEMM: k in order; Eigen: blocked and vectorised): float32 rounding,
 // ~1e-7 relative per product. After 10 AdamW steps, losses agree within 1e-5 and weights within
@@ -15,7 +17,10 @@
 #include <cmath>
 #include <vector>
 
-#include "common/device_train.hpp"
+#include "common/device_memory.hpp"
+#include "common/nn.hpp"
+#include "common/optim.hpp"
+#include "common/train.hpp"
 #include "common/gpu/device.hpp"
 #include "common/ops.hpp"
 #include "common/rng.hpp"
@@ -47,40 +52,44 @@ Batch make_random_batch(const TrainConfig& c, int64_t B, uint64_t seed) {
   return b;
 }
 
-// The chapter 01/02 step on the CPU, and the same step on the (emulated) device; both models
-// start from the same seed. Returns the largest differences (loss, weight).
-std::pair<double, double> train_both(const TrainConfig& c, int64_t steps) {
-  Model cpu(c.layer_sizes(), c.seed), ref(c.layer_sizes(), c.seed);
-  Optimizer opt(c, parameter_sizes(cpu));
-  auto dev = make_device_trainer(ref, c);
+// The chapter 01/02 loop (K micro-batches, optional clipping, --optimizer's step) on `model`,
+// wherever it lives; returns each step's loss (the mean over micro-batches).
+std::vector<double> train(Model& model, const TrainConfig& c, int64_t steps) {
+  Optimizer opt(c, parameter_sizes(model));
   const int64_t K = c.grad_accum_steps, B = c.global_batch_size / K;
-  double max_dloss = 0;
+  std::vector<double> losses;
   for (int64_t t = 0; t < steps; ++t) {
-    cpu.zero_grad();
-    dev->zero_grad();
-    double loss_cpu = 0, loss_dev = 0;
+    model.zero_grad();
+    double loss_sum = 0;
     for (int64_t k = 0; k < K; ++k) {
       Batch batch = make_random_batch(c, B, static_cast<uint64_t>(t * K + k));
       Tape tape;
-      Var loss = forward_loss(tape, cpu, batch);
-      loss_cpu += loss->value[0];
+      Var loss = forward_loss(tape, model, batch);  // the batch follows the model's device
+      loss_sum += loss->value[0];
       tape.backward(loss, 1.0f / K);
-      loss_dev += dev->forward_backward(batch, 1.0f / K);
     }
-    max_dloss = std::max(max_dloss, std::fabs(loss_cpu - loss_dev) / K);
-    if (c.clip_grad_norm > 0) {
-      const double n_cpu = clip_grad_norm(cpu.grads_memory.span(), c.clip_grad_norm);
-      const double n_dev = dev->clip_grad_norm(c.clip_grad_norm);
-      REQUIRE(n_dev == Approx(n_cpu).epsilon(1e-5));
-    }
-    opt.step(cpu.params_memory.span(), cpu.grads_memory.span());
-    dev->step();
+    losses.push_back(loss_sum / K);
+    if (c.clip_grad_norm > 0) clip_grad_norm(model.grads_memory.span(), c.clip_grad_norm);
+    opt.step(model.params_memory.span(), model.grads_memory.span());
   }
-  dev->copy_to_host(ref);
-  double max_dw = 0;
-  for (int64_t i = 0; i < cpu.params_memory.size(); ++i)
+  return losses;
+}
+
+// The loop on the host and on --device cuda (the CUDA backend over the emulated layer), both
+// models from the same seed. Returns the largest differences (loss, weight).
+std::pair<double, double> train_both(const TrainConfig& c, int64_t steps) {
+  Model cpu(c.layer_sizes(), c.seed), gpu(c.layer_sizes(), c.seed);
+  gpu.to(Device::cuda);
+  REQUIRE(device_of(gpu.params_memory.data()) == Device::cuda);
+  const std::vector<double> loss_cpu = train(cpu, c, steps), loss_gpu = train(gpu, c, steps);
+  double max_dloss = 0, max_dw = 0;
+  for (size_t t = 0; t < loss_cpu.size(); ++t)
+    max_dloss = std::max(max_dloss, std::fabs(loss_cpu[t] - loss_gpu[t]));
+  std::vector<float> weights(static_cast<size_t>(gpu.params_memory.size()));
+  copy_elements(gpu.params_memory.span(), std::span<float>(weights));
+  for (size_t i = 0; i < weights.size(); ++i)
     max_dw = std::max(max_dw, std::fabs(static_cast<double>(cpu.params_memory.data()[i]) -
-                                        ref.params_memory.data()[i]));
+                                        weights[i]));
   return {max_dloss, max_dw};
 }
 
@@ -111,7 +120,7 @@ TEST_CASE("linear through column-major sgemm matches Eigen", "[device]") {
   for (int64_t i = 0; i < B * OC; ++i) CHECK(c[i] == Approx(out[i] - b[i % OC]).margin(1e-6));
 }
 
-TEST_CASE("DeviceTrainer steps match the CPU loop: MLP, cross-entropy, AdamW", "[device]") {
+TEST_CASE("the CUDA backend trains as the host: MLP, cross-entropy, AdamW", "[device]") {
   TrainConfig c;
   c.model = "mlp";
   c.hidden_sizes = {32, 16};
@@ -122,7 +131,8 @@ TEST_CASE("DeviceTrainer steps match the CPU loop: MLP, cross-entropy, AdamW", "
   CHECK(dw < 1e-5);
 }
 
-TEST_CASE("DeviceTrainer steps match: ToyModel, MSE, SGD momentum, clipping, K = 2", "[device]") {
+TEST_CASE("the CUDA backend trains as the host: ToyModel, MSE, SGD, clipping, K = 2",
+          "[device]") {
   TrainConfig c;
   c.model = "toy";
   c.hidden_sizes = {24};
@@ -138,15 +148,19 @@ TEST_CASE("DeviceTrainer steps match: ToyModel, MSE, SGD momentum, clipping, K =
   CHECK(dw < 1e-5);
 }
 
-TEST_CASE("DeviceTrainer keeps its memory in the ledger's device column", "[device]") {
+TEST_CASE("the CUDA backend's state counts in the ledger's device column", "[device]") {
   TrainConfig c;
   c.model = "mlp";
   c.hidden_sizes = {32};
   Model m(c.layer_sizes(), 0);
+  m.to(Device::cuda);
   const int64_t before = Ledger::get().device_current(MemTag::optimizer_state);
-  auto dev = make_device_trainer(m, c);
   const int64_t psi = m.num_parameters();
-  CHECK(Ledger::get().device_current(MemTag::optimizer_state) - before == 8 * psi);  // m, v
-  dev.reset();
+  {
+    Optimizer opt(c, parameter_sizes(m));
+    opt.step(m.params_memory.span(), m.grads_memory.span());  // AdamW's m, v follow the params
+    CHECK(Ledger::get().device_current(MemTag::optimizer_state) - before == 8 * psi);
+  }
   CHECK(Ledger::get().device_current(MemTag::optimizer_state) == before);
+  CHECK(Ledger::get().device_current(MemTag::parameters) >= 4 * psi);
 }

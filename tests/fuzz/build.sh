@@ -7,7 +7,7 @@
 # nn.cpp's Linear reaches the 16-bit path (mixed.cpp: linear_half), which reaches the optimizer,
 # the communicator, metrics, train and config: ASan's global metadata keeps every vtable, so
 # those are linked too although the parsers never call them; ops and optim reach the device
-# backends (device, emulated_device, and no_cuda_backend for the CUDA one).
+# backends (device, emulated_device; the CUDA one is never registered here).
 # Called by CMake (target fuzz_targets) when clang++ and libFuzzer are present.
 set -euo pipefail
 out=$1
@@ -23,7 +23,7 @@ flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 objs=()
 sources=(check tensor ledger autograd ops nn data safetensors atomic_file
          half mixed optim comm metrics train config checkpoint_read checkpoint_manifest
-         device emulated_device no_cuda_backend)
+         device emulated_device)
 for f in "${sources[@]}"; do
   o="$out/obj/$f.o"
   "${launcher[@]}" "$CXX" "${flags[@]}" -fsanitize=fuzzer-no-link,address,undefined \

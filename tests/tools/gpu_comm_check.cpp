@@ -1,7 +1,6 @@
-// gpu_comm_check: DeviceComm on device buffers, either transport, under mpirun.
+// gpu_comm_check: the NCCL transport (DeviceComm) on device buffers, under mpirun.
 //
-//   mpirun -np 1 build-cuda/tests/gpu_comm_check --transport nccl     (one rank per GPU)
-//   mpirun -np 2 build-cuda/tests/gpu_comm_check --transport staged   (ranks may share a GPU)
+//   mpirun -np 1 build-cuda/tests/gpu_comm_check      (one rank per GPU)
 //
 // 1. Chapter 04's ring all-reduce, ring.hpp's own templates (reduce-scatter then all-gather,
 //    N-1 sendrecv hops each) over DeviceComm with DeviceAdd (a CUDA kernel) as the hop's add, on
@@ -9,10 +8,11 @@
 //    bits): the result must equal the exact sum, and the counters must show the bytes the CPU
 //    ring sends (ring.hpp's ring_reduce_scatter_sent + ring_all_gather_sent).
 // 2. all_reduce, reduce_scatter, all_gather: exact sums again.
-// 3. The async calls in place, as chapters 05-08 use them (reduce-scatter into chunk r of its
-//    input, all-gather from chunk r, all-reduce), each waited for on the compute stream.
+// 3. The async calls in place, as a communication stream under chapters 05-08 would use them
+//    (reduce-scatter into chunk r of its input, all-gather from chunk r, all-reduce), each
+//    waited for on the compute stream.
 // 4. all_reduce bus bandwidth (nccl-tests definitions: busbw = S / t · 2(N-1)/N).
-// Exits 77 on every rank when a rank has no GPU to use (nccl: one per rank; staged: any).
+// Exits 77 on every rank when a rank has no GPU of its own (NCCL needs one per rank).
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -25,7 +25,6 @@
 #include "common/check.hpp"
 #include "common/gpu/device.hpp"
 #include "common/gpu/nccl_comm.hpp"
-#include "common/gpu/staged_comm.hpp"
 
 using namespace ringzero;
 
@@ -42,12 +41,10 @@ float expected(int world_size, int64_t i) {
 
 int main(int argc, char** argv) {
   Communicator comm(argc, argv);
-  std::string transport = "nccl";
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::string(argv[i]) == "--transport") transport = argv[i + 1];
+  const std::string transport = "nccl";
   std::string why;
   const int devices = gpu_device_count(&why);
-  const bool have = transport == "nccl" ? devices > comm.local_rank() : devices > 0;
+  const bool have = devices > comm.local_rank();
   double ok[1] = {have ? 1.0 : 0.0};
   comm.all_reduce_metrics(ok);
   if (ok[0] < comm.world_size()) {
@@ -58,15 +55,7 @@ int main(int argc, char** argv) {
     return 77;
   }
   return run_main([&] {
-    RZ_CHECK(transport == "nccl" || transport == "staged",
-             "--transport " << transport << "; use nccl or staged");
-    std::unique_ptr<DeviceComm> dc;
-    if (transport == "nccl") {
-      dc = std::make_unique<NcclCommunicator>(comm);
-    } else {
-      require_gpu(0);  // every rank on GPU 0: the staged transport lets them share it
-      dc = std::make_unique<StagedCommunicator>(comm);
-    }
+    std::unique_ptr<DeviceComm> dc = std::make_unique<NcclCommunicator>(comm);
     const int N = comm.world_size(), r = comm.rank();
     comm.reset_counters();
     for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{(1 << 20) + 3}}) {
