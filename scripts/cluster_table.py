@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The cluster tour's table (scripts/cluster-tour): per chapter, the measured median time per
-optimizer step across the cluster beside the cost model's prediction (common/cost_model.hpp),
+optimizer step across the cluster beside the cost model's prediction (common/report/cost_model.hpp),
 its parts, and measured / predicted; then the lessons of the tour checked on the measured
 numbers. Arguments: SELFTEST.json CLUSTER_CONFIG METRICS.jsonl... [--json OUT]."""
 import json

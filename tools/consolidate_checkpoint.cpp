@@ -15,10 +15,10 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "common/atomic_file.hpp"
-#include "common/check.hpp"
-#include "common/checkpoint.hpp"
-#include "common/safetensors.hpp"
+#include "common/core/check.hpp"
+#include "common/io/atomic_file.hpp"
+#include "common/io/checkpoint.hpp"
+#include "common/io/safetensors.hpp"
 
 using namespace ringzero;
 namespace fs = std::filesystem;

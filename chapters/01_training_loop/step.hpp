@@ -2,11 +2,11 @@
 //
 // Provides: train_step(), one optimizer step on one batch, over TrainingLoop (the one
 // optimizer: training_loop.hpp); the golden test against PyTorch calls it.
-// Leaves out: the loop around it (common/run.hpp), the reporting (training_loop.hpp).
+// Leaves out: the loop around it (common/driver/run.hpp), the reporting (training_loop.hpp).
 #pragma once
 
 #include "chapters/01_training_loop/training_loop.hpp"
-#include "common/train.hpp"
+#include "common/driver/train.hpp"
 
 namespace ringzero {
 

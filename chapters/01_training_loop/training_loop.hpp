@@ -3,21 +3,21 @@
 // Provides: TrainingLoop, the lesson object of one process (the model's one optimizer and what
 // the run reports and saves of it); chapter 02 reuses it.
 // Leaves out: the step (step.hpp), the loop around it (epochs, logging, evaluation:
-// common/run.hpp).
+// common/driver/run.hpp).
 #pragma once
 
 #include <string>
 
-#include "common/metrics.hpp"
-#include "common/replicated_lesson.hpp"
-#include "common/train.hpp"
+#include "common/driver/replicated_lesson.hpp"
+#include "common/driver/train.hpp"
+#include "common/report/metrics.hpp"
 
 namespace ringzero {
 
 /// One process, one model, one optimizer: --optimizer over every parameter, in registration
 /// order (torch.optim.AdamW / SGD over model.parameters()). `precision` holds it: in fp32 the
 /// model's own buffers and that optimizer; with --precision bf16|fp16 the 16-bit model, the
-/// fp32 master weights and AdamW's moments (common/precision.hpp).
+/// fp32 master weights and AdamW's moments (common/precision/precision.hpp).
 class TrainingLoop : public ReplicatedLesson {
  public:
   explicit TrainingLoop(SetUp& s)

@@ -8,7 +8,7 @@
 // turns that sum into the gradient of the full-batch mean: the same step as chapter 01 with
 // 1/K of the activation memory (step.hpp).
 #include "chapters/02_gradient_accumulation/step.hpp"
-#include "common/run.hpp"
+#include "common/driver/run.hpp"
 
 using namespace ringzero;
 

@@ -2,12 +2,12 @@
 //
 // Provides: GradientAccumulation (chapter 01's TrainingLoop, training_loop.hpp, under this
 // chapter's name) and train_step(), one optimizer step in K micro-steps.
-// Leaves out: the loop around it (common/run.hpp), the reporting (training_loop.hpp).
+// Leaves out: the loop around it (common/driver/run.hpp), the reporting (training_loop.hpp).
 #pragma once
 
 #include "chapters/01_training_loop/training_loop.hpp"
-#include "common/check.hpp"  // exercise_stub (scripts/exercise start 02.1)
-#include "common/train.hpp"
+#include "common/core/check.hpp"  // exercise_stub (scripts/exercise start 02.1)
+#include "common/driver/train.hpp"
 
 namespace ringzero {
 

@@ -15,26 +15,26 @@
 // stays Ψ·4 — and so does its time, since one rank's links and memory serve everyone.
 // (MPI_Reduce / MPI_Bcast would move the same payload through a tree, hiding the cost in the
 // library; the lesson is the star, not the tree.)
-// Both are written once over the element type (float, bf16, fp16: common/half.hpp), so the same
-// star carries 16-bit gradients and parameters with --precision bf16|fp16 (Ψ·2 bytes per
+// Both are written once over the element type (float, bf16, fp16: common/core/half.hpp), so the
+// same star carries 16-bit gradients and parameters with --precision bf16|fp16 (Ψ·2 bytes per
 // message; rank 0 adds each one with bf16/fp16's `+=`, one rounding per addition).
 // Provides: reduce_to_rank0, broadcast_from_rank0, their traffic and CentralReducer, the lesson
 // object (rank 0's optimizer and what the driver reports of it); the step is step.hpp's.
 // Leaves out: overlapping communication with backward, tree or ring schedules (chapter 04), the
-// precision (common/precision.hpp).
+// precision (common/precision/precision.hpp).
 #pragma once
 
 #include <optional>
 #include <span>
 #include <string>
 
-#include "common/check.hpp"
-#include "common/comm.hpp"
-#include "common/dist.hpp"
-#include "common/dist_eval.hpp"
-#include "common/metrics.hpp"
-#include "common/replicated_lesson.hpp"
-#include "common/train.hpp"
+#include "common/comm/comm.hpp"
+#include "common/core/check.hpp"
+#include "common/driver/dist_eval.hpp"
+#include "common/driver/replicated_lesson.hpp"
+#include "common/driver/train.hpp"
+#include "common/report/dist.hpp"
+#include "common/report/metrics.hpp"
 
 namespace ringzero {
 

@@ -8,7 +8,7 @@
 // new parameters back (step.hpp, central_reducer.hpp). The numbers match chapter 02 with K = N;
 // rank 0's traffic, printed at the end, grows with N.
 #include "chapters/03_data_parallel/step.hpp"
-#include "common/run.hpp"
+#include "common/driver/run.hpp"
 
 using namespace ringzero;
 

@@ -6,9 +6,9 @@
 #pragma once
 
 #include "chapters/03_data_parallel/central_reducer.hpp"
-#include "common/dist_eval.hpp"  // global_mean
-#include "common/finite_check.hpp"
-#include "common/train.hpp"
+#include "common/checks/finite_check.hpp"
+#include "common/driver/dist_eval.hpp"  // global_mean
+#include "common/driver/train.hpp"
 
 namespace ringzero {
 

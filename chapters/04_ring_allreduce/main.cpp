@@ -10,7 +10,7 @@
 // step, so the weights stay identical without any broadcast. The numbers match chapter 03; the
 // traffic printed at the end is the same on every rank, 2(N−1)/N·Ψ·4 bytes per step.
 #include "chapters/04_ring_allreduce/step.hpp"
-#include "common/run.hpp"
+#include "common/driver/run.hpp"
 
 using namespace ringzero;
 

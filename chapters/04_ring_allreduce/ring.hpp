@@ -16,12 +16,12 @@
 // bandwidth-optimal bound (Patarasuk & Yuan 2009; Baidu's ring all-reduce, 2017).
 // The sum for chunk c is accumulated in ring order starting at rank c + 1; every rank gets
 // bit-identical results because the reduced chunk is copied, not recomputed.
-// One template serves every element type, float, bf16 and fp16 (common/half.hpp): the hop adds
+// One template serves every element type, float, bf16 and fp16 (common/core/half.hpp): the hop adds
 // with the element type's own `+=` (float32 adds; bf16/fp16 add in fp32 and round once).
 // It also serves any communicator with Communicator's rank, world_size, sendrecv, count_call and
 // Scope (tests/tools/gpu_comm_check.cpp runs it over NCCL's sendrecv on device buffers, its add
 // a CUDA kernel). With --device emulated|cuda the chapters run it over the Communicator, as on
-// the CPU: the hop's add dispatches to the device (common/half.hpp's add_into).
+// the CPU: the hop's add dispatches to the device (common/core/half.hpp's add_into).
 // Leaves out: pipelining each chunk in segments (adding one while the next is in flight),
 // bidirectional rings, the tree and recursive-doubling schedules MPI libraries prefer for
 // small messages (latency: the ring takes 2 (N − 1) rounds), and topology awareness.
@@ -34,12 +34,12 @@
 #include <type_traits>
 #include <vector>
 
-#include "common/check.hpp"
-#include "common/comm.hpp"
-#include "common/dist.hpp"
-#include "common/half.hpp"
-#include "common/ledger.hpp"
-#include "common/metrics.hpp"
+#include "common/comm/comm.hpp"
+#include "common/core/check.hpp"
+#include "common/core/half.hpp"
+#include "common/core/ledger.hpp"
+#include "common/report/dist.hpp"
+#include "common/report/metrics.hpp"
 
 namespace ringzero {
 
@@ -78,7 +78,7 @@ inline int64_t ring_all_gather_received(int64_t n, int world_size, int r) {
 }
 
 /// How one reduce-scatter hop adds the chunk it received (`src`) into its own (`dst`, the same
-/// length): dst[i] += src[i] in the element type's arithmetic (add_into, common/half.hpp). For
+/// length): dst[i] += src[i] in the element type's arithmetic (add_into, common/core/half.hpp). For
 /// float that is a float32 add; for bf16/fp16 the receiver widens both to float32, adds, and
 /// rounds the sum once, which is what NCCL's bf16/fp16 reductions do per hop.
 struct RingAdd {
@@ -105,7 +105,7 @@ void ring_reduce_scatter(Comm& comm, std::span<T> buf, std::span<T> scratch,
   if (N == 1) return;
   typename Comm::Scope scope(comm, "ring_reduce_scatter");
   const int64_t s = ring_chunk(n, N, 0).size;
-  BufferOf<T> owned;  // a scratch chunk of T (common/half.hpp)
+  BufferOf<T> owned;  // a scratch chunk of T (common/core/half.hpp)
   if (scratch.empty()) {
     owned = BufferOf<T>(s, MemTag::comm_buffers);
     scratch = owned.span();

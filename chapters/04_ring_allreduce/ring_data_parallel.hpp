@@ -4,7 +4,8 @@
 // Provides: RingDataParallel (the replicated optimizer and the ring's receive buffer), its
 // Flags (--collectives, --bench-allreduce) and all_reduce_gradients(); the step is step.hpp's.
 // Leaves out: the ring itself (ring.hpp), overlap with backward (chapter 05), the precision
-// (common/precision.hpp: the same step in bf16 and fp16, with 16-bit gradients on the wire).
+// (common/precision/precision.hpp: the same step in bf16 and fp16, with 16-bit gradients on the
+// wire).
 #pragma once
 
 #include <algorithm>
@@ -12,15 +13,15 @@
 #include <string>
 
 #include "chapters/04_ring_allreduce/ring.hpp"
-#include "common/bench_allreduce.hpp"
-#include "common/collectives.hpp"
-#include "common/comm.hpp"
-#include "common/dist.hpp"
-#include "common/dist_eval.hpp"
-#include "common/metrics.hpp"
-#include "common/replicated_lesson.hpp"
-#include "common/run.hpp"
-#include "common/train.hpp"
+#include "common/comm/collectives.hpp"
+#include "common/comm/comm.hpp"
+#include "common/driver/dist_eval.hpp"
+#include "common/driver/replicated_lesson.hpp"
+#include "common/driver/run.hpp"
+#include "common/driver/train.hpp"
+#include "common/report/bench_allreduce.hpp"
+#include "common/report/dist.hpp"
+#include "common/report/metrics.hpp"
 
 namespace ringzero {
 
@@ -50,7 +51,7 @@ class RingDataParallel : public ReplicatedLesson {
                        "print a bus-bandwidth table, ours vs MPI_Allreduce, 4 KiB to 64 MiB");
     }
     bool run_instead(Communicator* comm) override {
-      if (bench)  // common/bench_allreduce.hpp: our ring against MPI_Allreduce, checked, timed
+      if (bench)  // common/report/bench_allreduce.hpp: ours vs MPI_Allreduce, checked, timed
         bench_allreduce(*comm, [](Communicator& c, std::span<float> buf, std::span<float> tmp) {
           ring_all_reduce(c, buf, tmp);
         });

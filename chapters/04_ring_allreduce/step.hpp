@@ -6,9 +6,9 @@
 #pragma once
 
 #include "chapters/04_ring_allreduce/ring_data_parallel.hpp"
-#include "common/dist_eval.hpp"  // global_mean
-#include "common/finite_check.hpp"
-#include "common/train.hpp"
+#include "common/checks/finite_check.hpp"
+#include "common/driver/dist_eval.hpp"  // global_mean
+#include "common/driver/train.hpp"
 
 namespace ringzero {
 

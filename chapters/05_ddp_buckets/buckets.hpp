@@ -22,7 +22,7 @@
 // actually arrived, which gives the plan below. Our order of arrival is known in advance.)
 //
 // Every rank must cut the same buckets, or the ranks would pair up all-reduces of different
-// sizes: check_bucket_plans_match() (common/bucket_tools.hpp, with the bucket flags and the
+// sizes: check_bucket_plans_match() (common/driver/bucket_tools.hpp, with the bucket flags and the
 // --explain-buckets table) verifies that at start-up.
 // Leaves out: rebuilding buckets from the observed order, dtypes other than float32.
 #pragma once
@@ -32,8 +32,8 @@
 #include <span>
 #include <vector>
 
-#include "common/bucket_tools.hpp"  // the flags, --explain-buckets, the plans-match check
-#include "common/check.hpp"
+#include "common/core/check.hpp"
+#include "common/driver/bucket_tools.hpp"  // the flags, --explain-buckets, the plans-match check
 
 namespace ringzero {
 

@@ -4,7 +4,7 @@
 // layer's gradients are final long before the first layer's are computed. DDP registers a
 // gradient-ready hook on every parameter; when the last parameter of a bucket (buckets.hpp)
 // is ready, that bucket's all-reduce is launched on the communication thread
-// (common/comm_queue.hpp) while the main thread carries on with backward:
+// (common/comm/comm_queue.hpp) while the main thread carries on with backward:
 //
 //   main thread:  backward 4 ─▶ backward 2 ────────▶ backward 0 ──▶ finalize ▶ optimizer step
 //   comm thread:            └─ all_reduce bucket 0 ─┘             └ all_reduce bucket 1 ┘
@@ -14,11 +14,11 @@
 // does, every rank's optimizer (its own ReplicatedPrecision), describe(), and the traffic
 // theory (chapter 04's ring, per bucket; the ledger formula is chapter 04's too). With
 // --check-collectives, the communication queue first checks that every rank is about to run
-// the same all-reduce (common/comm_queue.hpp), so a rank out of order stops every rank with a
+// the same all-reduce (common/comm/comm_queue.hpp), so a rank out of order stops every rank with a
 // message instead of a crash inside MPI or different weights.
 // A bucket is a range of the gradients in their element type (float, bf16, fp16); the mean and
-// the --reduce-dtype are the precision's (common/precision.hpp), the all-reduce chapter 04's.
-// Leaves out: bucket rebuilding, comm hooks (compression), static graphs, broadcast buffers.
+// the --reduce-dtype are the precision's (common/precision/precision.hpp), the all-reduce chapter
+// 04's. Leaves out: bucket rebuilding, comm hooks (compression), static graphs, broadcast buffers.
 #pragma once
 
 #include <algorithm>
@@ -31,12 +31,12 @@
 #include "chapters/05_ddp_buckets/buckets.hpp"
 #include "chapters/05_ddp_buckets/options.hpp"
 #include "chapters/05_ddp_buckets/readiness.hpp"
-#include "common/collectives.hpp"
-#include "common/comm_queue.hpp"
-#include "common/engine_description.hpp"
-#include "common/metrics.hpp"
-#include "common/precision.hpp"
-#include "common/train.hpp"
+#include "common/comm/collectives.hpp"
+#include "common/comm/comm_queue.hpp"
+#include "common/driver/engine_description.hpp"
+#include "common/driver/train.hpp"
+#include "common/precision/precision.hpp"
+#include "common/report/metrics.hpp"
 
 namespace ringzero {
 
@@ -68,12 +68,12 @@ class DDP {
 
   Communicator& comm() const { return comm_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
-  /// The --explain-buckets table of this plan (common/bucket_tools.hpp).
+  /// The --explain-buckets table of this plan (common/driver/bucket_tools.hpp).
   std::string explain() const {
     return explain_buckets(buckets_, model_, options_.bucket_cap_mb, options_.first_bucket_cap_mb);
   }
-  /// Every rank's optimizer, the same on each (common/precision.hpp): the gradients, their
-  /// mean and --reduce-dtype, the loss scale, the backward seed.
+  /// Every rank's optimizer, the same on each (common/precision/precision.hpp): the gradients,
+  /// their mean and --reduce-dtype, the loss scale, the backward seed.
   ReplicatedPrecision& optimizer() { return precision_; }
   const ReplicatedPrecision& optimizer() const { return precision_; }
 
@@ -90,7 +90,7 @@ class DDP {
   /// false.
   void finalize_backward() { readiness_.finalize_backward(); }
 
-  /// What this engine is, as data (common/engine_description.hpp): no ZeRO stage, buckets.
+  /// What this engine is, as data (common/driver/engine_description.hpp): no ZeRO stage, buckets.
   EngineDescription describe() const {
     return {.zero_stage = 0,
             .unit = "buckets",
@@ -119,7 +119,7 @@ class DDP {
 
  private:
   // Queues bucket b's all-reduce on the communication thread (checked across ranks first with
-  // --check-collectives, traced with --trace: common/comm_queue.hpp); returns at once.
+  // --check-collectives, traced with --trace: common/comm/comm_queue.hpp); returns at once.
   void launch(int b) {
     const Bucket& bucket = buckets_[b];
     comm_queue_.submit(

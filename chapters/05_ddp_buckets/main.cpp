@@ -10,7 +10,7 @@
 // has produced its last gradient, while backward goes on with the earlier layers. --trace
 // writes the timeline that shows it (open it in ui.perfetto.dev, or see the chapter README).
 #include "chapters/05_ddp_buckets/step.hpp"
-#include "common/run.hpp"
+#include "common/driver/run.hpp"
 
 using namespace ringzero;
 

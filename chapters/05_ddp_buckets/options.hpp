@@ -4,9 +4,9 @@
 #pragma once
 
 #include "chapters/05_ddp_buckets/buckets.hpp"
-#include "common/collectives.hpp"
-#include "common/run.hpp"
-#include "common/trace.hpp"
+#include "common/comm/collectives.hpp"
+#include "common/driver/run.hpp"
+#include "common/report/trace.hpp"
 
 namespace ringzero {
 
@@ -27,7 +27,7 @@ struct DDPFlags : LessonOptions {
 
   void add_flags(CommandLine& cli) override {
     add_collectives_flag(cli.app, options.collectives, "ring (chapter 04's) | mpi (MPI_Allreduce)");
-    add_bucket_flags(cli, options);  // common/bucket_tools.hpp
+    add_bucket_flags(cli, options);  // common/driver/bucket_tools.hpp
     cli.app.add_flag("--explain-buckets", explain,
                      "print the bucket plan (buckets, parameters, elements, bytes)");
   }

@@ -31,8 +31,8 @@
 #include <vector>
 
 #include "chapters/05_ddp_buckets/buckets.hpp"
-#include "common/check.hpp"
-#include "common/nn.hpp"
+#include "common/core/check.hpp"
+#include "common/core/nn.hpp"
 
 namespace ringzero {
 

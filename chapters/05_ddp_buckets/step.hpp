@@ -2,16 +2,16 @@
 // backward, and no_sync for gradient accumulation.
 //
 // Provides: train_step() over the DDP engine and DDPTraining, the lesson the driver runs: the
-// engine and its description (common/engine_lesson.hpp); its flags are DDPFlags (options.hpp).
-// Leaves out: the bucket plan (buckets.hpp), the hooks (readiness.hpp), the all-reduce
-// (ddp.hpp), the precision (common/precision.hpp).
+// engine and its description (common/driver/engine_lesson.hpp); its flags are DDPFlags
+// (options.hpp). Leaves out: the bucket plan (buckets.hpp), the hooks (readiness.hpp), the
+// all-reduce (ddp.hpp), the precision (common/precision/precision.hpp).
 #pragma once
 
 #include "chapters/05_ddp_buckets/ddp.hpp"
-#include "common/dist_eval.hpp"
-#include "common/engine_lesson.hpp"
-#include "common/lesson.hpp"
-#include "common/train.hpp"
+#include "common/driver/dist_eval.hpp"
+#include "common/driver/engine_lesson.hpp"
+#include "common/driver/lesson.hpp"
+#include "common/driver/train.hpp"
 
 namespace ringzero {
 

@@ -14,14 +14,14 @@
 
 #include "chapters/04_ring_allreduce/ring.hpp"
 #include "chapters/06_zero1/shard.hpp"
-#include "common/check.hpp"
-#include "common/collectives.hpp"
-#include "common/comm.hpp"
-#include "common/device_memory.hpp"
-#include "common/dist.hpp"
-#include "common/half.hpp"
-#include "common/metrics.hpp"
-#include "common/typed_collectives.hpp"
+#include "common/comm/collectives.hpp"
+#include "common/comm/comm.hpp"
+#include "common/comm/typed_collectives.hpp"
+#include "common/core/check.hpp"
+#include "common/core/device_memory.hpp"
+#include "common/core/half.hpp"
+#include "common/report/dist.hpp"
+#include "common/report/metrics.hpp"
 
 namespace ringzero {
 

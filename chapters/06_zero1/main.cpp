@@ -10,7 +10,7 @@
 // (shard.hpp) of every bucket; each rank's optimizer updates only that shard, so Adam's state
 // shrinks to 8Ψ/N per rank; an all-gather then gives every rank the updated parameters.
 #include "chapters/06_zero1/step.hpp"
-#include "common/run.hpp"
+#include "common/driver/run.hpp"
 
 using namespace ringzero;
 

@@ -1,13 +1,13 @@
 // The options and flags of the bucketed ZeRO engines (chapters 06-07, which share them
 // unchanged): chapter 05's bucket flags, --collectives, --explain-buckets and the memory
-// calculator (common/zero_lesson.hpp's ZeroFlags).
+// calculator (common/zero/zero_lesson.hpp's ZeroFlags).
 // Leaves out: the engines (zero.hpp).
 #pragma once
 
 #include "chapters/05_ddp_buckets/buckets.hpp"
-#include "common/collectives.hpp"
-#include "common/trace.hpp"
-#include "common/zero_lesson.hpp"
+#include "common/comm/collectives.hpp"
+#include "common/report/trace.hpp"
+#include "common/zero/zero_lesson.hpp"
 
 namespace ringzero {
 
@@ -29,7 +29,7 @@ struct ZeroBucketFlags : ZeroFlags {
 
   void add_flags(CommandLine& cli) override {
     add_zero_flags(cli, options.collectives);
-    add_bucket_flags(cli, options);  // common/bucket_tools.hpp
+    add_bucket_flags(cli, options);  // common/driver/bucket_tools.hpp
     cli.app.add_flag("--explain-buckets", explain,
                      "print the bucket plan (buckets, parameters, elements, bytes)");
   }

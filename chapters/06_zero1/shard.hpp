@@ -25,10 +25,10 @@
 // bucket smaller than N leaves some ranks owning only padding; they still join every
 // collective, with an empty optimizer. Padding is counted under its own ledger tag.
 // Also in this chapter, one concept each: bucket_collectives.hpp (a padded bucket's
-// reduce-scatter and all-gather, and their bytes); below it, common/padded_buffer.hpp (the
-// ledger's padding column), common/shard_buffers.hpp (the reduce's scratch and the mean, 16-bit
-// widening), common/sharded_clip.hpp (clip_grad_norm over the shards) and
-// common/shard_state.hpp (the shards gathered whole, and a checkpoint's pieces).
+// reduce-scatter and all-gather, and their bytes); below it, common/zero/padded_buffer.hpp (the
+// ledger's padding column), common/precision/shard_buffers.hpp (the reduce's scratch and the mean,
+// 16-bit widening), common/zero/sharded_clip.hpp (clip_grad_norm over the shards) and
+// common/zero/shard_state.hpp (the shards gathered whole, and a checkpoint's pieces).
 // Leaves out: parameter sharding (ZeRO-3 keeps only the shard of the parameters too).
 #pragma once
 
@@ -37,8 +37,8 @@
 #include <vector>
 
 #include "chapters/05_ddp_buckets/buckets.hpp"
-#include "common/engine_description.hpp"
-#include "common/nn.hpp"
+#include "common/core/nn.hpp"
+#include "common/driver/engine_description.hpp"
 
 namespace ringzero {
 
@@ -125,7 +125,7 @@ inline int64_t shard_real_of(const ShardLayout& layout, int rank) {
   return real;
 }
 
-/// The layout's buckets as the engine description's units (common/engine_description.hpp).
+/// The layout's buckets as the engine description's units (common/driver/engine_description.hpp).
 inline std::vector<ShardUnit> shard_units(const ShardLayout& layout) {
   std::vector<ShardUnit> units;
   for (const BucketShard& s : layout.buckets) units.push_back({s.offset, s.size, s.shard_size});

@@ -15,13 +15,13 @@
 // stay whole (keeping only the shard is chapter 07). Every rank stays in step by chapter 05's
 // rules, used as they are (readiness.hpp: "Rules that keep every rank in step", "Unused
 // parameters"), reduce-scatter in place of all-reduce; with --check-collectives the
-// communication queue checks each reduce-scatter across ranks first (common/comm_queue.hpp; the
-// all-gathers of step() run in a fixed loop). Leaves out: bucket rebuilding, comm hooks, static
+// communication queue checks each reduce-scatter across ranks first (common/comm/comm_queue.hpp;
+// the all-gathers of step() run in a fixed loop). Leaves out: bucket rebuilding, comm hooks, static
 // graphs, broadcast buffers, overlapping the all-gather with the next forward (DeepSpeed's
 // prefetch).
 //
-// Written once over the element types (common/shard_precision.hpp): T, the parameters' and
-// gradients' (float, or bf16/fp16 with --precision), and R, the reduced gradient's
+// Written once over the element types (common/precision/shard_precision.hpp): T, the parameters'
+// and gradients' (float, or bf16/fp16 with --precision), and R, the reduced gradient's
 // (--reduce-dtype). In 16 bits the buffers hold 2 bytes per element, each rank's optimizer
 // is the fp32 master weights and AdamW moments of its shard (12 bytes per element) and the
 // all-gather moves the rounded parameters: model states 2Ψ + 2Ψ + 12Ψ/N, 2(N−1)/N·2(Ψ +
@@ -38,25 +38,25 @@
 #include "chapters/05_ddp_buckets/buckets.hpp"
 #include "chapters/05_ddp_buckets/readiness.hpp"
 #include "chapters/06_zero1/bucket_collectives.hpp"
-#include "chapters/06_zero1/shard.hpp"
 #include "chapters/06_zero1/options.hpp"
-#include "common/collectives.hpp"
-#include "common/comm_queue.hpp"
-#include "common/dist.hpp"
-#include "common/engine_description.hpp"
-#include "common/padded_buffer.hpp"
-#include "common/shard_precision.hpp"
-#include "common/shard_state.hpp"
-#include "common/typed_collectives.hpp"
-#include "common/train.hpp"
-#include "common/zero_memory.hpp"
+#include "chapters/06_zero1/shard.hpp"
+#include "common/comm/collectives.hpp"
+#include "common/comm/comm_queue.hpp"
+#include "common/comm/typed_collectives.hpp"
+#include "common/driver/engine_description.hpp"
+#include "common/driver/train.hpp"
+#include "common/precision/shard_precision.hpp"
+#include "common/report/dist.hpp"
+#include "common/zero/padded_buffer.hpp"
+#include "common/zero/shard_state.hpp"
+#include "common/zero/zero_memory.hpp"
 
 namespace ringzero {
 
 /// ZeRO stage 1 (the ZeRO paper's P_os) on chapter 05's buckets: every rank holds every
 /// parameter and gradient (padded per bucket) and the optimizer state of its shard only.
 /// T: the parameters' and gradients' element type, R: the reduced gradient's (float, bf16,
-/// fp16; common/shard_precision.hpp). Collective: every rank constructs one and calls its
+/// fp16; common/precision/shard_precision.hpp). Collective: every rank constructs one and calls its
 /// methods in the same order. Chapter 07's ZeRO-2 extends it: the virtual members are where
 /// the gradients are kept, the rest is ZeRO-2's too except the reporting members (describe,
 /// model_states_bytes, ledger_formula, nonzero_padding), which Zero2 hides: not virtual, so
@@ -118,7 +118,7 @@ class Zero1 {
   Communicator& comm() const { return comm_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
   const ShardLayout& layout() const { return layout_; }
-  /// What this engine is, as data (common/engine_description.hpp): stage 1, buckets, shards.
+  /// What this engine is, as data (common/driver/engine_description.hpp): stage 1, buckets, shards.
   EngineDescription describe() const {
     return {.zero_stage = 1,
             .unit = "buckets",
@@ -128,7 +128,7 @@ class Zero1 {
             .units = shard_units(layout_),
             .padding = layout_.padding_total};
   }
-  /// The --explain-buckets table (common/bucket_tools.hpp).
+  /// The --explain-buckets table (common/driver/bucket_tools.hpp).
   std::string explain() const {
     return explain_buckets(buckets_, model_, options_.bucket_cap_mb, options_.first_bucket_cap_mb,
                            "reduce-scattered");
@@ -146,7 +146,7 @@ class Zero1 {
                                element_bytes<R>(), element_bytes<T>());
   }
 
-  /// The padded parameters, every bucket (tests; common/shard_state.hpp saves and loads them).
+  /// The padded parameters, every bucket (tests; common/zero/shard_state.hpp saves and loads them).
   std::span<T> parameter_storage() { return params_.span(); }
   /// This rank's optimizer: its shard's state, the loss scale, the backward seed.
   ShardOptimizer& optimizer() { return optimizer_; }
@@ -167,8 +167,8 @@ class Zero1 {
 
   /// Collective, after finalize_backward(): this rank's optimizer updates the real elements of
   /// its shard of every bucket (clipped with --clip-grad-norm over every rank's shards first:
-  /// common/sharded_clip.hpp), then each bucket's parameters are all-gathered on the comm thread
-  /// (bucket b's while the optimizer works on b + 1). Returns when every rank holds every
+  /// common/zero/sharded_clip.hpp), then each bucket's parameters are all-gathered on the comm
+  /// thread (bucket b's while the optimizer works on b + 1). Returns when every rank holds every
   /// parameter; false, on every rank, when fp16's loss scaler found an overflow on some rank
   /// (nothing updated, nothing gathered).
   bool step() {
@@ -193,9 +193,9 @@ class Zero1 {
   }
 
   /// Collective: one bucket's padded fp32 buffer all-gathered with the ring (rank r's shard at
-  /// r·s; any --collectives), for the states common/shard_state.hpp gathers whole.
+  /// r·s; any --collectives), for the states common/zero/shard_state.hpp gathers whole.
   void gather_state(size_t, std::span<float> bucket) { ring_all_gather(comm_, bucket); }
-  /// Elements of the padding that are not zero: must be 0 (common/shard_state.hpp).
+  /// Elements of the padding that are not zero: must be 0 (common/zero/shard_state.hpp).
   int64_t nonzero_padding() const {
     return count_nonzero_padding(describe(), comm_.rank(), params_.span(), false) +
            count_nonzero_padding(describe(), comm_.rank(), grads_.span(), false);
@@ -215,7 +215,7 @@ class Zero1 {
   }
 
   // Queues bucket b's reduce-scatter on the communication thread (checked and traced there:
-  // common/comm_queue.hpp); returns at once.
+  // common/comm/comm_queue.hpp); returns at once.
   virtual void launch(int b) {
     const BucketShard& s = layout_.buckets[b];
     comm_queue_.submit(

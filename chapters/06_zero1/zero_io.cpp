@@ -2,7 +2,7 @@
 // the ledger's formula line). zero.hpp declares them; the engine is instantiated here for the
 // element types with_precision builds.
 // Leaves out: everything the training step does (zero.hpp); what it saves (--save-final,
-// --save-optimizer-state, checkpoints: derived from describe() in common/shard_state.hpp).
+// --save-optimizer-state, checkpoints: derived from describe() in common/zero/shard_state.hpp).
 #include <string>
 #include <vector>
 

@@ -10,7 +10,7 @@
 // chunk into its gradient shard and frees the bucket. The ledger shows gradients of 4Ψ/N per
 // rank plus at most two buckets in flight, beside ZeRO-2's formula 4Ψ + (4Ψ + 8Ψ)/N.
 #include "chapters/07_zero2/step.hpp"
-#include "common/run.hpp"
+#include "common/driver/run.hpp"
 
 using namespace ringzero;
 

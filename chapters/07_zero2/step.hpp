@@ -1,17 +1,17 @@
 // Chapter 07's step: training with ZeRO-2 (zero.hpp), gradients sharded over ranks too.
 //
 // Provides: train_step() over the Zero2 engine, one for every precision (the engine is built
-// over the element types --precision and --reduce-dtype pick: common/shard_precision.hpp), and
-// Zero2Training, the lesson the driver runs: the engine and its description
-// (common/engine_lesson.hpp).
+// over the element types --precision and --reduce-dtype pick:
+// common/precision/shard_precision.hpp), and Zero2Training, the lesson the driver runs: the engine
+// and its description (common/driver/engine_lesson.hpp).
 // Leaves out: the buckets, shards and collectives (zero.hpp, shard.hpp, bucket_collectives.hpp).
 #pragma once
 
 #include "chapters/07_zero2/zero.hpp"
-#include "common/dist_eval.hpp"
-#include "common/engine_lesson.hpp"
-#include "common/lesson.hpp"
-#include "common/train.hpp"
+#include "common/driver/dist_eval.hpp"
+#include "common/driver/engine_lesson.hpp"
+#include "common/driver/lesson.hpp"
+#include "common/driver/train.hpp"
 
 namespace ringzero {
 

@@ -17,7 +17,7 @@
 // traffic, not bitwise).
 // Every rank stays in step by chapter 05's readiness.hpp ("Rules that keep every rank in
 // step", "Unused parameters"), reduce-scatter in place of all-reduce; --check-collectives checks
-// each reduce-scatter across ranks first (common/comm_queue.hpp). Leaves out: what chapter
+// each reduce-scatter across ranks first (common/comm/comm_queue.hpp). Leaves out: what chapter
 // 06's zero.hpp leaves out.
 //
 // A new file, not a diff of chapter 06's zero.hpp: Zero2 extends Zero1, whose step (the
@@ -25,8 +25,8 @@
 // are. What it overrides is where the gradients are kept: zero_grad, finalize_backward, the
 // gradient shard and the reduce-scatter's job.
 //
-// Written over the element types as chapter 06 (common/shard_precision.hpp): in 16 bits the
-// parameters and each bucket in flight hold 2 bytes per element, and the gradient shard holds
+// Written over the element types as chapter 06 (common/precision/shard_precision.hpp): in 16 bits
+// the parameters and each bucket in flight hold 2 bytes per element, and the gradient shard holds
 // the reduced gradient in R (2 bytes, or 4 with --reduce-dtype fp32): model states 2Ψ + (2 +
 // 12)Ψ/N plus two 16-bit buckets; the same bytes per step and the same sums as chapter 06.
 #pragma once
@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "chapters/06_zero1/zero.hpp"
-#include "common/padded_buffer.hpp"
+#include "common/zero/padded_buffer.hpp"
 
 namespace ringzero {
 
@@ -108,7 +108,7 @@ class Zero2 : public Zero1<T, R> {
     for (size_t b = 0; b < bucket_grads_.size(); ++b) free_bucket(b);
   }
 
-  /// Elements of the padding that are not zero: must be 0 (common/shard_state.hpp).
+  /// Elements of the padding that are not zero: must be 0 (common/zero/shard_state.hpp).
   int64_t nonzero_padding() const {
     return count_nonzero_padding(describe(), comm_.rank(), params_.span(), false) +
            count_nonzero_padding(describe(), comm_.rank(), grad_shard_.span(), true);
@@ -146,7 +146,7 @@ class Zero2 : public Zero1<T, R> {
   }
 
   // Queues bucket b's reduce-scatter on the communication thread (checked and traced there:
-  // common/comm_queue.hpp); returns at once.
+  // common/comm/comm_queue.hpp); returns at once.
   void launch(int b) override {
     allocate_bucket(b);  // only for a bucket no backward touched (find_unused_parameters)
     const BucketShard& s = layout_.buckets[b];

@@ -2,7 +2,7 @@
 // exact model-state bytes, the buckets in flight and the ledger's formula line). zero.hpp
 // declares them.
 // Leaves out: everything the training step does (zero.hpp); what it saves (--save-final,
-// --save-optimizer-state, checkpoints: derived from describe() in common/shard_state.hpp).
+// --save-optimizer-state, checkpoints: derived from describe() in common/zero/shard_state.hpp).
 #include <algorithm>
 #include <string>
 #include <vector>

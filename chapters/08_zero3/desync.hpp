@@ -14,8 +14,8 @@
 // (if no two neighbours differ, none differ) and fails, naming both; run_main's MPI_Abort
 // then stops every rank. The rank that runs ahead is caught too: its extra collective meets
 // the others' next one, whose header differs. Cost: 16 bytes per collective, counted apart.
-// The check itself is common/collective_check.hpp's, run by the communication queue
-// (common/comm_queue.hpp) as for chapters 05-07 (which run it under --check-collectives); this
+// The check itself is common/checks/collective_check.hpp's, run by the communication queue
+// (common/comm/comm_queue.hpp) as for chapters 05-07 (which run it under --check-collectives); this
 // chapter runs it always, as part of its traffic.
 // Leaves out: checking the data's contents, and divergences that post the same collectives
 // (a rank that skips a layer's compute but not its hooks computes garbage, in step).
@@ -25,7 +25,7 @@
 #include <string>
 
 #include "chapters/08_zero3/layer_shard.hpp"
-#include "common/collective_check.hpp"
+#include "common/checks/collective_check.hpp"
 
 namespace ringzero {
 
@@ -46,10 +46,10 @@ inline std::string describe_layer_collective(const CollectiveHeader& h, const La
   return std::string(out) + " (" + std::to_string(h.size) + " elements)";
 }
 
-/// The desync check of a ZeRO-3 engine's queue (common/comm_queue.hpp runs it right before each
-/// collective): on, always, and counted as the operation "desync_check" (part of this chapter's
-/// traffic); each header is (seq, layer, Zero3 kind, P_l), described by describe_layer_collective.
-/// `layout` must outlive the queue. World size 1: nothing to check.
+/// The desync check of a ZeRO-3 engine's queue (common/comm/comm_queue.hpp runs it right before
+/// each collective): on, always, and counted as the operation "desync_check" (part of this
+/// chapter's traffic); each header is (seq, layer, Zero3 kind, P_l), described by
+/// describe_layer_collective. `layout` must outlive the queue. World size 1: nothing to check.
 inline CollectiveSequence desync_check(const LayerLayout& layout) {
   return CollectiveSequence(
       /*enabled=*/true, "desync_check",

@@ -17,9 +17,9 @@
 #include "chapters/06_zero1/bucket_collectives.hpp"
 #include "chapters/08_zero3/desync.hpp"
 #include "chapters/08_zero3/layer_shard.hpp"
-#include "common/comm_queue.hpp"
-#include "common/padded_buffer.hpp"
-#include "common/shard_buffers.hpp"
+#include "common/comm/comm_queue.hpp"
+#include "common/precision/shard_buffers.hpp"
+#include "common/zero/padded_buffer.hpp"
 
 namespace ringzero {
 

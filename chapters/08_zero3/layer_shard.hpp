@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "chapters/06_zero1/shard.hpp"
-#include "common/collectives.hpp"
-#include "common/dist.hpp"
-#include "common/metrics.hpp"
-#include "common/nn.hpp"
+#include "common/comm/collectives.hpp"
+#include "common/core/nn.hpp"
+#include "common/report/dist.hpp"
+#include "common/report/metrics.hpp"
 
 namespace ringzero {
 

@@ -12,7 +12,7 @@
 // one computes (prefetch). Model states fall to (4 + 4 + 8)Ψ/N per rank; the traffic grows
 // to 3(N−1)/N·4Ψ per step, 1.5× chapter 07's: the parameters travel twice.
 #include "chapters/08_zero3/step.hpp"
-#include "common/run.hpp"
+#include "common/driver/run.hpp"
 
 using namespace ringzero;
 

@@ -1,12 +1,12 @@
 // The options and flags of chapter 08's ZeRO-3 engine: --collectives and the memory calculator
-// (common/zero_lesson.hpp's ZeroFlags), --no-prefetch, --find-unused-parameters and
+// (common/zero/zero_lesson.hpp's ZeroFlags), --no-prefetch, --find-unused-parameters and
 // --explain-layers.
 // Leaves out: the engine (zero3.hpp).
 #pragma once
 
-#include "common/collectives.hpp"
-#include "common/trace.hpp"
-#include "common/zero_lesson.hpp"
+#include "common/comm/collectives.hpp"
+#include "common/report/trace.hpp"
+#include "common/zero/zero_lesson.hpp"
 
 namespace ringzero {
 

@@ -2,17 +2,17 @@
 // parameters sharded over ranks.
 //
 // Provides: train_step() over the Zero3 engine, one for every precision (the engine is built
-// over the element types --precision and --reduce-dtype pick: common/shard_precision.hpp), and
-// Zero3Training, the lesson the driver runs: the engine and its description
-// (common/engine_lesson.hpp); its flags are Zero3Flags (options.hpp).
+// over the element types --precision and --reduce-dtype pick:
+// common/precision/shard_precision.hpp), and Zero3Training, the lesson the driver runs: the engine
+// and its description (common/driver/engine_lesson.hpp); its flags are Zero3Flags (options.hpp).
 // Leaves out: the layer shards and their collectives (zero3.hpp, layer_shard.hpp).
 #pragma once
 
 #include "chapters/08_zero3/zero3.hpp"
-#include "common/dist_eval.hpp"
-#include "common/engine_lesson.hpp"
-#include "common/lesson.hpp"
-#include "common/train.hpp"
+#include "common/driver/dist_eval.hpp"
+#include "common/driver/engine_lesson.hpp"
+#include "common/driver/lesson.hpp"
+#include "common/driver/train.hpp"
 
 namespace ringzero {
 

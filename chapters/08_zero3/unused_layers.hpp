@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "chapters/08_zero3/layer_shard.hpp"
-#include "common/check.hpp"
+#include "common/core/check.hpp"
 
 namespace ringzero {
 

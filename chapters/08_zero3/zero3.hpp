@@ -1,7 +1,7 @@
 // ZeRO-3 (Rajbhandari et al. 2020, §5.3, P_os+g+p; PyTorch's FSDP, DeepSpeed's stage 3): the
 // parameters are sharded too. Each rank keeps only its shard of every Linear layer
 // (layer_shard.hpp); a layer's full parameters exist only while it computes. Per layer and
-// micro-step, on common/nn.hpp's module hooks:
+// micro-step, on common/core/nn.hpp's module hooks:
 //   pre-forward    all-gather the layer's parameters into a fresh buffer; point weight/bias at it
 //   post-forward   free it
 //   pre-backward   all-gather them again; allocate the layer's full gradient (zeros)
@@ -16,8 +16,8 @@
 //   reduce-scatter per bucket, no_sync → per layer and micro-step, into the gradient shard
 //   all-gather after the step          → before each forward and backward, prefetched
 //   full parameters on every rank      → a layer's, only while it computes
-// Written once over the element types (common/shard_precision.hpp): T, the shards' and the
-// collectives' (float, or bf16/fp16 with --precision), and R, the gradient shard's and its
+// Written once over the element types (common/precision/shard_precision.hpp): T, the shards' and
+// the collectives' (float, or bf16/fp16 with --precision), and R, the gradient shard's and its
 // reduce-scatter's (--reduce-dtype). A layer computes in fp32 either way (in 16 bits its
 // gathered values are widened, its gradient rounded to T once); each rank's optimizer is the
 // fp32 master weights of its shard in 16 bits: model states (2 + 2 + 12)Ψ/N (the ZeRO paper's
@@ -38,15 +38,15 @@
 #include "chapters/08_zero3/layer_shard.hpp"
 #include "chapters/08_zero3/options.hpp"
 #include "chapters/08_zero3/unused_layers.hpp"
-#include "common/collectives.hpp"
-#include "common/dist.hpp"
-#include "common/engine_description.hpp"
-#include "common/padded_buffer.hpp"
-#include "common/shard_precision.hpp"
-#include "common/shard_state.hpp"
-#include "common/train.hpp"
-#include "common/typed_collectives.hpp"
-#include "common/zero_memory.hpp"
+#include "common/comm/collectives.hpp"
+#include "common/comm/typed_collectives.hpp"
+#include "common/driver/engine_description.hpp"
+#include "common/driver/train.hpp"
+#include "common/precision/shard_precision.hpp"
+#include "common/report/dist.hpp"
+#include "common/zero/padded_buffer.hpp"
+#include "common/zero/shard_state.hpp"
+#include "common/zero/zero_memory.hpp"
 
 namespace ringzero {
 
@@ -170,13 +170,14 @@ class Zero3 {
   }
 
   /// Collective: layer l's padded fp32 buffer (P_l) all-gathered, rank r's shard at r·s_l, for
-  /// the states common/shard_state.hpp gathers whole (--save-final, --save-optimizer-state).
+  /// the states common/zero/shard_state.hpp gathers whole (--save-final, --save-optimizer-state).
   void gather_state(size_t l, std::span<float> layer);
-  /// This rank's parameter shards, layer after layer (common/shard_state.hpp saves and loads them).
+  /// This rank's parameter shards, layer after layer (common/zero/shard_state.hpp saves and loads
+  /// them).
   std::span<T> parameter_storage() { return params_.span(); }
 
   /// Elements of the padding of the parameter and gradient shards that are not zero: must be 0
-  /// (common/shard_state.hpp).
+  /// (common/zero/shard_state.hpp).
   int64_t nonzero_padding() const {
     return count_nonzero_padding(describe(), comm_.rank(), params_.span(), false) +
            count_nonzero_padding(describe(), comm_.rank(), grads_.span(), false);

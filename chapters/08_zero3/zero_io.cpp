@@ -2,7 +2,7 @@
 // (model-state and in-flight bytes, the traffic theory, the ledger's formula line), how a state
 // is gathered whole (gather_state: one layer at a time). zero3.hpp declares them.
 // Leaves out: everything the training step does (zero3.hpp); what it saves (--save-final,
-// --save-optimizer-state, checkpoints: derived from describe() in common/shard_state.hpp).
+// --save-optimizer-state, checkpoints: derived from describe() in common/zero/shard_state.hpp).
 #include <algorithm>
 #include <span>
 #include <string>

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "common/check.hpp"
+#include "common/core/check.hpp"
 
 namespace grade {
 

@@ -70,7 +70,7 @@ int reduce_scatter_grader(Communicator& comm) {
     check_bytes(report, comm, n, ring_reduce_scatter_sent(n, N, r),
                 ring_reduce_scatter_received(n, N, r), "reduce-scatter");
   }
-  for (int64_t n : kCounts) {  // the same template on bf16 values (common/half.hpp)
+  for (int64_t n : kCounts) {  // the same template on bf16 values (common/core/half.hpp)
     std::vector<bf16> buf(n);
     for (int64_t i = 0; i < n; ++i) buf[i] = bf16::from_float(small_value(r, i));
     ring_reduce_scatter(comm, std::span<bf16>(buf));

@@ -1,10 +1,10 @@
 // Graders for the exercises in common/ (chapter 01): one process, no MPI collectives.
 //
-//   grade_common linear_backward   01.1  common/ops.cpp linear_backward, kernels::column_sum
-//   grade_common cross_entropy     01.2  common/ops.cpp cross_entropy_forward / _backward,
+//   grade_common linear_backward   01.1  common/core/ops.cpp linear_backward, kernels::column_sum
+//   grade_common cross_entropy     01.2  common/core/ops.cpp cross_entropy_forward / _backward,
 //                                        kernels::softmax_cross_entropy_row, cross_entropy_grad
-//                                        (common/kernels.hpp: the GPU runs these)
-//   grade_common adamw             01.3  common/optim.cpp AdamW::step
+//                                        (common/core/kernels.hpp: the GPU runs these)
+//   grade_common adamw             01.3  common/core/optim.cpp AdamW::step
 //
 // Each compares the library function with a reference written here in float64 from the
 // formula (PyTorch's documented semantics), element by element. Tolerances: float32 results
@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "common/kernels.hpp"
-#include "common/ops.hpp"
-#include "common/optim.hpp"
+#include "common/core/kernels.hpp"
+#include "common/core/ops.hpp"
+#include "common/core/optim.hpp"
 #include "exercises/graders/grade.hpp"
 
 using namespace ringzero;
@@ -82,7 +82,7 @@ int linear_backward_grader() {
     report.close("dbias[" + std::to_string(o) + "] with dinp undefined", s, dbias2[o], kAtol, kRtol,
                  "an undefined dinp (first layer) changes nothing else");
   }
-  // kernels::column_sum, the GPU's bias gradient (common/gpu/kernels.cu): the same sums.
+  // kernels::column_sum, the GPU's bias gradient (common/device/gpu/kernels.cu): the same sums.
   for (int64_t o = 0; o < OC; ++o) {
     double s = 0;
     for (int64_t b = 0; b < B; ++b) s += dout[b * OC + o];
@@ -140,7 +140,7 @@ int cross_entropy_grader() {
       report.close(at2("dlogits", b, c), dlogits0[b * C + c] + g, dlogits[b * C + c], kAtol, kRtol,
                    "dlogits += dloss / B · (probs - onehot(label)), accumulated");
     }
-  // The GPU's per-row and per-element functions (common/kernels.hpp), on the same rows.
+  // The GPU's per-row and per-element functions (common/core/kernels.hpp), on the same rows.
   std::vector<float> row_probs(C);
   for (int64_t b = 0; b < B; ++b) {
     double expected = 0, zmax = -1e300, sum = 0;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The cost of --check-collectives (common/collective_check.hpp): chapter 05 with and without it,
-# step time side by side, as a ratio (goal: <= 1.05, cheap enough to be on in every test).
+# The cost of --check-collectives (common/checks/collective_check.hpp): chapter 05 with and without
+# it, step time side by side, as a ratio (goal: <= 1.05, cheap enough to be on in every test).
 #   - the tour's setting (scripts/run): MLP on Fashion-MNIST, 4 ranks, 0.25 MiB buckets
 #     (the most all-reduces per step, so the most checks: the worst case);
 #   - ToyModel, 2 ranks, default buckets.

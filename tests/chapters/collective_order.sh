@@ -15,7 +15,7 @@
 #    check on vs off: final weights and every loss equal, bitwise);
 #  - chapter 08 with prefetch (bin/zero3_desync: one rank runs a layer once more): the desync
 #    message, exit code 1 on every rank within 10 s, and no SIGSEGV (the communication thread
-#    is stopped and joined before the buffers it uses are freed, common/comm_thread.hpp).
+#    is stopped and joined before the buffers it uses are freed, common/comm/comm_thread.hpp).
 # Bucket plan of the toy model with --bucket-cap-mb 4 (see --explain-buckets): 3 buckets of
 # 262400 (net.4), 1049600 (net.2) and 1049600 (net.0) elements.
 source "$(dirname "$0")/lib.bash"

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Every chapter with --device cuda, on the CPU emulation of the GPU layer (tests/emul: host
-# memory, each kernel of common/gpu/kernels.cu the same element function of common/kernels.hpp
-# in a loop, SGEMM a reference column-major loop), against the same command on the CPU. What runs
-# is the chapter's own train_step on the CUDA backend's table (common/gpu/cuda_backend.cpp,
-# linear.cpp: the code a GPU runs, less CUDA itself), the communicator staging every message
-# through host memory. What it cannot test: CUDA, cuBLAS and the kernels' launch (scripts/gpu-check;
-# the emulated device of chapter_device_backend proves no host loop touches device memory).
+# memory, each kernel of common/device/gpu/kernels.cu the same element function of
+# common/core/kernels.hpp in a loop, SGEMM a reference column-major loop), against the same command
+# on the CPU. What runs is the chapter's own train_step on the CUDA backend's table
+# (common/device/gpu/cuda_backend.cpp, linear.cpp: the code a GPU runs, less CUDA itself), the
+# communicator staging every message through host memory. What it cannot test: CUDA, cuBLAS and the
+# kernels' launch (scripts/gpu-check; the emulated device of chapter_device_backend proves no host
+# loop touches device memory).
 #
 # Criteria, every chapter (03-08 at N = 1..4):
 #  - numbers: `close` in lib.bash (SGD: relative L2 1e-4 of the movement, losses within 1e-6;

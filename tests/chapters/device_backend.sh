@@ -2,7 +2,7 @@
 # Every chapter with --device emulated: the model moves to the emulated device (Model::to, before
 # the lesson is built, so the lesson's buffers are allocated there too) and the chapter's own
 # train_step runs on it, every op, optimizer update and reduction add through the device
-# backend's table (common/device_backend.hpp), every message staged through host memory by the
+# backend's table (common/core/device_backend.hpp), every message staged through host memory by the
 # communicator. Emulated device memory is mapped PROT_NONE, so host code that touched it
 # directly would stop the run with SIGSEGV; the backend runs the host functions on a second
 # mapping, so the runs must equal the CPU runs BITWISE (weights and every step's loss) and send

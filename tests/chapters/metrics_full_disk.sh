@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # --metrics on a full disk (issue 9): the JSON-lines file is streamed (read while the run trains;
-# common/atomic_file.hpp says why it is not renamed into place like the other outputs), so what
+# common/io/atomic_file.hpp says why it is not renamed into place like the other outputs), so what
 # must hold is that a failed write leaves a VALID PREFIX: whole records only, every line JSON,
 # and the run stops at once with a message naming --metrics and the records kept (not killed by
 # SIGXFSZ, not a cut last line). A file-size limit (ulimit -f 8: 8 KiB) stands in for the full

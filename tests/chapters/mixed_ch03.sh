@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Chapter 03 in 16 bits (--precision bf16|fp16; step.hpp, central_reducer.hpp, common/precision.hpp):
-#  - fp32 unchanged: no flag vs --precision fp32, bitwise (N = 3);
+# Chapter 03 in 16 bits (--precision bf16|fp16; step.hpp, central_reducer.hpp,
+# common/precision/precision.hpp):  - fp32 unchanged: no flag vs --precision fp32, bitwise (N = 3);
 #  - 03(N) vs 02(K = N) in bf16, BITWISE at N = 1, 2, 3, 4: both seed backward with 1/N (03
 #    pre-divides by N, 02 divides by K = N), rank r's micro-batch is 02's micro-batch r (the
 #    sampler), and rank 0 adds the 16-bit gradients in rank order, one 16-bit addition each

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Chapter 04 in 16 bits (--precision bf16|fp16; step.hpp, ring_data_parallel.hpp, common/precision.hpp):
-#  - fp32 unchanged: no flag vs --precision fp32, bitwise (N = 3);
+# Chapter 04 in 16 bits (--precision bf16|fp16; step.hpp, ring_data_parallel.hpp,
+# common/precision/precision.hpp):  - fp32 unchanged: no flag vs --precision fp32, bitwise (N = 3);
 #  - 04(N) vs 03(N) in bf16. Bitwise at N = 1, 2: one 16-bit addition per element either way
 #    (the ring adds g1 + g0 on one chunk, rank 0 adds g0 + g1: the fp32 sum is commutative and
 #    is rounded once). At N = 3, 4 the ring sums chunk c in ring order starting at rank c + 1

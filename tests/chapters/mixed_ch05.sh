@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Chapter 05 in 16 bits (--precision bf16; ddp.hpp, step.hpp, common/precision.hpp), the
+# Chapter 05 in 16 bits (--precision bf16; ddp.hpp, step.hpp, common/precision/precision.hpp), the
 # chain link to chapter 04 at N = 1..4 (flags, fp16 and --reduce-dtype: mixed_ch05_reduce.sh).
 # The buckets are ranges of the 16-bit gradients, summed by chapter 04's 16-bit ring, launched
 # by the same hooks during backward, pre-divided (no division on the communication thread).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# --precision (common/mixed.hpp) in chapters 01-02:
+# --precision (common/precision/mixed.hpp) in chapters 01-02:
 #  - fp32 stays the default and bit-identical: no flag vs --precision fp32, bitwise;
 #  - the chain in bf16 (and fp16): 02 with K = 1 vs 01 is the same computation, bitwise;
 #    02 with K = 2 vs 01 sums the micro-batch gradients in another order AND rounds each

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Chapters 06 (ZeRO-1) and 07 (ZeRO-2) in 16 bits (--precision bf16|fp16;
-# common/shard_precision.hpp), at N = 1, 2, 3, 4:
+# common/precision/shard_precision.hpp), at N = 1, 2, 3, 4:
 #  - the ledger to the byte, per rank, from the summary record: parameters 2Ψ, gradients 2Ψ
 #    (ZeRO-1) or 2·(real shard) (ZeRO-2, between steps), optimizer state 12·(real shard)
 #    (fp32 master + exp_avg + exp_avg_sq), padding 2 bytes per padding element of each 16-bit

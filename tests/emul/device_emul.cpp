@@ -1,9 +1,10 @@
-// The GPU layer (common/gpu/device.hpp), emulated on the CPU for tests/emul: memory in host
-// memory, each kernel of common/gpu/kernels.cu as the same per-element (per-row, per-column)
-// call of common/kernels.hpp in a plain loop, and sgemm as a reference column-major BLAS SGEMM
+// The GPU layer (common/device/gpu/device.hpp), emulated on the CPU for tests/emul: memory in host
+// memory, each kernel of common/device/gpu/kernels.cu as the same per-element (per-row, per-column)
+// call of common/core/kernels.hpp in a plain loop, and sgemm as a reference column-major BLAS SGEMM
 // (op, leading dimensions and beta exactly as cuBLAS defines them). With it, the CUDA backend
-// (common/gpu/cuda_backend.cpp: the table, label copies, partial sums) and common/gpu/linear.cpp
-// (the row-major/column-major transposition of every product) run, and every chapter runs
+// (common/device/gpu/cuda_backend.cpp: the table, label copies, partial sums) and
+// common/device/gpu/linear.cpp (the row-major/column-major transposition of every product) run, and
+// every chapter runs
 // --device cuda, on machines without a GPU. What it cannot test: CUDA itself
 // (launch bounds, the grid-stride loops, cuBLAS's own results); scripts/gpu-check does that.
 #include <chrono>
@@ -11,8 +12,8 @@
 #include <cstring>
 #include <utility>
 
-#include "common/check.hpp"
-#include "common/gpu/device.hpp"
+#include "common/core/check.hpp"
+#include "common/device/gpu/device.hpp"
 
 namespace ringzero {
 

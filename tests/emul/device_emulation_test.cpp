@@ -1,7 +1,7 @@
-// The CUDA backend (common/gpu/cuda_backend.cpp: the DeviceBackend table over the launchers, its
-// label copies and float64 partial sums) and the row-major products over a column-major SGEMM
-// (common/gpu/linear.cpp), run on the CPU through the emulated layer of tests/emul/device_emul.cpp,
-// against the host path (Eigen, the autograd tape, Optimizer):
+// The CUDA backend (common/device/gpu/cuda_backend.cpp: the DeviceBackend table over the launchers,
+// its label copies and float64 partial sums) and the row-major products over a column-major SGEMM
+// (common/device/gpu/linear.cpp), run on the CPU through the emulated layer of
+// tests/emul/device_emul.cpp, against the host path (Eigen, the autograd tape, Optimizer):
 //   - linear forward/backward through sgemm vs Eigen: catches a wrong transpose, leading
 //     dimension or beta (which would be off by O(1), not by rounding);
 //   - 10 steps of the chapter 01/02 loop with the model on --device cuda (Model::to) vs the same
@@ -17,13 +17,13 @@
 #include <cmath>
 #include <vector>
 
-#include "common/device_memory.hpp"
-#include "common/nn.hpp"
-#include "common/optim.hpp"
-#include "common/train.hpp"
-#include "common/gpu/device.hpp"
-#include "common/ops.hpp"
-#include "common/rng.hpp"
+#include "common/core/device_memory.hpp"
+#include "common/core/nn.hpp"
+#include "common/core/ops.hpp"
+#include "common/core/optim.hpp"
+#include "common/core/rng.hpp"
+#include "common/device/gpu/device.hpp"
+#include "common/driver/train.hpp"
 
 using namespace ringzero;
 

@@ -28,7 +28,7 @@ set -euo pipefail
 # bug hunt (04.b1: the equivalence chain's own MPI test must catch it).
 # 05.b1 too: with 04.b1, bug hunts the emulated device must break as the CPU (DEVICE_BUGS).
 # The ZeRO ones, 06.b1 and 07.b1, cost minutes each (06.b1's patch is in
-# common/sharded_clip.hpp, which most of the library includes; 07.b1's grader takes ~160 s):
+# common/zero/sharded_clip.hpp, which most of the library includes; 07.b1's grader takes ~160 s):
 # EXERCISES_ONLY="06.b1 07.b1" proves them (docs/exercises.md has the timings).
 EXERCISES_SUBSET=${EXERCISES_SUBSET:-"05.1 02.1 04.1 04.b1 05.b1"}
 # ID:BINARY:NP[:FLAGS], the chapter a bug hunt breaks, the world size and the flags (commas for

@@ -4,7 +4,7 @@
 # Compiles the few common/ sources the three readers need once, with
 # -fsanitize=fuzzer-no-link,address,undefined, and links fuzz_safetensors, fuzz_idx and
 # fuzz_manifest (the checkpoint reader, checkpoint_read.cpp and checkpoint_manifest.cpp).
-# nn.cpp's Linear reaches the 16-bit path (mixed.cpp: linear_half), which reaches the optimizer,
+# nn.cpp's Linear reaches the 16-bit path (ops.cpp: linear_half), which reaches the optimizer,
 # the communicator, metrics, train and config: ASan's global metadata keeps every vtable, so
 # those are linked too although the parsers never call them; ops and optim reach the device
 # backends (device, emulated_device; the CUDA one is never registered here).
@@ -21,11 +21,12 @@ read -r -a mpi_link <<<"$(mpicxx --showme:link)"
 flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fno-sanitize-recover=undefined
        -I"$src" -I/usr/include/eigen3 "${mpi_compile[@]}")
 objs=()
-sources=(check tensor ledger autograd ops nn data safetensors atomic_file
-         half mixed optim comm metrics train config checkpoint_read checkpoint_manifest
-         device emulated_device)
+sources=(core/check core/tensor core/ledger core/autograd core/ops core/nn core/half core/optim
+         core/device_backend data/data io/safetensors io/atomic_file io/checkpoint_read
+         io/checkpoint_manifest precision/mixed comm/comm comm/comm_collectives report/metrics
+         driver/train driver/config device/emulated_device)
 for f in "${sources[@]}"; do
-  o="$out/obj/$f.o"
+  o="$out/obj/${f//\//_}.o"
   "${launcher[@]}" "$CXX" "${flags[@]}" -fsanitize=fuzzer-no-link,address,undefined \
     -c "$src/common/$f.cpp" -o "$o"
   objs+=("$o")

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <span>
 
-#include "common/check.hpp"
-#include "common/data.hpp"
+#include "common/core/check.hpp"
+#include "common/data/data.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;

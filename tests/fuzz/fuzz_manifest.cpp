@@ -26,10 +26,10 @@
 
 #include <unistd.h>
 
-#include "common/check.hpp"
-#include "common/checkpoint.hpp"
-#include "common/checkpoint_format.hpp"
-#include "common/safetensors.hpp"
+#include "common/core/check.hpp"
+#include "common/io/checkpoint.hpp"
+#include "common/io/checkpoint_format.hpp"
+#include "common/io/safetensors.hpp"
 
 namespace fs = std::filesystem;
 using namespace ringzero;

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <span>
 
-#include "common/check.hpp"
-#include "common/safetensors.hpp"
+#include "common/core/check.hpp"
+#include "common/io/safetensors.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

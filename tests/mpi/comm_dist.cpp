@@ -1,15 +1,15 @@
-// common/dist under mpirun, np 1..4: the evaluation split counts every test sample exactly
+// common/report/dist under mpirun, np 1..4: the evaluation split counts every test sample exactly
 // once and gives exactly the single-process numbers; each rank's micro-batches tile the global
 // batch in rank-major order; the start-up check passes when every rank built the same model;
 // the end-of-run report's summary fields equal the counters.
 #include <set>
 #include <vector>
 
-#include "common/dist.hpp"
-#include "common/dist_config.hpp"
-#include "common/dist_eval.hpp"
-#include "common/rng.hpp"
-#include "common/train.hpp"
+#include "common/core/rng.hpp"
+#include "common/driver/dist_config.hpp"
+#include "common/driver/dist_eval.hpp"
+#include "common/driver/train.hpp"
+#include "common/report/dist.hpp"
 #include "mpi/test_comm.hpp"
 
 #include <catch2/catch.hpp>

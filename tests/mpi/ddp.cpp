@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "chapters/05_ddp_buckets/ddp.hpp"
-#include "common/ops.hpp"
-#include "common/rng.hpp"
+#include "common/core/ops.hpp"
+#include "common/core/rng.hpp"
 #include "mpi/difference_report.hpp"
 #include "mpi/test_comm.hpp"
 

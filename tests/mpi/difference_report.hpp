@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "common/nn.hpp"
+#include "common/core/nn.hpp"
 #include "mpi/test_comm.hpp"
 
 namespace ringzero::test {

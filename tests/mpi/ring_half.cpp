@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "chapters/04_ring_allreduce/ring.hpp"
-#include "common/rng.hpp"
+#include "common/core/rng.hpp"
 #include "mpi/test_comm.hpp"
 
 #include <catch2/catch.hpp>

@@ -1,4 +1,4 @@
 // The communicator the MPI test runner (tests/mpi/main.cpp) creates for every test.
 #pragma once
-#include "common/comm.hpp"
+#include "common/comm/comm.hpp"
 ringzero::Communicator& test_comm();

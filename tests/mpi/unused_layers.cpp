@@ -17,10 +17,10 @@
 
 #include "chapters/05_ddp_buckets/ddp.hpp"
 #include "chapters/08_zero3/zero3.hpp"
-#include "common/ops.hpp"
-#include "common/optim.hpp"
-#include "common/rng.hpp"
-#include "common/shard_state.hpp"
+#include "common/core/ops.hpp"
+#include "common/core/optim.hpp"
+#include "common/core/rng.hpp"
+#include "common/zero/shard_state.hpp"
 #include "mpi/test_comm.hpp"
 
 #include <catch2/catch.hpp>

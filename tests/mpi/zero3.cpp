@@ -17,9 +17,9 @@
 #include <numeric>
 
 #include "chapters/08_zero3/zero3.hpp"
-#include "common/dist_eval.hpp"
-#include "common/rng.hpp"
-#include "common/shard_state.hpp"
+#include "common/core/rng.hpp"
+#include "common/driver/dist_eval.hpp"
+#include "common/zero/shard_state.hpp"
 #include "mpi/difference_report.hpp"
 #include "mpi/test_comm.hpp"
 

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "chapters/05_ddp_buckets/step.hpp"
-#include "common/rng.hpp"
-#include "common/safetensors.hpp"
-#include "common/train.hpp"
+#include "common/core/rng.hpp"
+#include "common/driver/train.hpp"
+#include "common/io/safetensors.hpp"
 #include "mpi/test_comm.hpp"
 
 namespace ringzero::test {

@@ -1,4 +1,4 @@
-// ZeRO-1 and ZeRO-2 in 16 bits (common/shard_precision.hpp, --precision bf16|fp16)
+// ZeRO-1 and ZeRO-2 in 16 bits (common/precision/shard_precision.hpp, --precision bf16|fp16)
 // under mpirun, np 1..4:
 //  - two ZeRO-1 (and ZeRO-2) optimizer steps equal, BIT FOR BIT, a serial re-enactment written here
 //  from the

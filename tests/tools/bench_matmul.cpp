@@ -23,8 +23,8 @@
 #include <functional>
 #include <vector>
 
-#include "common/ops.hpp"
-#include "common/rng.hpp"
+#include "common/core/ops.hpp"
+#include "common/core/rng.hpp"
 
 using namespace ringzero;
 using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;

@@ -87,7 +87,7 @@ static double ring_bandwidth(int rank, int n, size_t large, double alpha_s) {
     const double t0 = MPI_Wtime();
     for (int k = 0; k < rounds; ++k) {
       // Waiting as the chapters' communication threads do (test, then sleep 20 µs: see
-      // common/comm_thread.hpp), not spinning: ranks that share a core and spin take it from
+      // common/comm/comm_thread.hpp), not spinning: ranks that share a core and spin take it from
       // the kernel work that moves their packets, and the ring would measure the spinning.
       MPI_Request requests[2];
       MPI_Irecv(recv.data(), static_cast<int>(chunk), MPI_BYTE, left, 2, MPI_COMM_WORLD,

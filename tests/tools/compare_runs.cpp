@@ -25,7 +25,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "common/safetensors.hpp"
+#include "common/io/safetensors.hpp"
 
 using namespace ringzero;
 

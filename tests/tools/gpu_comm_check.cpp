@@ -22,9 +22,9 @@
 #include <vector>
 
 #include "chapters/04_ring_allreduce/ring.hpp"
-#include "common/check.hpp"
-#include "common/gpu/device.hpp"
-#include "common/gpu/nccl_comm.hpp"
+#include "common/core/check.hpp"
+#include "common/device/gpu/device.hpp"
+#include "common/device/gpu/nccl_comm.hpp"
 
 using namespace ringzero;
 

@@ -1,5 +1,5 @@
-// gpu_kernels_check: every GPU kernel of common/gpu/ against the CPU code on the same inputs,
-// the device column of the ledger against cudaMemGetInfo, and SGEMM TFLOP/s against a peak.
+// gpu_kernels_check: every GPU kernel of common/device/gpu/ against the CPU code on the same
+// inputs, the device column of the ledger against cudaMemGetInfo, and SGEMM TFLOP/s against a peak.
 //
 //   build-cuda/tests/gpu_kernels_check [--peak-tflops 67]
 //
@@ -24,12 +24,12 @@
 #include <string>
 #include <vector>
 
-#include "common/check.hpp"
-#include "common/gpu/device.hpp"
-#include "common/gpu/nccl_comm.hpp"
-#include "common/ops.hpp"
-#include "common/optim.hpp"
-#include "common/rng.hpp"
+#include "common/core/check.hpp"
+#include "common/core/ops.hpp"
+#include "common/core/optim.hpp"
+#include "common/core/rng.hpp"
+#include "common/device/gpu/device.hpp"
+#include "common/device/gpu/nccl_comm.hpp"
 
 using namespace ringzero;
 

@@ -13,8 +13,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "common/check.hpp"
-#include "common/gpu/nccl_comm.hpp"
+#include "common/core/check.hpp"
+#include "common/device/gpu/nccl_comm.hpp"
 
 using namespace ringzero;
 

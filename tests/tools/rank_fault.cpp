@@ -8,7 +8,7 @@
 //   --debug-bucket-order reverse   the last bucket first (bug hunt 05.b2's fault)
 //   --debug-bucket-order swap      the first two buckets of equal length change places, so
 //                                  every collective still has the length the others expect
-// With --check-collectives (common/collective_check.hpp) every rank must stop within seconds
+// With --check-collectives (common/checks/collective_check.hpp) every rank must stop within seconds
 // naming the collective, the buckets and the ranks; without it the first crashes inside MPI or
 // hangs, and the second trains on with different weights on each rank.
 //
@@ -18,11 +18,11 @@
 // Non-finite gradient (--debug-inf-weight-step S): in step S, right after the second Linear
 // layer's forward, the rank sets that layer's first weight to +inf. Its loss stays finite (the
 // layers after it already ran), but backward through that weight makes the earlier layer's
-// gradient non-finite on this rank only: the gradient scan (common/finite_check.hpp) must name
-// step S and this rank, though every rank's loss turns NaN only at step S + 1.
+// gradient non-finite on this rank only: the gradient scan (common/checks/finite_check.hpp) must
+// name step S and this rank, though every rank's loss turns NaN only at step S + 1.
 //
-// The fault is an Extension (common/run.hpp) that re-registers the gradient-ready hooks of the
-// faulty rank: the chapter itself carries no test machinery, only a friend declaration.
+// The fault is an Extension (common/driver/run.hpp) that re-registers the gradient-ready hooks of
+// the faulty rank: the chapter itself carries no test machinery, only a friend declaration.
 #include <algorithm>
 #include <limits>
 #include <memory>
@@ -40,7 +40,7 @@
 #else
 #error "compile with -DRZ_CHAPTER=5, 6 or 7"
 #endif
-#include "common/run.hpp"
+#include "common/driver/run.hpp"
 
 namespace ringzero {
 

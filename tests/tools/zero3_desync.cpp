@@ -5,11 +5,11 @@
 //
 //   mpirun -np 3 build/bin/zero3_desync --debug-desync-rank 2 --debug-desync-layer 2 ...
 //
-// The fault is an Extension (common/run.hpp): the chapter itself carries no test machinery.
+// The fault is an Extension (common/driver/run.hpp): the chapter itself carries no test machinery.
 #include <string>
 
 #include "chapters/08_zero3/step.hpp"
-#include "common/run.hpp"
+#include "common/driver/run.hpp"
 
 using namespace ringzero;
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "chapters/04_ring_allreduce/ring.hpp"
-#include "common/comm.hpp"
+#include "common/comm/comm.hpp"
 
 #include <catch2/catch.hpp>
 

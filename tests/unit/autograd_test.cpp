@@ -1,4 +1,4 @@
-// Autograd: the three invariants of common/autograd.hpp that chapters 02, 05, 07 and 08 build
+// Autograd: the three invariants of common/core/autograd.hpp that chapters 02, 05, 07 and 08 build
 // on — backward accumulates, gradient-ready fires once per parameter after its last use, ops
 // read a parameter's CURRENT storage — and the module hook order ZeRO-3 relies on.
 #include <catch2/catch.hpp>
@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "common/nn.hpp"
-#include "common/ops.hpp"
+#include "common/core/nn.hpp"
+#include "common/core/ops.hpp"
 #include "util.hpp"
 
 using namespace ringzero;

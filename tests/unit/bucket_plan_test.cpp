@@ -4,7 +4,7 @@
 #include <random>
 
 #include "chapters/05_ddp_buckets/buckets.hpp"
-#include "common/train.hpp"
+#include "common/driver/train.hpp"
 
 #include <catch2/catch.hpp>
 

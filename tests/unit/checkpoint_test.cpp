@@ -1,4 +1,4 @@
-// common/checkpoint without MPI: a replicated checkpoint round-trips the model and AdamW/SGD
+// common/io/checkpoint without MPI: a replicated checkpoint round-trips the model and AdamW/SGD
 // state exactly (bitwise: only copies); --resume D takes the newest committed step and skips a
 // directory without a manifest; consolidation names and values; refusals name file and field
 // (a changed flag, an unknown format_version, a file whose size differs, two files covering
@@ -16,9 +16,9 @@
 #include <functional>
 #include <fstream>
 
-#include "common/checkpoint.hpp"
-#include "common/checkpoint_format.hpp"
-#include "common/safetensors.hpp"
+#include "common/io/checkpoint.hpp"
+#include "common/io/checkpoint_format.hpp"
+#include "common/io/safetensors.hpp"
 
 using namespace ringzero;
 using Catch::Matchers::Contains;

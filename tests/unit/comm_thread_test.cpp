@@ -1,11 +1,11 @@
-// CommThread's pinning (RINGZERO_COMM_CPUS, common/comm_thread.hpp): the communication thread
+// CommThread's pinning (RINGZERO_COMM_CPUS, common/comm/comm_thread.hpp): the communication thread
 // runs on the CPUs named, the main thread keeps its own, and a bad list is refused at once.
 // No MPI: the jobs below make no MPI call.
 #include <sched.h>
 
 #include <cstdlib>
 
-#include "common/comm_thread.hpp"
+#include "common/comm/comm_thread.hpp"
 
 #include <catch2/catch.hpp>
 

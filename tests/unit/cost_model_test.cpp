@@ -1,12 +1,12 @@
-// The cost model (common/cost_model.hpp) against the closed forms of Thakur, Rabenseifner and
-// Gropp (2005) and Patarasuk and Yuan (2009), on traffic shaped like the chapters' counters:
+// The cost model (common/report/cost_model.hpp) against the closed forms of Thakur, Rabenseifner
+// and Gropp (2005) and Patarasuk and Yuan (2009), on traffic shaped like the chapters' counters:
 // the numbers below are exact arithmetic on round inputs (α = 10 µs, β = 1 Gbit/s = 125 bytes
 // per µs), so the tolerances are float rounding (1e-9 relative), not modelling slack.
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 
-#include "common/cost_model.hpp"
+#include "common/report/cost_model.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -34,7 +34,7 @@ TEST_CASE("the central reducer is serialised on rank 0's link", "[cost_model]") 
     t["central_reduce"].push_back({1, 1, psi_bytes, 0, 0});
     t["central_broadcast"].push_back({1, 0, 0, 1, psi_bytes});
   }
-  const StepPrediction p = predict_step(kNet, t, N, 5.0, Overlap::none);
+  const StepPrediction p = predict_step(kNet, t, N, {.compute_ms = 5.0});
   const double loss_ms = 2 * 0.010;  // ceil(log2 4) = 2 rounds of α
   REQUIRE(p.comm_ms == Approx(central_reducer_ms(kNet, N, psi_bytes) + loss_ms).epsilon(1e-9));
   // 2 (N − 1)(α + 4Ψ/β) = 6 (0.01 + 21.43) ms
@@ -71,7 +71,7 @@ TEST_CASE("the ring all-reduce costs 2(N-1)(alpha + n/(N beta)): N times less th
     REQUIRE(ring_phase_ms(kNet, N, n) * 2 == Approx(ring).epsilon(1e-12));
   }
   const int N = 4;
-  const StepPrediction p = predict_step(kNet, ring_traffic({n}, N), N, 0.0, Overlap::none);
+  const StepPrediction p = predict_step(kNet, ring_traffic({n}, N), N, {.compute_ms = 0.0});
   REQUIRE(p.comm_ms == Approx(ring_all_reduce_ms(kNet, N, n) + 0.020).epsilon(1e-9));
   // Bandwidth terms: central 2(N−1) n/β vs ring 2(N−1)/N n/β: ratio N (α aside).
   const double star = central_reducer_ms(kNet, N, n), ring = ring_all_reduce_ms(kNet, N, n);
@@ -83,25 +83,27 @@ TEST_CASE("buckets: the same bytes in more messages; overlap hides all but the l
   const int N = 4;
   const std::vector<double> buckets(10, 4.0 * 65536);  // 10 buckets of 256 KiB
   const TrafficPerStep t = ring_traffic(buckets, N);
-  const StepPrediction serial = predict_step(kNet, t, N, 30.0, Overlap::none);
+  const StepPrediction serial = predict_step(kNet, t, N, {.compute_ms = 30.0});
   double per_bucket = ring_all_reduce_ms(kNet, N, 4.0 * 65536);
   REQUIRE(serial.comm_ms == Approx(10 * per_bucket + 0.020).epsilon(1e-9));
   REQUIRE(serial.collectives == 0);  // nothing overlaps
 
   // Compute 30 ms, backward 20 ms of it: communication (~31.5 ms) is longer than backward, so
   // the step is forward 10 + comm − last + last = 10 + comm (the loss all-reduce: after).
-  const StepPrediction ddp = predict_step(kNet, t, N, 30.0, Overlap::backward);
+  const StepPrediction ddp =
+      predict_step(kNet, t, N, {.compute_ms = 30.0, .overlap = Overlap::backward});
   REQUIRE(ddp.serial_ms == Approx(serial.serial_ms).epsilon(1e-12));
   REQUIRE(ddp.collectives == 10);  // 10 buckets, each through both ring phases
   REQUIRE(ddp.predicted_ms == Approx(10.0 + ddp.comm_ms).epsilon(1e-9));
   // Compute 120 ms (backward 80 > comm): the step is compute + the last bucket + the loss
   // all-reduce (2 α, after the step).
-  const StepPrediction slow = predict_step(kNet, t, N, 120.0, Overlap::backward);
+  const StepPrediction slow =
+      predict_step(kNet, t, N, {.compute_ms = 120.0, .overlap = Overlap::backward});
   REQUIRE(slow.predicted_ms == Approx(120.0 + (slow.comm_ms - 0.020) / 10 + 0.020).epsilon(1e-9));
   // Overlap never costs more than the serial schedule, and never less than its larger part.
   for (double c : {0.0, 1.0, 10.0, 45.0, 200.0})
     for (Overlap o : {Overlap::none, Overlap::backward, Overlap::forward_and_backward}) {
-      const StepPrediction q = predict_step(kNet, t, N, c, o);
+      const StepPrediction q = predict_step(kNet, t, N, {.compute_ms = c, .overlap = o});
       REQUIRE(q.predicted_ms <= q.serial_ms + 1e-12);
       REQUIRE(q.predicted_ms >= std::max(q.compute_ms, q.comm_ms) - 1e-12);
     }
@@ -116,7 +118,7 @@ TEST_CASE("ZeRO-3: three ring passes per layer, 1.5x DDP's bytes", "[cost_model]
     r.calls *= 2, r.messages_sent *= 2, r.messages_received *= 2;
     r.bytes_sent *= 2, r.bytes_received *= 2;
   }
-  const StepPrediction p = predict_step(kNet, t, N, 0.0, Overlap::none);
+  const StepPrediction p = predict_step(kNet, t, N, {.compute_ms = 0.0});
   REQUIRE(p.comm_ms == Approx(3 * 3 * ring_phase_ms(kNet, N, layer) + 0.020).epsilon(1e-9));
 }
 
@@ -124,11 +126,11 @@ TEST_CASE("an unbalanced rank sets the pace; metrics are not steps", "[cost_mode
   TrafficPerStep t;
   t["sendrecv"] = {{1, 1, 1000, 1, 1000}, {1, 2, 125000, 1, 1000}};
   t["metrics"] = {{5, 9, 1e9, 9, 1e9}, {5, 9, 1e9, 9, 1e9}};  // ignored
-  const StepPrediction p = predict_step(kNet, t, 2, 0.0, Overlap::none);
+  const StepPrediction p = predict_step(kNet, t, 2, {.compute_ms = 0.0});
   REQUIRE(p.ops_ms.size() == 2);  // sendrecv and the loss all-reduce
   REQUIRE(p.ops_ms[0].second == Approx(2 * 0.010 + 1.0).epsilon(1e-9));
   REQUIRE(p.comm_ms == Approx(2 * 0.010 + 1.0 + 0.010).epsilon(1e-9));
-  REQUIRE_THROWS_WITH(predict_step(kNet, t, 2, -1.0, Overlap::none), Contains("--net-compute-ms"));
+  REQUIRE_THROWS_WITH(predict_step(kNet, t, 2, {.compute_ms = -1.0}), Contains("--net-compute-ms"));
 }
 
 TEST_CASE("traffic_per_step reads end_of_run_report's comm entries", "[cost_model]") {
@@ -169,7 +171,8 @@ TEST_CASE("network_from_selftest reads scripts/cluster selftest's medians", "[co
 }
 
 TEST_CASE("format_prediction puts the prediction beside the measurement", "[cost_model]") {
-  const StepPrediction p = predict_step(kNet, ring_traffic({4.0 * 4096}, 4), 4, 2.0, Overlap::none);
+  const StepPrediction p =
+      predict_step(kNet, ring_traffic({4.0 * 4096}, 4), 4, {.compute_ms = 2.0});
   const std::string s = format_prediction(p, 2 * p.predicted_ms);
   REQUIRE_THAT(s, Contains("measured / predicted 2.00"));
   REQUIRE_THAT(s, Contains("ring_reduce_scatter"));
@@ -182,7 +185,10 @@ TEST_CASE("ZeRO-1/2: the reduce-scatter overlaps backward, the all-gather follow
   const TrafficPerStep t = ring_traffic(std::vector<double>(10, 4.0 * 65536), N);
   const double phase = 10 * ring_phase_ms(kNet, N, 4.0 * 65536);  // one phase, 10 buckets
   const StepPrediction p =
-      predict_step(kNet, t, N, 120.0, Overlap::backward, {"ring_reduce_scatter"});
+      predict_step(kNet, t, N,
+                   {.compute_ms = 120.0,
+                    .overlap = Overlap::backward,
+                    .overlapped_ops = {"ring_reduce_scatter"}});
   REQUIRE(p.overlapped_comm_ms == Approx(phase).epsilon(1e-9));
   // backward 80 ms hides the reduce-scatter but its last bucket; the all-gather and the loss
   // all-reduce come after.
@@ -193,8 +199,10 @@ TEST_CASE("overlap needs a core to spare: with no more cores than ranks, nothing
           "[cost_model]") {
   const int N = 4;
   const TrafficPerStep t = ring_traffic(std::vector<double>(10, 4.0 * 65536), N);
-  const StepPrediction spare = predict_step(kNet, t, N, 120.0, Overlap::backward, {}, 8);
-  const StepPrediction unknown = predict_step(kNet, t, N, 120.0, Overlap::backward);
+  const StepPrediction spare =
+      predict_step(kNet, t, N, {.compute_ms = 120.0, .overlap = Overlap::backward, .cores = 8});
+  const StepPrediction unknown =
+      predict_step(kNet, t, N, {.compute_ms = 120.0, .overlap = Overlap::backward});
   REQUIRE(spare.overlap_possible);
   REQUIRE(unknown.overlap_possible);  // 0 cores: not given, a core to spare assumed
   REQUIRE(spare.predicted_ms == unknown.predicted_ms);
@@ -202,14 +210,16 @@ TEST_CASE("overlap needs a core to spare: with no more cores than ranks, nothing
   // 4 ranks on 2 cores (the emulated cluster on this 2-core machine) or on exactly 4: the
   // communication thread has no core of its own; the step is compute + communication.
   for (int cores : {1, 2, 4}) {
-    const StepPrediction none = predict_step(kNet, t, N, 120.0, Overlap::backward, {}, cores);
+    const StepPrediction none = predict_step(
+        kNet, t, N, {.compute_ms = 120.0, .overlap = Overlap::backward, .cores = cores});
     REQUIRE_FALSE(none.overlap_possible);
     REQUIRE(none.predicted_ms == none.serial_ms);
     REQUIRE(none.overlapped_ms == spare.overlapped_ms);  // still reported, as "with a core"
     REQUIRE_THAT(format_prediction(none, 150.0),
                  Contains("not possible: 4 ranks share " + std::to_string(cores) + " cores"));
   }
-  REQUIRE_THROWS_WITH(predict_step(kNet, t, N, 1.0, Overlap::backward, {}, -1),
+  REQUIRE_THROWS_WITH(
+      predict_step(kNet, t, N, {.compute_ms = 1.0, .overlap = Overlap::backward, .cores = -1}),
                       Contains("--net-cores -1"));
 }
 
@@ -251,8 +261,10 @@ TEST_CASE("the replay: a large bucket ready at the end of backward hides behind 
   std::vector<double> bytes;
   for (double n : elements) bytes.push_back(4 * n);
   const TrafficPerStep t = ring_traffic(bytes, N);
-  const StepPrediction closed = predict_step(kNet, t, N, 30.0, Overlap::backward);
-  const StepPrediction replay = predict_step(kNet, t, N, 30.0, Overlap::backward, {}, 0, elements);
+  const StepPrediction closed =
+      predict_step(kNet, t, N, {.compute_ms = 30.0, .overlap = Overlap::backward});
+  const StepPrediction replay = predict_step(
+      kNet, t, N, {.compute_ms = 30.0, .overlap = Overlap::backward, .sizes = elements});
   REQUIRE_FALSE(closed.replayed);
   REQUIRE(replay.replayed);
   // Each collective's time is its own ring all-reduce (α part per call, β part by size).
@@ -268,14 +280,23 @@ TEST_CASE("the replay: a large bucket ready at the end of backward hides behind 
   // K = 4 micro-batches: only the last one's backward (20/4 = 5 ms) overlaps; the rest of
   // compute (25 ms) is serial. The last bucket is ready at the end of it: 25 + 5 + last.
   const StepPrediction k4 =
-      predict_step(kNet, t, N, 30.0, Overlap::backward, {}, 0, elements, 0, 4);
+      predict_step(kNet, t, N,
+                   {.compute_ms = 30.0,
+                    .overlap = Overlap::backward,
+                    .sizes = elements,
+                    .micro_batches = 4});
   REQUIRE(k4.replayed);
   REQUIRE(k4.predicted_ms == Approx(25.0 + 5.0 + last + 0.020).epsilon(1e-9));
-  REQUIRE_THROWS_WITH(predict_step(kNet, t, N, 30.0, Overlap::backward, {}, 0, elements, 0, 0),
+  REQUIRE_THROWS_WITH(predict_step(kNet, t, N,
+                                   {.compute_ms = 30.0,
+                                    .overlap = Overlap::backward,
+                                    .sizes = elements,
+                                    .micro_batches = 0}),
                       Contains("0 micro-batches"));
   // Sizes that do not match the counters' calls per step: the closed form.
   const StepPrediction mismatch =
-      predict_step(kNet, t, N, 30.0, Overlap::backward, {}, 0, {1000, 301000});
+      predict_step(kNet, t, N,
+                   {.compute_ms = 30.0, .overlap = Overlap::backward, .sizes = {1000, 301000}});
   REQUIRE_FALSE(mismatch.replayed);
   REQUIRE(mismatch.predicted_ms == closed.predicted_ms);
   REQUIRE(prediction_json(replay).at("replayed").get<bool>());
@@ -300,7 +321,10 @@ TEST_CASE("the replay of ZeRO-3's prefetch: each pass's first gather and the las
   }
   const double compute = 90.0;
   const StepPrediction p =
-      predict_step(kNet, t, N, compute, Overlap::forward_and_backward, {}, 0, elements);
+      predict_step(kNet, t, N,
+                   {.compute_ms = compute,
+                    .overlap = Overlap::forward_and_backward,
+                    .sizes = elements});
   REQUIRE(p.replayed);
   std::vector<double> g, r;
   for (double n : elements) g.push_back(ring_phase_ms(kNet, N, 4 * n)), r.push_back(g.back());
@@ -320,8 +344,8 @@ TEST_CASE("a fabric slower than every link at once holds the ring back, not the 
   // Fabric 2 Gbit/s for 4 links of 1 Gbit/s: with every link busy, each gets 0.5 Gbit/s.
   const Network slow{10.0, 1.0, 2.0};
   const TrafficPerStep ring = ring_traffic({psi_bytes}, N);
-  const StepPrediction free_ring = predict_step(kNet, ring, N, 0.0, Overlap::none);
-  const StepPrediction held_ring = predict_step(slow, ring, N, 0.0, Overlap::none);
+  const StepPrediction free_ring = predict_step(kNet, ring, N, {.compute_ms = 0.0});
+  const StepPrediction held_ring = predict_step(slow, ring, N, {.compute_ms = 0.0});
   // The β part doubles (every rank's bytes through 2 Gbit/s instead of 4 links of 1); α stays.
   const double alpha = 2 * (N - 1) * 0.010;
   REQUIRE(held_ring.comm_ms - 0.020 - alpha ==
@@ -331,7 +355,8 @@ TEST_CASE("a fabric slower than every link at once holds the ring back, not the 
   TrafficPerStep star;
   star["central_reduce"] = {{1, 0, 0, N - 1.0, (N - 1) * psi_bytes},
                             {1, 1, psi_bytes, 0, 0}, {1, 1, psi_bytes, 0, 0}, {1, 1, psi_bytes, 0, 0}};
-  const double link_only = predict_step(kNet, star, N, 0.0, Overlap::none).comm_ms;
-  REQUIRE(predict_step(slow, star, N, 0.0, Overlap::none).comm_ms == Approx(link_only).epsilon(1e-9));
+  const double link_only = predict_step(kNet, star, N, {.compute_ms = 0.0}).comm_ms;
+  REQUIRE(predict_step(slow, star, N, {.compute_ms = 0.0}).comm_ms ==
+          Approx(link_only).epsilon(1e-9));
   REQUIRE_THROWS_WITH((Network{10, 1, -1}.message_ms(1)), Contains("fabric"));
 }

@@ -14,9 +14,9 @@
 #include <set>
 #include <vector>
 
-#include "common/data.hpp"
-#include "common/nn.hpp"
-#include "common/rng.hpp"
+#include "common/core/nn.hpp"
+#include "common/core/rng.hpp"
+#include "common/data/data.hpp"
 #include "util.hpp"
 
 using namespace ringzero;

@@ -1,4 +1,4 @@
-// The device below the tensor (common/device_backend.hpp), on the emulated device: its memory
+// The device below the tensor (common/core/device_backend.hpp), on the emulated device: its memory
 // is out of the host's reach, every op and optimizer update dispatches to its backend and gives
 // the host's bits (the backend runs the same host functions on a second mapping), tensors and
 // buffers move with their ledger column, and mixing the host and a device is refused.
@@ -11,11 +11,11 @@
 #include <cstring>
 #include <vector>
 
-#include "common/device_backend.hpp"
-#include "common/nn.hpp"
-#include "common/ops.hpp"
-#include "common/optim.hpp"
-#include "common/train.hpp"
+#include "common/core/device_backend.hpp"
+#include "common/core/nn.hpp"
+#include "common/core/ops.hpp"
+#include "common/core/optim.hpp"
+#include "common/driver/train.hpp"
 #include "util.hpp"
 
 using namespace ringzero;

@@ -23,9 +23,9 @@
 #include <fstream>
 
 #include "chapters/01_training_loop/step.hpp"
-#include "common/mixed.hpp"
-#include "common/safetensors.hpp"
-#include "common/train.hpp"
+#include "common/driver/train.hpp"
+#include "common/io/safetensors.hpp"
+#include "common/precision/mixed.hpp"
 
 using namespace ringzero;
 

@@ -1,18 +1,18 @@
-// bf16 and fp16 conversions (common/half.hpp) against PyTorch's: the table in half_table.inc
+// bf16 and fp16 conversions (common/core/half.hpp) against PyTorch's: the table in half_table.inc
 // was computed by tests/golden/make_half_table.py with torch.Tensor.to (and NumPy for fp16),
 // not by the code under test. Every check is bitwise: a conversion is exact or wrong.
 // Then properties over every 16-bit pattern and a million random float32 patterns: the vector
 // loops (F16C, auto-vectorised bf16) give the scalar functions' bits, 16 -> 32 -> 16 is the
 // identity, and the product of two 16-bit values is exact in float32 (why an fp32 GEMM on
-// 16-bit values is a 16-bit GEMM with fp32 accumulation, common/mixed.hpp).
+// 16-bit values is a 16-bit GEMM with fp32 accumulation, common/precision/mixed.hpp).
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstring>
 #include <vector>
 
-#include "common/half.hpp"
-#include "common/rng.hpp"
+#include "common/core/half.hpp"
+#include "common/core/rng.hpp"
 
 using namespace ringzero;
 using Catch::Matchers::Contains;

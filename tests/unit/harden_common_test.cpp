@@ -12,12 +12,12 @@
 #include <limits>
 #include <string>
 
-#include "common/atomic_file.hpp"
-#include "common/checked.hpp"
-#include "common/config.hpp"
-#include "common/data.hpp"
-#include "common/optim.hpp"
-#include "common/zero_memory.hpp"
+#include "common/core/checked.hpp"
+#include "common/core/optim.hpp"
+#include "common/data/data.hpp"
+#include "common/driver/config.hpp"
+#include "common/io/atomic_file.hpp"
+#include "common/zero/zero_memory.hpp"
 #include "util.hpp"
 
 using namespace ringzero;

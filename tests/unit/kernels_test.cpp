@@ -1,5 +1,5 @@
-// The shared element kernels (common/kernels.hpp) on the CPU: the functions the GPU kernels in
-// common/gpu/kernels.cu call, checked against values worked out by hand or in double here.
+// The shared element kernels (common/core/kernels.hpp) on the CPU: the functions the GPU kernels in
+// common/device/gpu/kernels.cu call, checked against values worked out by hand or in double here.
 // The ops and optimizers that loop over them are tested further in ops_test and optim_test;
 // these cases pin the edge behaviour both devices must share (ReLU at -0.0 and NaN, the label
 // term of cross-entropy, SGD's first momentum step).
@@ -9,8 +9,8 @@
 #include <limits>
 #include <vector>
 
-#include "common/kernels.hpp"
-#include "common/optim.hpp"
+#include "common/core/kernels.hpp"
+#include "common/core/optim.hpp"
 
 using namespace ringzero;
 

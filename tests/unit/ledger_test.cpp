@@ -2,8 +2,8 @@
 // moves accounted once. Other tests allocate too, so everything here is measured as a change.
 #include <catch2/catch.hpp>
 
-#include "common/ledger.hpp"
-#include "common/tensor.hpp"
+#include "common/core/ledger.hpp"
+#include "common/core/tensor.hpp"
 
 using namespace ringzero;
 

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "common/data.hpp"
-#include "common/nn.hpp"
-#include "common/safetensors.hpp"
+#include "common/core/nn.hpp"
+#include "common/data/data.hpp"
+#include "common/io/safetensors.hpp"
 
 using namespace ringzero;
 using Catch::Matchers::Contains;

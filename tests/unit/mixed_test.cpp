@@ -1,4 +1,4 @@
-// Mixed precision (common/mixed.hpp, grad_scaler.hpp, mixed_precision.hpp):
+// Mixed precision (common/precision/mixed.hpp, grad_scaler.hpp, mixed_precision.hpp):
 //  - HalfStorage + linear_half on a small MLP, forward and two accumulated backwards, BIT FOR
 //    BIT against the rules written out here with the fp32 kernels (ops.hpp) and explicit
 //    roundings: inputs, outputs and incoming gradients of every Linear rounded to 16 bits,
@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
-#include "common/mixed.hpp"
-#include "common/mixed_precision.hpp"
-#include "common/zero_memory.hpp"
-#include "common/ops.hpp"
-#include "common/train.hpp"
+#include "common/core/ops.hpp"
+#include "common/driver/train.hpp"
+#include "common/precision/mixed.hpp"
+#include "common/precision/mixed_precision.hpp"
+#include "common/zero/zero_memory.hpp"
 #include "util.hpp"
 
 using namespace ringzero;
@@ -286,7 +286,7 @@ TEST_CASE(
   REQUIRE_FALSE(replica.has_master_weights());
   REQUIRE_THROWS_WITH(replica.step_master(0.0f), Contains("no master weights"));
   // --reduce-dtype fp32 is read as given. Which values are allowed is checked once, before any
-  // chapter is built (PrecisionCheck, common/run.cpp): tests/chapters/mixed_ch03.sh and
+  // chapter is built (PrecisionCheck, common/driver/run.cpp): tests/chapters/mixed_ch03.sh and
   // mixed_zero3.sh check its refusals.
   config.reduce_dtype = "fp32";
   Model m32(config.layer_sizes(), 1);

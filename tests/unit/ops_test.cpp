@@ -11,8 +11,8 @@
 #include <cmath>
 #include <vector>
 
-#include "common/nn.hpp"
-#include "common/ops.hpp"
+#include "common/core/nn.hpp"
+#include "common/core/ops.hpp"
 #include "util.hpp"
 
 using namespace ringzero;

@@ -13,7 +13,7 @@
 #include <cmath>
 #include <vector>
 
-#include "common/optim.hpp"
+#include "common/core/optim.hpp"
 
 using namespace ringzero;
 using Catch::Matchers::Contains;

@@ -15,8 +15,8 @@
 #include <filesystem>
 #include <string>
 
-#include "common/atomic_file.hpp"
-#include "common/safetensors.hpp"
+#include "common/io/atomic_file.hpp"
+#include "common/io/safetensors.hpp"
 #include "util.hpp"
 
 using namespace ringzero;

@@ -1,4 +1,4 @@
-// The two output writers of common/atomic_file.hpp under a full disk (issue 9: --metrics and the
+// The two output writers of common/io/atomic_file.hpp under a full disk (issue 9: --metrics and the
 // one atomic writer), with their expected messages and file contents written out. A file-size
 // limit (RLIMIT_FSIZE, as `ulimit -f`) stands in for a full disk: write(2) fails with EFBIG
 // once the limit is reached, as it fails with ENOSPC on a full disk; the writers ignore SIGXFSZ.
@@ -12,7 +12,7 @@
 #include <sstream>
 #include <string>
 
-#include "common/atomic_file.hpp"
+#include "common/io/atomic_file.hpp"
 #include "util.hpp"
 
 using namespace ringzero;

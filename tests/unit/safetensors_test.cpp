@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "common/safetensors.hpp"
+#include "common/io/safetensors.hpp"
 #include "util.hpp"
 
 using namespace ringzero;

@@ -13,8 +13,8 @@
 #include <string>
 #include <unistd.h>
 
-#include "common/autograd.hpp"
-#include "common/rng.hpp"
+#include "common/core/autograd.hpp"
+#include "common/core/rng.hpp"
 
 namespace ringzero::test {
 

@@ -1,10 +1,10 @@
-// The ZeRO memory formulas (common/zero_memory.hpp) against two tables: a
+// The ZeRO memory formulas (common/zero/zero_memory.hpp) against two tables: a
 // 7B model in fp32 + Adam on 8 ranks (docs/memory.md), and the ZeRO paper's Figure 1 (Rajbhandari
 // et al., SC 2020: 7.5B parameters, mixed precision + Adam, K_os = 12, 64 ranks).
 #include <catch2/catch.hpp>
 
-#include "common/memory_calculator.hpp"
-#include "common/zero_memory.hpp"
+#include "common/zero/memory_calculator.hpp"
+#include "common/zero/zero_memory.hpp"
 
 using namespace ringzero;
 

@@ -1,0 +1,231 @@
+#include "common/comm/comm.hpp"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "common/comm/mpi_stage.hpp"
+#include "common/core/check.hpp"
+#include "common/core/device_memory.hpp"
+
+namespace ringzero {
+
+namespace {
+thread_local int wait_sleep_us = 0;  // see Communicator::set_wait_sleep_us_this_thread
+thread_local const std::atomic<bool>* abandon_flag = nullptr;  // set_abandon_flag_this_thread
+}  // namespace
+
+using comm_detail::HostStage;
+
+std::vector<std::pair<int64_t, int64_t>> split_count(int64_t n, int64_t max_piece) {
+  RZ_CHECK(n >= 0 && max_piece > 0, "split_count(" << n << ", " << max_piece << ")");
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  for (int64_t off = 0; off < n; off += max_piece)
+    pieces.emplace_back(off, std::min(max_piece, n - off));
+  return pieces;
+}
+
+Communicator::Communicator(int& argc, char**& argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
+  set_rank_context(rank_, world_size_);
+  MPI_Comm node;
+  MPI_CALL(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+  MPI_Comm_rank(node, &local_rank_);
+  MPI_Comm_free(&node);
+  RZ_CHECK(provided >= MPI_THREAD_SERIALIZED,
+           "this MPI provides thread level " << provided
+                                             << ", RingZero needs MPI_THREAD_SERIALIZED or better");
+}
+
+Communicator::~Communicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+Communicator::Counters& Communicator::counter(const char* op) {
+  return counters_[scope_.empty() ? op : scope_];
+}
+
+void Communicator::count_external(const char* op, bool point_to_point, Counters delta) {
+  Counters& c = counter(op);
+  if (!point_to_point || scope_.empty()) c.calls += 1;
+  c.messages_sent += delta.messages_sent;
+  c.bytes_sent += delta.bytes_sent;
+  c.messages_received += delta.messages_received;
+  c.bytes_received += delta.bytes_received;
+}
+
+Communicator::Counters Communicator::recount_as_metrics(
+    const std::map<std::string, Counters>& snapshot) {
+  Counters moved;
+  for (auto op = counters_.begin(); op != counters_.end();) {
+    if (op->first == "metrics") {
+      ++op;
+      continue;
+    }
+    auto it = snapshot.find(op->first);
+    const Counters before = it == snapshot.end() ? Counters{} : it->second;
+    const Counters& c = op->second;
+    moved.calls += c.calls - before.calls;
+    moved.messages_sent += c.messages_sent - before.messages_sent;
+    moved.bytes_sent += c.bytes_sent - before.bytes_sent;
+    moved.messages_received += c.messages_received - before.messages_received;
+    moved.bytes_received += c.bytes_received - before.bytes_received;
+    if (it == snapshot.end()) {
+      op = counters_.erase(op);  // an operation only the moved traffic used
+    } else {
+      op->second = before;
+      ++op;
+    }
+  }
+  Counters& m = counters_["metrics"];
+  m.calls += moved.calls;
+  m.messages_sent += moved.messages_sent;
+  m.bytes_sent += moved.bytes_sent;
+  m.messages_received += moved.messages_received;
+  m.bytes_received += moved.bytes_received;
+  return moved;
+}
+
+Communicator::Counters Communicator::training_traffic() const {
+  Counters sum;
+  for (const auto& [op, c] : counters_) {
+    if (op == "metrics") continue;
+    sum.calls += c.calls;
+    sum.messages_sent += c.messages_sent;
+    sum.bytes_sent += c.bytes_sent;
+    sum.messages_received += c.messages_received;
+    sum.bytes_received += c.bytes_received;
+  }
+  return sum;
+}
+
+void Communicator::send(std::span<const float> buf, int dest) {
+  send_raw(buf.data(), static_cast<int64_t>(buf.size()), dest, /*elem_bytes=*/4);
+}
+
+void Communicator::send(std::span<const uint16_t> buf, int dest) {
+  send_raw(buf.data(), static_cast<int64_t>(buf.size()), dest, /*elem_bytes=*/2);
+}
+
+void Communicator::recv(std::span<float> buf, int src) {
+  recv_raw(buf.data(), static_cast<int64_t>(buf.size()), src, /*elem_bytes=*/4);
+}
+
+void Communicator::recv(std::span<uint16_t> buf, int src) {
+  recv_raw(buf.data(), static_cast<int64_t>(buf.size()), src, /*elem_bytes=*/2);
+}
+
+void Communicator::send_raw(const void* data, int64_t size, int dest, int elem_bytes) {
+  const MPI_Datatype type = elem_bytes == 4 ? MPI_FLOAT : MPI_UINT16_T;
+  HostStage stage(data, size * elem_bytes, /*fill=*/true);
+  const char* bytes = stage.data();
+  Counters& c = counter("send");
+  if (scope_.empty()) c.calls += 1;
+  for (auto [off, n] : split_count(size)) {
+    MPI_CALL(
+        MPI_Send(bytes + off * elem_bytes, static_cast<int>(n), type, dest, 0, MPI_COMM_WORLD));
+    c.messages_sent += 1;
+    c.bytes_sent += n * elem_bytes;
+  }
+}
+
+void Communicator::recv_raw(void* data, int64_t size, int src, int elem_bytes) {
+  const MPI_Datatype type = elem_bytes == 4 ? MPI_FLOAT : MPI_UINT16_T;
+  HostStage stage(data, size * elem_bytes, /*fill=*/false);
+  char* bytes = stage.data();
+  Counters& c = counter("recv");
+  if (scope_.empty()) c.calls += 1;
+  for (auto [off, n] : split_count(size)) {
+    MPI_CALL(MPI_Recv(bytes + off * elem_bytes, static_cast<int>(n), type, src, 0, MPI_COMM_WORLD,
+                      MPI_STATUS_IGNORE));
+    c.messages_received += 1;
+    c.bytes_received += n * elem_bytes;
+  }
+  stage.finish();
+}
+
+void Communicator::set_abandon_flag_this_thread(const std::atomic<bool>* flag) {
+  abandon_flag = flag;
+}
+
+void Communicator::set_wait_sleep_us_this_thread(int us) {
+  RZ_CHECK(us >= 0, "wait sleep " << us << " us must be >= 0");
+  wait_sleep_us = us;
+}
+
+void Communicator::sendrecv(std::span<const float> send_buf, int dest, std::span<float> recv_buf,
+                            int src) {
+  sendrecv_raw(send_buf.data(), static_cast<int64_t>(send_buf.size()), dest, recv_buf.data(),
+               static_cast<int64_t>(recv_buf.size()), src, /*elem_bytes=*/4);
+}
+
+void Communicator::sendrecv(std::span<const uint16_t> send_buf, int dest,
+                            std::span<uint16_t> recv_buf, int src) {
+  sendrecv_raw(send_buf.data(), static_cast<int64_t>(send_buf.size()), dest, recv_buf.data(),
+               static_cast<int64_t>(recv_buf.size()), src, /*elem_bytes=*/2);
+}
+
+void Communicator::sendrecv_raw(const void* send_data, int64_t send_n, int dest, void* recv_data,
+                                int64_t recv_n, int src, int elem_bytes) {
+  const MPI_Datatype type = elem_bytes == 4 ? MPI_FLOAT : MPI_UINT16_T;
+  HostStage send_stage(send_data, send_n * elem_bytes, /*fill=*/true);
+  HostStage recv_stage(recv_data, recv_n * elem_bytes, /*fill=*/false);
+  const char* send_bytes = send_stage.data();
+  char* recv_bytes = recv_stage.data();
+  Counters& c = counter("sendrecv");
+  if (scope_.empty()) c.calls += 1;
+  // Each direction is cut into pieces on its own: the sender's send length is the receiver's
+  // receive length, so both ends of a link agree on the number of messages, and an empty side
+  // sends (or expects) none. (Splitting both by max(send, receive) breaks that when a rank's two
+  // sides differ, e.g. a ring with empty chunks: a stray empty message then truncates the next.)
+  // Everything is posted at once and completed together, so a ring cannot deadlock.
+  std::vector<MPI_Request> requests;
+  for (auto [off, n] : split_count(recv_n)) {
+    requests.emplace_back();
+    MPI_CALL(MPI_Irecv(recv_bytes + off * elem_bytes, static_cast<int>(n), type, src, 0,
+                       MPI_COMM_WORLD, &requests.back()));
+    c.messages_received += 1;
+    c.bytes_received += n * elem_bytes;
+  }
+  for (auto [off, n] : split_count(send_n)) {
+    requests.emplace_back();
+    MPI_CALL(MPI_Isend(send_bytes + off * elem_bytes, static_cast<int>(n), type, dest, 0,
+                       MPI_COMM_WORLD, &requests.back()));
+    c.messages_sent += 1;
+    c.bytes_sent += n * elem_bytes;
+  }
+  if (wait_sleep_us == 0) {
+    MPI_CALL(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
+  } else {
+    // Each MPI_Testall also makes progress (copies data, answers handshakes); sleeping between
+    // tests gives the core back to the thread computing beside this one.
+    for (int done = 0;;) {
+      MPI_CALL(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
+                           MPI_STATUSES_IGNORE));
+      if (done) break;
+      if (abandon_flag != nullptr && abandon_flag->load()) {
+        // This rank is unwinding from an error: receive nothing more into buffers about to be
+        // freed, and stop (the sends may stay posted: MPI only reads them, until MPI_Abort).
+        for (MPI_Request& r : requests) {
+          if (r == MPI_REQUEST_NULL) continue;
+          MPI_Cancel(&r);
+          MPI_Request_free(&r);
+        }
+        RZ_CHECK(false, "sendrecv with ranks " << dest << " and " << src
+                                               << " abandoned: this rank is stopping at an error");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(wait_sleep_us));
+    }
+  }
+  recv_stage.finish();
+}
+
+}  // namespace ringzero

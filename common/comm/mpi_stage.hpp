@@ -1,0 +1,58 @@
+// mpi_stage: what the communicator's two files (comm.cpp: point-to-point; comm_collectives.cpp:
+// the collectives) share below MPI, internal to common/comm/: MPI_CALL, which turns an MPI
+// error code into a RingZero error naming the call, and HostStage, a message's bytes where MPI
+// can reach them.
+// Leaves out: everything a lesson calls (comm.hpp).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/core/check.hpp"
+#include "common/core/device_memory.hpp"
+
+namespace ringzero::comm_detail {
+
+/// Fails with MPI's own message for a return code other than MPI_SUCCESS (`call`: the call's
+/// text, as MPI_CALL passes it).
+inline void check_mpi(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  RZ_CHECK(false, call << " failed: " << std::string(msg, static_cast<size_t>(len))
+                       << "; check that every rank runs the same command line");
+}
+#define MPI_CALL(...) ::ringzero::comm_detail::check_mpi((__VA_ARGS__), #__VA_ARGS__)
+
+// A message's bytes where MPI can reach them, the host: `data` itself when it lives there, else
+// a host copy, filled from the device when `fill`, and written back to it by finish() (MPI
+// staged through host memory; the counters count the message, not the copies).
+class HostStage {
+ public:
+  HostStage(const void* data, int64_t bytes, bool fill) : device_(const_cast<void*>(data)) {
+    if (device_of(data) == Device::cpu) {
+      host_ = static_cast<char*>(device_);
+      return;
+    }
+    copy_.resize(static_cast<size_t>(bytes));
+    host_ = copy_.data();
+    if (fill) copy_memory(host_, data, bytes);
+  }
+  char* data() { return host_; }
+  float* floats() { return reinterpret_cast<float*>(host_); }
+  /// The bytes received into data() back to the device (nothing to do on the host).
+  void finish() {
+    if (!copy_.empty()) copy_memory(device_, host_, static_cast<int64_t>(copy_.size()));
+  }
+
+ private:
+  void* device_;
+  std::vector<char> copy_;
+  char* host_ = nullptr;
+};
+
+}  // namespace ringzero::comm_detail

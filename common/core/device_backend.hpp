@@ -1,0 +1,101 @@
+// device_backend: the operation table a device provides, below the tensor.
+//
+// Provides: DeviceBackend, the table each non-host device fills (needle's backend arrays: the
+// CPU and CUDA backends register the same operations; autograd, ops and nn name no backend:
+// they allocate where their inputs live and dispatch), and backend_of, the one line each
+// operation of common/core/ops.cpp and common/core/optim.cpp runs before its host loop:
+//     if (DeviceBackend* d = backend_of({out.data(), inp.data()})) return d->relu_forward(...);
+//     for (...) out[i] = kernels::relu(inp[i]);        // the host loop, unchanged
+// so a chapter's train_step, written over tensors and spans, runs wherever its model lives.
+// Two backends: emulated (common/device/emulated_device.cpp: the host functions on a second mapping
+// of PROT_NONE device memory, so the same bits as the CPU) and cuda
+// (common/device/gpu/cuda_backend.cpp: the kernels of common/device/gpu/kernels.cu around the
+// element functions of common/core/kernels.hpp, and cuBLAS SGEMM). The host is not a backend: null
+// from backend_of means "run the loop below". Communication needs no entry: the communicator stages
+// a device buffer through host memory (common/comm/comm.cpp; NCCL on a GPU is the next step).
+// Leaves out: 16-bit operations (bf16/fp16 storage stays on the host for now).
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <string>
+
+#include "common/core/device_memory.hpp"
+#include "common/core/tensor.hpp"
+
+namespace ringzero {
+
+namespace kernels {
+struct AdamWStep;  // common/core/kernels.hpp, not included: it holds exercise regions (optim.hpp)
+}
+
+/// The operations of one device. Every pointer and tensor argument lives on this device; labels
+/// are host spans (copied over by the backend). Semantics are the host functions' of the same
+/// name (common/core/ops.hpp, common/core/optim.hpp): d-buffers ACCUMULATE (+=), reductions return
+/// to the host and synchronise.
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+  /// What the start-up line and the summary's "device" field say ("NVIDIA H200", ...).
+  virtual std::string name() const = 0;
+
+  // Memory (device_memory.hpp calls these; the chapters never do).
+  virtual void* allocate(int64_t bytes) = 0;  ///< zero-filled; errors name the bytes
+  virtual void free(void* p) = 0;
+  /// dst, src each on the host or on this device; synchronous.
+  virtual void copy(void* dst, const void* src, int64_t bytes) = 0;
+  virtual void zero(void* p, int64_t bytes) = 0;
+
+  // The model's operations (common/core/ops.hpp).
+  virtual void linear_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
+                              const Tensor& bias) = 0;
+  /// dinp may be undefined (the first layer's input needs no gradient).
+  virtual void linear_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                               const Tensor& dout, const Tensor& inp, const Tensor& weight) = 0;
+  virtual void relu_forward(const Tensor& out, const Tensor& inp) = 0;
+  virtual void relu_backward(const Tensor& dinp, const Tensor& dout, const Tensor& out) = 0;
+  virtual float mse_forward(const Tensor& pred, const Tensor& target) = 0;
+  virtual void mse_backward(const Tensor& dpred, float dloss, const Tensor& pred,
+                            const Tensor& target) = 0;
+  /// Errors: a label outside [0, C) (checked on the host before it is copied).
+  virtual float cross_entropy_forward(const Tensor& probs, const Tensor& logits,
+                                      std::span<const int32_t> labels) = 0;
+  virtual void cross_entropy_backward(const Tensor& dlogits, float dloss, const Tensor& probs,
+                                      std::span<const int32_t> labels) = 0;
+
+  // The optimizers' element updates and clipping (common/core/optim.hpp), on n elements.
+  virtual void adamw_update(float* p, float* m, float* v, const float* g, int64_t n,
+                            const kernels::AdamWStep& k) = 0;
+  /// buf may be null when momentum == 0.
+  virtual void sgd_update(float* p, float* buf, const float* g, int64_t n, float lr,
+                          float momentum, float weight_decay, bool first_step) = 0;
+  /// Σ g² in float64.
+  virtual double sum_of_squares(const float* g, int64_t n) = 0;
+  virtual void scale(float* g, int64_t n, float coef) = 0;
+  /// g /= divisor on n elements (the mean over ranks: a division, as the host's).
+  virtual void divide(float* g, int64_t n, float divisor) = 0;
+  /// dst += src on n elements (a reduction's add: common/core/half.hpp's add_into).
+  virtual void add(float* dst, const float* src, int64_t n) = 0;
+};
+
+/// The backend of `device` (not cpu), created on first use. Errors: cuda in a program built
+/// without the GPU library (reconfigure with -DRINGZERO_CUDA=ON) or on a machine without a GPU
+/// (use --device cpu).
+DeviceBackend& backend(Device device);
+/// The emulated backend (emulated_device.cpp).
+DeviceBackend& emulated_backend();
+/// The CUDA backend (common/device/gpu/cuda_backend.cpp, in the GPU library of a CUDA build).
+DeviceBackend& cuda_backend();
+/// What backend(cuda) calls: null unless the program links the GPU library, whose
+/// common/device/gpu/register_cuda.cpp (compiled into each such executable) sets it to cuda_backend
+/// before main. So the library below the GPU one never names it: no link cycle.
+using BackendFactory = DeviceBackend& (*)();
+BackendFactory& cuda_backend_factory();
+
+/// The backend of the device that holds `pointers` (nulls ignored), or null when they are all
+/// on the host. Errors: pointers on two places, the host and a device or two devices (names
+/// both; move one with Tensor::to or Model::to).
+DeviceBackend* backend_of(std::initializer_list<const void*> pointers);
+
+}  // namespace ringzero

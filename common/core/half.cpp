@@ -1,0 +1,212 @@
+#include "common/core/half.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "common/core/check.hpp"
+#include "common/core/device_backend.hpp"
+
+#if defined(__F16C__) && defined(__AVX__)
+#include <immintrin.h>
+#define RINGZERO_F16C 1
+#endif
+
+namespace ringzero {
+
+Dtype parse_dtype(const std::string& name, const std::string& flag) {
+  if (name == "fp32") return Dtype::fp32;
+  if (name == "bf16") return Dtype::bf16;
+  if (name == "fp16") return Dtype::fp16;
+  fail(__FILE__, __LINE__,
+       flag + " " + name + " is not a dtype; use " + flag + " fp32, bf16 or fp16");
+}
+
+const char* dtype_name(Dtype dtype) {
+  switch (dtype) {
+    case Dtype::fp32:
+      return "fp32";
+    case Dtype::bf16:
+      return "bf16";
+    case Dtype::fp16:
+      return "fp16";
+  }
+  return "?";
+}
+
+uint16_t float_to_fp16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const auto sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u)  // NaN: quiet bit set, the upper payload bits kept (as vcvtps2ph)
+    return static_cast<uint16_t>(sign | 0x7e00u | ((u >> 13) & 0x3ffu));
+  if (u >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520 (and inf): rounds to inf
+  if (u >= 0x38800000u) {                       // >= 2^-14: a normal fp16
+    u += 0xfffu + ((u >> 13) & 1u);             // round the 13 dropped bits, ties to even
+    return static_cast<uint16_t>(sign | ((u - 0x38000000u) >> 13));  // rebias 127 -> 15
+  }
+  if (u < 0x33000000u) return sign;  // below 2^-25: rounds to ±0
+  // A subnormal fp16: the value in units of 2^-24 is mant >> shift, rounded to nearest even.
+  const uint32_t exp = u >> 23;
+  const uint32_t mant = (u & 0x7fffffu) | 0x800000u;
+  const uint32_t shift = 126 - exp;  // 14..24
+  uint32_t r = mant >> shift;
+  const uint32_t rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1);
+  if (rem > half || (rem == half && (r & 1u))) ++r;  // r = 0x400 is the smallest normal
+  return static_cast<uint16_t>(sign | r);
+}
+
+float fp16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  uint32_t u;
+  if (exp == 0x1f) {
+    u = sign | 0x7f800000u | (mant << 13);
+  } else if (exp != 0) {
+    u = sign | ((exp + 112) << 23) | (mant << 13);
+  } else {
+    const float v = static_cast<float>(mant) * 0x1p-24f;  // exact: mant < 2^10
+    std::memcpy(&u, &v, 4);
+    u |= sign;
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t float_to_half(Dtype dtype, float f) {
+  RZ_CHECK(dtype != Dtype::fp32, "float_to_half: dtype fp32 has no 16-bit form");
+  return dtype == Dtype::bf16 ? float_to_bf16(f) : float_to_fp16(f);
+}
+
+float half_to_float(Dtype dtype, uint16_t h) {
+  RZ_CHECK(dtype != Dtype::fp32, "half_to_float: dtype fp32 has no 16-bit form");
+  return dtype == Dtype::bf16 ? bf16_to_float(h) : fp16_to_float(h);
+}
+
+namespace {
+
+// The bf16 loops: no branches, so GCC vectorises them (the NaN test becomes a blend).
+void floats_to_bf16(const float* in, uint16_t* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, in + i, 4);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t nan = (u >> 16) | 0x40u;
+    out[i] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+  }
+}
+
+void bf16_to_floats(const uint16_t* in, float* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t u = static_cast<uint32_t>(in[i]) << 16;
+    std::memcpy(out + i, &u, 4);
+  }
+}
+
+void floats_to_fp16(const float* in, uint16_t* out, size_t n) {
+  size_t i = 0;
+#ifdef RINGZERO_F16C
+  // vcvtps2ph with round-to-nearest-even: the same bits as float_to_fp16 (tested).
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
+  }
+#endif
+  for (; i < n; ++i) out[i] = float_to_fp16(in[i]);
+}
+
+void fp16_to_floats(const uint16_t* in, float* out, size_t n) {
+  size_t i = 0;
+#ifdef RINGZERO_F16C
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+#endif
+  for (; i < n; ++i) out[i] = fp16_to_float(in[i]);
+}
+
+void check_half(Dtype dtype, size_t a, size_t b, const char* what) {
+  RZ_CHECK(dtype != Dtype::fp32, what << ": dtype fp32 has no 16-bit form");
+  RZ_CHECK(a == b, what << ": sizes differ (" << a << " vs " << b << ")");
+}
+
+}  // namespace
+
+void convert_to_half(Dtype dtype, std::span<const float> in, std::span<uint16_t> out) {
+  check_half(dtype, in.size(), out.size(), "convert_to_half");
+  if (dtype == Dtype::bf16)
+    floats_to_bf16(in.data(), out.data(), in.size());
+  else
+    floats_to_fp16(in.data(), out.data(), in.size());
+}
+
+void convert_to_float(Dtype dtype, std::span<const uint16_t> in, std::span<float> out) {
+  check_half(dtype, in.size(), out.size(), "convert_to_float");
+  if (dtype == Dtype::bf16)
+    bf16_to_floats(in.data(), out.data(), in.size());
+  else
+    fp16_to_floats(in.data(), out.data(), in.size());
+}
+
+void round_in_place(Dtype dtype, std::span<float> x) {
+  if (dtype == Dtype::fp32) return;
+  constexpr size_t kBlock = 512;  // on the stack: no allocation, stays in L1
+  uint16_t tmp[kBlock];
+  for (size_t i = 0; i < x.size(); i += kBlock) {
+    const size_t n = std::min(kBlock, x.size() - i);
+    convert_to_half(dtype, x.subspan(i, n), {tmp, n});
+    convert_to_float(dtype, {tmp, n}, x.subspan(i, n));
+  }
+}
+
+void add_into(std::span<float> dst, std::span<const float> src) {
+  if (DeviceBackend* d = backend_of({dst.data(), src.data()}))
+    return d->add(dst.data(), src.data(), static_cast<int64_t>(dst.size()));
+  float* __restrict out = dst.data();
+  const float* __restrict in = src.data();
+  for (size_t i = 0; i < dst.size(); ++i) out[i] += in[i];
+}
+
+void accumulate_half(Dtype dtype, std::span<uint16_t> dst, std::span<const uint16_t> src) {
+  check_half(dtype, dst.size(), src.size(), "accumulate_half");
+  constexpr size_t kBlock = 512;
+  float a[kBlock], b[kBlock];
+  for (size_t i = 0; i < dst.size(); i += kBlock) {
+    const size_t n = std::min(kBlock, dst.size() - i);
+    convert_to_float(dtype, dst.subspan(i, n), {a, n});
+    convert_to_float(dtype, src.subspan(i, n), {b, n});
+    for (size_t j = 0; j < n; ++j) a[j] += b[j];
+    convert_to_half(dtype, {a, n}, dst.subspan(i, n));
+  }
+}
+
+void accumulate_half(Dtype dtype, std::span<uint16_t> dst, std::span<const float> src) {
+  check_half(dtype, dst.size(), src.size(), "accumulate_half");
+  constexpr size_t kBlock = 512;
+  float a[kBlock];
+  for (size_t i = 0; i < dst.size(); i += kBlock) {
+    const size_t n = std::min(kBlock, dst.size() - i);
+    convert_to_float(dtype, dst.subspan(i, n), {a, n});
+    for (size_t j = 0; j < n; ++j) a[j] += src[i + j];
+    convert_to_half(dtype, {a, n}, dst.subspan(i, n));
+  }
+}
+
+uint16_t* Aligned16Allocator::allocate(int64_t size, MemTag tag, bool zero) {
+  const size_t bytes = (static_cast<size_t>(size) * 2 + 63) / 64 * 64;
+  auto* data = static_cast<uint16_t*>(std::aligned_alloc(64, bytes));
+  RZ_CHECK(data != nullptr, "out of memory allocating " << bytes << " bytes for "
+                                                        << mem_tag_name(tag)
+                                                        << "; reduce the model or batch size");
+  if (zero) std::memset(data, 0, bytes);
+  return data;
+}
+
+void Aligned16Allocator::free(uint16_t* data) {
+  std::free(data);
+}
+
+}  // namespace ringzero

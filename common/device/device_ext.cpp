@@ -1,0 +1,101 @@
+#include "common/device/device_ext.hpp"
+
+#include <algorithm>
+
+#include "common/core/check.hpp"
+#include "common/core/device_backend.hpp"
+
+namespace ringzero {
+
+namespace {
+
+// The flag `name` was given (an option a chapter may not have: false then).
+bool given(CLI::App* app, const std::string& name) {
+  const CLI::Option* option = app ? app->get_option_no_throw(name) : nullptr;
+  return option != nullptr && option->count() > 0;
+}
+
+}  // namespace
+
+void DeviceExtension::add_flags(CommandLine& cli) {
+  app_ = &cli.app;
+  cli.app
+      .add_option("--device", device_,
+                  "cpu | emulated | cuda: where the training step runs (cuda: a CUDA build and a "
+                  "GPU; emulated: the device backend on the CPU, whose memory host code cannot "
+                  "touch)")
+      ->check(CLI::IsMember({"cpu", "emulated", "cuda"}));
+  // Before the lesson's run_instead (chapter 04's benchmark runs instead of training, ahead of
+  // validate): the benchmark measures host buffers, not the GPU.
+  cli.app.parse_complete_callback([this] {
+    if (device_ != "cpu" && given(app_, "--bench-allreduce"))
+      throw CLI::ValidationError(
+          "--device " + device_ +
+          " with --bench-allreduce: the benchmark measures host buffers (ours vs MPI_Allreduce); "
+          "NCCL's bus bandwidth on the GPU is build-cuda/tests/gpu_nccl_check "
+          "(scripts/gpu-check). Drop --device " + device_);
+  });
+}
+
+void DeviceExtension::validate(const RunState& state) {
+  if (device_ == "cpu") return;
+  // Checked here, before before_lesson probes the GPU, so a build or machine without one gives
+  // these messages too. The weights and optimizer state live in device buffers, which the
+  // checkpoint's writer and reader do not copy yet.
+  const TrainConfig& c = state.config;
+  const std::string checkpoint_flag =
+      c.resume.empty() ? "--checkpoint-dir " + c.checkpoint_dir : "--resume " + c.resume;
+  RZ_CHECK(c.checkpoint_dir.empty() && c.resume.empty(),
+           "--device " << device_ << " with " << checkpoint_flag
+                       << ": the device path cannot save or resume its training state yet "
+                          "(checkpoints hold the CPU state only). Drop --checkpoint-dir/--resume, "
+                          "or use --device cpu");
+  // 16-bit storage (common/precision/mixed.hpp) has no device operations yet.
+  RZ_CHECK(c.precision == "fp32",
+           "--device " << device_ << " with --precision " << c.precision
+                        << ": the device path trains in fp32 only so far. Drop --precision (or "
+                           "use --precision fp32), or use --device cpu for 16-bit training");
+  RZ_CHECK(!given(app_, "--find-unused-parameters"),
+           "--device " << device_
+                       << " with --find-unused-parameters: the unused-parameter pass is not "
+                          "proven on the device yet. Drop --find-unused-parameters, or use "
+                          "--device cpu");
+  RZ_CHECK(!given(app_, "--save-optimizer-state"),
+           "--device " << device_
+                       << " with --save-optimizer-state: the optimizer state stays on the device "
+                          "and is not written back yet. Drop --save-optimizer-state, or use "
+                          "--device cpu");
+}
+
+void DeviceExtension::before_lesson(RunState& state) {
+  // The chapter's own train_step on the device's backend: the model moves before the lesson
+  // exists, so the lesson's buffers are allocated where the model lives.
+  if (device_ == "cpu") return;
+  const Device device = parse_device(device_);
+  state.model->to(device);
+  model_on_device_ = true;
+  device_name_ = backend(device).name();
+}
+
+void DeviceExtension::after_setup(RunState& state) {
+  if (!model_on_device_) return;
+  print0("device " + device_name_ + " | the chapter's train_step on the device backend" +
+         (device_ == "cuda" ? " (cuBLAS SGEMM, TF32 off)" : "") +
+         (state.chapter.distributed ? " | messages staged through host memory" : ""));
+}
+
+void DeviceExtension::report(RunState&, nlohmann::json& summary) {
+  if (!model_on_device_) return;
+  summary["device"] = device_name_;
+  // model_states_bytes_per_rank is the host column's peak (what stayed there: the model before
+  // it moved, or, after a ZeRO lesson resets the peaks, its optimizer state until the first
+  // step moves it); the device's is the device column's, the largest over ranks.
+  double device_states = 0;
+  if (summary.contains("ledger"))
+    for (const auto& ledger : summary["ledger"])
+      if (ledger.contains("device"))
+        device_states = std::max(device_states, ledger["device"].value("model_states_peak", 0.0));
+  summary["device_model_states_bytes_per_rank"] = device_states;
+}
+
+}  // namespace ringzero

@@ -1,0 +1,41 @@
+// device_ext: --device cpu|emulated|cuda for every chapter, as a Run extension
+// (common/driver/run.hpp), so it costs no line in any main.cpp.
+//
+// Provides: DeviceExtension. With --device emulated or cuda, every chapter runs its own
+// train_step on the device: the model moves there (Model::to) before the lesson is built, so the
+// lesson's buffers are allocated where the model lives (an engine asks model.device()), and
+// every op, optimizer update, reduction add and copy runs through the device's backend
+// (common/core/device_backend.hpp: emulated, or cuda over kernels.cu and cuBLAS); the optimizer
+// state follows the parameters; the communicator stages a device buffer's messages through host
+// memory (common/comm/comm.cpp), so the counters and the ring's hops are the CPU run's. Evaluation
+// runs there too; the report and --save-final copy what they read to the host.
+// Errors (at start-up, on every rank, naming the fix): a build without CUDA, no GPU visible,
+// and flags the device path does not carry yet (checkpoints, --precision bf16|fp16,
+// --find-unused-parameters, --save-optimizer-state, --bench-allreduce).
+// Leaves out: NCCL on device buffers and a communication stream (the queue's thread stages
+// through host memory), 16-bit storage on the device, the optimizer state's way back to the
+// host for checkpoints.
+#pragma once
+
+#include <string>
+
+#include "common/driver/run.hpp"
+
+namespace ringzero {
+
+class DeviceExtension : public Extension {
+ public:
+  void add_flags(CommandLine& cli) override;
+  void validate(const RunState& state) override;
+  void before_lesson(RunState& state) override;
+  void after_setup(RunState& state) override;
+  void report(RunState& state, nlohmann::json& summary) override;
+
+ private:
+  std::string device_ = "cpu";
+  CLI::App* app_ = nullptr;
+  bool model_on_device_ = false;  // Model::to(--device) done
+  std::string device_name_;       // the backend's name(): "NVIDIA H200", "emulated ..."
+};
+
+}  // namespace ringzero

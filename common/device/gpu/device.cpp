@@ -1,0 +1,185 @@
+#include "common/device/gpu/device.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <utility>
+
+#include "common/core/check.hpp"
+
+namespace ringzero {
+
+namespace {
+void check_cuda(cudaError_t rc, const char* call) {
+  RZ_CHECK(rc == cudaSuccess, call << " failed: " << cudaGetErrorString(rc));
+}
+void check_cublas(cublasStatus_t rc, const char* call) {
+  RZ_CHECK(rc == CUBLAS_STATUS_SUCCESS, call << " failed: cuBLAS status " << static_cast<int>(rc));
+}
+#define CUDA_CALL(...) check_cuda((__VA_ARGS__), #__VA_ARGS__)
+#define CUBLAS_CALL(...) check_cublas((__VA_ARGS__), #__VA_ARGS__)
+
+bool tf32 = false;
+
+cublasHandle_t blas() {
+  static cublasHandle_t handle = [] {
+    cublasHandle_t h;
+    CUBLAS_CALL(cublasCreate(&h));
+    return h;
+  }();
+  // CUBLAS_DEFAULT_MATH: plain float32 SGEMM (no TF32), unless set_tf32(true).
+  CUBLAS_CALL(cublasSetMathMode(handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  return handle;
+}
+}  // namespace
+
+std::string require_gpu(int device) {
+  int n = 0;
+  const cudaError_t rc = cudaGetDeviceCount(&n);
+  RZ_CHECK(rc == cudaSuccess && n > device,
+           "--device cuda: no CUDA device "
+               << device << " ("
+               << (rc == cudaSuccess ? std::to_string(n) + " visible"
+                                     : std::string(cudaGetErrorString(rc)))
+               << "); run on a machine with an NVIDIA GPU and driver, or use --device cpu");
+  CUDA_CALL(cudaSetDevice(device));
+  cudaDeviceProp prop{};
+  CUDA_CALL(cudaGetDeviceProperties(&prop, device));
+  return prop.name;
+}
+
+float* DeviceAllocator::allocate(int64_t size, MemTag tag, bool zero) {
+  float* data = nullptr;
+  const cudaError_t rc = cudaMalloc(&data, static_cast<size_t>(size) * 4);
+  RZ_CHECK(rc == cudaSuccess, "cudaMalloc of " << size * 4 << " bytes for " << mem_tag_name(tag)
+                                               << " failed: " << cudaGetErrorString(rc)
+                                               << "; reduce the model or batch size");
+  if (zero) CUDA_CALL(cudaMemset(data, 0, static_cast<size_t>(size) * 4));
+  return data;
+}
+
+void DeviceAllocator::free(float* data) {
+  cudaFree(data);
+}
+
+void DeviceBuffer::copy_from_host(const float* host, int64_t n, int64_t offset) {
+  RZ_CHECK(offset >= 0 && n >= 0 && offset + n <= size_,
+           "copy of " << n << " floats at " << offset << " into a DeviceBuffer of " << size_);
+  if (n > 0) CUDA_CALL(cudaMemcpy(data_ + offset, host, n * 4, cudaMemcpyHostToDevice));
+}
+
+void DeviceBuffer::copy_to_host(float* host, int64_t n, int64_t offset) const {
+  RZ_CHECK(offset >= 0 && n >= 0 && offset + n <= size_,
+           "copy of " << n << " floats at " << offset << " out of a DeviceBuffer of " << size_);
+  if (n > 0) CUDA_CALL(cudaMemcpy(host, data_ + offset, n * 4, cudaMemcpyDeviceToHost));
+}
+
+void DeviceBuffer::zero() {
+  if (size_ > 0) CUDA_CALL(cudaMemsetAsync(data_, 0, static_cast<size_t>(size_) * 4));
+}
+
+void* device_alloc(int64_t bytes, MemTag tag) {
+  void* p = nullptr;
+  if (bytes == 0) return p;
+  const cudaError_t rc = cudaMalloc(&p, static_cast<size_t>(bytes));
+  RZ_CHECK(rc == cudaSuccess, "cudaMalloc of " << bytes << " bytes for " << mem_tag_name(tag)
+                                               << " failed: " << cudaGetErrorString(rc));
+  Ledger::get().add_device(tag, bytes);
+  return p;
+}
+
+void device_free(void* p, int64_t bytes, MemTag tag) {
+  if (p == nullptr) return;
+  Ledger::get().add_device(tag, -bytes);
+  cudaFree(p);
+}
+
+void copy_to_device(void* dst, const void* src, int64_t bytes) {
+  if (bytes > 0)
+    CUDA_CALL(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice));
+}
+
+void copy_to_host(void* dst, const void* src, int64_t bytes) {
+  if (bytes > 0)
+    CUDA_CALL(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost));
+}
+
+void copy_on_device(void* dst, const void* src, int64_t bytes) {
+  if (bytes > 0)
+    CUDA_CALL(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice));
+}
+
+void* allocate_zeroed(int64_t bytes) {
+  void* p = nullptr;
+  const cudaError_t rc = cudaMalloc(&p, static_cast<size_t>(bytes));
+  RZ_CHECK(rc == cudaSuccess, "cudaMalloc of " << bytes << " bytes failed: "
+                                               << cudaGetErrorString(rc)
+                                               << "; reduce the model or batch size");
+  CUDA_CALL(cudaMemset(p, 0, static_cast<size_t>(bytes)));
+  return p;
+}
+
+void free_allocation(void* p) {
+  cudaFree(p);
+}
+
+void copy_any(void* dst, const void* src, int64_t bytes) {
+  CUDA_CALL(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault));
+}
+
+void zero_bytes(void* p, int64_t bytes) {
+  CUDA_CALL(cudaMemset(p, 0, static_cast<size_t>(bytes)));
+}
+
+void device_synchronize() {
+  CUDA_CALL(cudaDeviceSynchronize());
+}
+
+DeviceClock::~DeviceClock() {
+  for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+}
+
+int DeviceClock::mark(void* stream) {
+  if (used_ == static_cast<int>(events_.size())) {
+    cudaEvent_t e;
+    CUDA_CALL(cudaEventCreate(&e));  // with timing
+    events_.push_back(e);
+  }
+  CUDA_CALL(cudaEventRecord(static_cast<cudaEvent_t>(events_[used_]),
+                            stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy));
+  return used_++;
+}
+
+std::vector<double> DeviceClock::resolve() {
+  std::vector<double> us(static_cast<size_t>(used_), 0.0);
+  for (int i = 0; i < used_; ++i) {
+    auto e = static_cast<cudaEvent_t>(events_[i]);
+    CUDA_CALL(cudaEventSynchronize(e));
+    float ms = 0;
+    CUDA_CALL(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(events_[0]), e));
+    us[i] = 1000.0 * ms;
+  }
+  used_ = 0;
+  return us;
+}
+
+namespace gpu {
+
+void set_tf32(bool on) {
+  tf32 = on;
+}
+
+void sgemm(bool transa, bool transb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  RZ_CHECK(std::max({m, n, k, lda, ldb, ldc}) <= INT_MAX,
+           "sgemm (" << m << ", " << n << ", " << k << ") exceeds cuBLAS's 32-bit sizes");
+  CUBLAS_CALL(cublasSgemm(
+      blas(), transa ? CUBLAS_OP_T : CUBLAS_OP_N, transb ? CUBLAS_OP_T : CUBLAS_OP_N,
+      static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &alpha, a,
+      static_cast<int>(lda), b, static_cast<int>(ldb), &beta, c, static_cast<int>(ldc)));
+}
+
+}  // namespace gpu
+}  // namespace ringzero

@@ -1,0 +1,143 @@
+// device: GPU memory and the GPU versions of the ops and optimizers (CUDA, cuBLAS).
+//
+// Provides: DeviceBuffer, the device twin of Buffer (cudaMalloc, zero-filled, counted in the
+// ledger's device column); the kernel launchers of common/device/gpu/kernels.cu, each a
+// one-thread-per- element (row, column) loop around the same function of common/core/kernels.hpp
+// that the CPU runs; and the matrix products of linear() through cuBLAS SGEMM with TF32 off unless
+// asked for (set_tf32), so that they agree with Eigen to float32 rounding (cuBLAS docs,
+// "cublasMath_t": CUBLAS_DEFAULT_MATH never uses TF32 tensor cores; CUBLAS_TF32_TENSOR_OP_MATH
+// does). Everything runs on one stream, the legacy default stream, so kernels run in launch order;
+// host reads (a loss, a norm) synchronise.
+// Built only with -DRINGZERO_CUDA=ON. The communication stream is NCCL's (nccl_comm.hpp).
+// Leaves out: multi-GPU per process.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/core/kernels.hpp"
+#include "common/core/ledger.hpp"
+
+namespace ringzero {
+
+/// Throws (RZ_CHECK) when the calling process has no usable CUDA device, naming why and the
+/// fix; otherwise selects device `device` and returns its name ("NVIDIA H200").
+std::string require_gpu(int device = 0);
+
+/// GPU memory for DeviceBuffer (defined in device.cpp, or in host memory by the CPU emulation
+/// of tests/emul). Errors: cudaMalloc failure (names bytes and tag).
+struct DeviceAllocator {
+  static constexpr const char* kName = "DeviceBuffer";
+  static float* allocate(int64_t size, MemTag tag, bool zero);  ///< cudaMalloc (+ cudaMemset)
+  static void free(float* data);                                ///< cudaFree
+};
+/// An owning, zero-filled float32 array in GPU memory, tagged in the ledger's device column.
+/// Move-only; size() in elements (common/core/ledger.hpp's LedgerArray).
+class DeviceBuffer : public LedgerArray<float, DeviceAllocator, LedgerColumn::device> {
+ public:
+  using LedgerArray::LedgerArray;
+  /// Host -> device: n floats from host into [offset, offset + n). Errors: out of range.
+  void copy_from_host(const float* host, int64_t n, int64_t offset = 0);
+  /// Device -> host: [offset, offset + n) into host. Synchronous.
+  void copy_to_host(float* host, int64_t n, int64_t offset = 0) const;
+  void zero();
+};
+
+/// Raw device allocation of `bytes` (labels, float64 partial sums), counted under `tag`.
+void* device_alloc(int64_t bytes, MemTag tag);
+void device_free(void* p, int64_t bytes, MemTag tag);
+void copy_to_device(void* dst, const void* src, int64_t bytes);
+void copy_to_host(void* dst, const void* src, int64_t bytes);
+/// Device -> device, `bytes` bytes, in stream order with the kernels (cudaMemcpyAsync on the
+/// default stream).
+void copy_on_device(void* dst, const void* src, int64_t bytes);
+/// The CUDA backend's memory (cuda_backend.cpp; not counted here: the LedgerArray or Tensor on
+/// Device::cuda that asked counts them). `bytes` of GPU memory, zero-filled (cudaMalloc +
+/// cudaMemset). Errors: cudaMalloc's, naming the bytes and the fix.
+void* allocate_zeroed(int64_t bytes);
+void free_allocation(void* p);
+/// `bytes` from src to dst, each on the host or this GPU (cudaMemcpy with cudaMemcpyDefault:
+/// unified virtual addressing finds each side); synchronous.
+void copy_any(void* dst, const void* src, int64_t bytes);
+/// `bytes` zero bytes at device pointer p (cudaMemset).
+void zero_bytes(void* p, int64_t bytes);
+void device_synchronize();
+
+/// Timing marks on the GPU's streams, for --trace (CUDA events with timing, cudaEventRecord /
+/// cudaEventElapsedTime; the CPU emulation: the host clock at the call, its work being
+/// synchronous). Not thread-safe.
+class DeviceClock {
+ public:
+  DeviceClock() = default;
+  ~DeviceClock();
+  DeviceClock(const DeviceClock&) = delete;
+  DeviceClock& operator=(const DeviceClock&) = delete;
+  /// Records a mark after the work queued so far on `stream` (null: the compute stream, the
+  /// legacy default stream; else a cudaStream_t); returns its index (0, 1, ...).
+  int mark(void* stream = nullptr);
+  /// Waits for every mark and returns their times in microseconds after mark 0; forgets them.
+  std::vector<double> resolve();
+
+ private:
+  std::vector<void*> events_;  // cudaEvent_t, created once and reused
+  std::vector<double> host_us_;
+  int used_ = 0;
+};
+
+namespace gpu {
+
+// Element-wise kernels. Shapes as their CPU twins in common/core/ops.hpp; pointers are device
+// pointers; every d-buffer ACCUMULATES (+=), as on the CPU.
+void relu_forward(float* out, const float* inp, int64_t n);
+void relu_backward(float* dinp, const float* dout, const float* out, int64_t n);
+/// out (B, OC) += bias (OC) on every row.
+void bias_add(float* out, const float* bias, int64_t B, int64_t OC);
+/// dbias (OC) += column sums of dout (B, OC), in row order: the CPU's bits.
+void bias_backward(float* dbias, const float* dout, int64_t B, int64_t OC);
+/// One thread per row: probs (B, C) = softmax(logits), row_nll (B) float64. labels in [0, C).
+void cross_entropy_forward(float* probs, double* row_nll, const float* logits,
+                           const int32_t* labels, int64_t B, int64_t C);
+/// dlogits (B, C) += scale * (probs - onehot(labels)), scale = dloss / B.
+void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* labels, int64_t B,
+                            int64_t C, float scale);
+/// Σ (pred - target)² in float64 over n elements (block partials summed on the host).
+double squared_error_sum(const float* pred, const float* target, int64_t n);
+/// dpred += scale * (pred - target), scale = 2 dloss / n.
+void mse_backward(float* dpred, const float* pred, const float* target, int64_t n, float scale);
+/// AdamW on n elements with the constants of common/core/optim.hpp's adamw_step_constants().
+void adamw_update(float* p, float* m, float* v, const float* g, int64_t n,
+                  const kernels::AdamWStep& k);
+/// SGD on n elements; buf may be null when momentum == 0.
+void sgd_update(float* p, float* buf, const float* g, int64_t n, float lr, float momentum,
+                float weight_decay, bool first_step);
+/// Σ g² in float64 (clip_grad_norm_'s squared norm). Synchronises.
+double sum_of_squares(const float* g, int64_t n);
+/// g *= coef.
+void scale(float* g, int64_t n, float coef);
+/// g /= divisor (a division, not a multiplication by 1/divisor: the host's mean over ranks).
+void divide(float* g, int64_t n, float divisor);
+/// dst += src on n elements (the ring's and the central reducer's add, in float32).
+void add(float* dst, const float* src, int64_t n);
+
+// Matrix products, cuBLAS SGEMM on row-major arrays (a row-major (R, C) array is a column-major
+// (C, R) one, so each product is issued transposed).
+/// out (B, OC) = inp (B, C) · weight (OC, C)ᵀ + bias (OC).
+void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t B,
+                    int64_t C, int64_t OC);
+/// dinp (B, C) += dout · weight (skipped when dinp is null); dweight (OC, C) += doutᵀ · inp;
+/// dbias += column sums of dout.
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int64_t B, int64_t C, int64_t OC);
+/// cuBLAS SGEMM, column-major (BLAS convention): C (m, n) = alpha op(A) op(B) + beta C, with
+/// op(X) = Xᵀ when trans is true; lda, ldb, ldc are the leading dimensions (rows of the stored
+/// column-major arrays). What the three functions around it (common/device/gpu/linear.cpp) call.
+void sgemm(bool transa, bool transb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+/// C (M, N) = A (M, K) · B (K, N), row-major, for the matmul benchmark.
+void matmul(float* c, const float* a, const float* b, int64_t M, int64_t N, int64_t K);
+/// TF32 tensor cores for the SGEMMs above: off by default (float32 results to rounding).
+void set_tf32(bool on);
+
+}  // namespace gpu
+}  // namespace ringzero

@@ -1,0 +1,252 @@
+#include "common/precision/mixed.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "common/core/check.hpp"
+#include "common/core/ops.hpp"
+
+namespace ringzero {
+
+namespace {
+
+constexpr size_t kBlock = 512;  // conversion blocks on the stack: no allocation, stays in L1
+
+// dst16[i] = to_16(to_32(dst16[i]) + to_32(to_16(src[i]))): the fp32 gradient is first rounded
+// to 16 bits (the dtype of a 16-bit op's output), then accumulated in 16 bits.
+void accumulate_rounded(Dtype dtype, std::span<uint16_t> dst16, std::span<const float> src) {
+  uint16_t tmp[kBlock];
+  for (size_t i = 0; i < src.size(); i += kBlock) {
+    const size_t n = std::min(kBlock, src.size() - i);
+    convert_to_half(dtype, src.subspan(i, n), {tmp, n});
+    accumulate_half(dtype, dst16.subspan(i, n), {tmp, n});
+  }
+}
+
+}  // namespace
+
+HalfStorage::HalfStorage(Model& model, Dtype dtype) : model_(model), dtype_(dtype) {
+  RZ_CHECK(dtype != Dtype::fp32, "HalfStorage: dtype fp32 needs no 16-bit storage");
+  const int64_t psi = model.num_parameters();
+  RZ_CHECK(model.params_memory.size() == psi && model.grads_memory.size() == psi,
+           "HalfStorage: the model's flat buffers are already released (ZeRO?)");
+  params16 = Buffer16(psi, MemTag::parameters);
+  grads16 = Buffer16(psi, MemTag::gradients);
+  convert_to_half(dtype, model.params_memory.span(), params16.span());
+  const auto& params = model.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto at = static_cast<size_t>(model.offsets()[i]);
+    const auto n = static_cast<size_t>(params[i]->numel());
+    param16_of_.push_back(params16.span().subspan(at, n));
+    grad16_of_.push_back(grads16.span().subspan(at, n));
+  }
+  hook_layers();
+}
+
+HalfStorage::HalfStorage(Model& model, Dtype dtype, std::span<uint16_t> external_params16,
+                         const std::vector<int64_t>& param_offsets)
+    : model_(model), dtype_(dtype) {
+  RZ_CHECK(dtype != Dtype::fp32, "HalfStorage: dtype fp32 needs no 16-bit storage");
+  const int64_t psi = model.num_parameters();
+  RZ_CHECK(model.params_memory.size() == psi && model.grads_memory.size() == psi,
+           "HalfStorage: the model's flat buffers are already released");
+  const auto& params = model.parameters();
+  RZ_CHECK(
+      param_offsets.size() == params.size(),
+      "HalfStorage: " << param_offsets.size() << " offsets for " << params.size() << " parameters");
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t at = param_offsets[i], n = params[i]->numel();
+    RZ_CHECK(at >= 0 && at + n <= static_cast<int64_t>(external_params16.size()),
+             "HalfStorage: " << params[i]->name() << " at [" << at << ", " << at + n
+                             << ") lies outside the " << external_params16.size()
+                             << "-element 16-bit buffer");
+    param16_of_.push_back(
+        external_params16.subspan(static_cast<size_t>(at), static_cast<size_t>(n)));
+    convert_to_half(dtype, params[i]->data.span(), param16_of_.back());
+  }
+  grad16_of_.resize(params.size());
+  hook_layers();
+}
+
+void HalfStorage::set_grad16(size_t param, std::span<uint16_t> grad16) {
+  const Parameter& p = *model_.parameters().at(param);
+  RZ_CHECK(grad16.empty() || static_cast<int64_t>(grad16.size()) == p.numel(),
+           "HalfStorage::set_grad16: " << grad16.size() << " elements for " << p.name() << " ("
+                                       << p.numel() << ")");
+  grad16_of_.at(param) = grad16;
+}
+
+void HalfStorage::hook_layers() {
+  Model& model = model_;
+  const std::vector<Linear*> layers = model.linear_layers();
+  int64_t largest = 0;
+  for (Linear* l : layers) largest = std::max(largest, l->weight.numel() + l->bias.numel());
+  work_ = Buffer(largest, MemTag::activations);
+  grad_scratch_ = Buffer(largest, MemTag::activations);
+  model.params_memory.release();
+  model.grads_memory.release();
+
+  const auto& params = model.parameters();
+  for (size_t l = 0; l < layers.size(); ++l) {
+    Linear& layer = *layers[l];
+    layer.compute_dtype = dtype_;
+    layer.add_pre_forward_hook([this, l](Module&) { load_layer(l); });
+    layer.add_pre_backward_hook([this, l](Module& m) {
+      load_layer(l);
+      auto& lin = static_cast<Linear&>(m);
+      std::fill_n(grad_scratch_.data(), lin.weight.numel() + lin.bias.numel(), 0.0f);
+    });
+    for (Parameter* p : {&layer.weight, &layer.bias}) {
+      const auto i =
+          static_cast<size_t>(std::find(params.begin(), params.end(), p) - params.begin());
+      RZ_CHECK(i < params.size(), "HalfStorage: " << p->name() << " is not a model parameter");
+      p->add_grad_ready_hook([this, i](Parameter& q) {
+        RZ_CHECK(!grad16_of_[i].empty(), "HalfStorage: " << q.name()
+                                                         << " received a gradient but has no "
+                                                            "16-bit gradient storage (set_grad16)");
+        accumulate_rounded(dtype_, grad16_of_[i], q.grad.span());
+      });
+    }
+  }
+  if (!layers.empty()) load_layer(0);
+}
+
+void HalfStorage::load_layer(size_t l) {
+  Linear& layer = *model_.linear_layers()[l];
+  const auto& params = model_.parameters();
+  int64_t at = 0;
+  for (Parameter* p : {&layer.weight, &layer.bias}) {
+    const auto i = static_cast<size_t>(std::find(params.begin(), params.end(), p) - params.begin());
+    const auto n = static_cast<size_t>(p->numel());
+    convert_to_float(dtype_, param16_of_[i], work_.span().subspan(static_cast<size_t>(at), n));
+    p->data = Tensor(work_.data() + at, p->shape());
+    p->grad = Tensor(grad_scratch_.data() + at, p->shape());
+    at += p->numel();
+  }
+}
+
+void HalfStorage::zero_grad() {
+  std::fill_n(grads16.data(), grads16.size(), uint16_t{0});
+}
+
+std::vector<float> HalfStorage::params_as_float() const {
+  std::vector<float> out(static_cast<size_t>(params16.size()));
+  convert_to_float(dtype_, params16.span(), out);
+  return out;
+}
+
+MasterWeights::MasterWeights(Dtype dtype, std::span<const float> initial,
+                             std::vector<int64_t> segment_sizes, AdamWOptions options)
+    : dtype_(dtype), sizes_(std::move(segment_sizes)), steps_(sizes_.size(), 0), options_(options) {
+  RZ_CHECK(dtype != Dtype::fp32, "MasterWeights: dtype fp32 trains the parameters directly");
+  const int64_t total = std::accumulate(sizes_.begin(), sizes_.end(), int64_t{0});
+  RZ_CHECK(total == static_cast<int64_t>(initial.size()),
+           "MasterWeights: segments sum to " << total << ", " << initial.size() << " values");
+  AdamW check({}, options);  // AdamW's option checks and messages; allocates nothing
+  master_ = Buffer(total, MemTag::optimizer_state);
+  exp_avg_ = Buffer(total, MemTag::optimizer_state);
+  exp_avg_sq_ = Buffer(total, MemTag::optimizer_state);
+  std::copy(initial.begin(), initial.end(), master_.data());
+}
+
+template <class Load>
+void MasterWeights::step_with(std::span<uint16_t> params16, int64_t n_grads, float grad_factor,
+                              Load load) {
+  RZ_CHECK(static_cast<int64_t>(params16.size()) == n_grads && n_grads == master_.size(),
+           "MasterWeights::step: " << params16.size() << " params, " << n_grads
+                                   << " grads, state for " << master_.size());
+  const AdamWOptions& o = options_;
+  float* p = master_.data();
+  float* m = exp_avg_.data();
+  float* v = exp_avg_sq_.data();
+  float g[kBlock];
+  int64_t begin = 0;
+  for (size_t s = 0; s < sizes_.size(); ++s) {
+    const int64_t t = ++steps_[s];
+    // Exactly AdamW::step's arithmetic (bias corrections in double), on the fp32 master.
+    const double bias_correction1 =
+        1.0 - std::pow(static_cast<double>(o.beta1), static_cast<double>(t));
+    const double bias_correction2 =
+        1.0 - std::pow(static_cast<double>(o.beta2), static_cast<double>(t));
+    const auto step_size = static_cast<float>(o.lr / bias_correction1);
+    const auto bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+    const float decay = 1.0f - o.lr * o.weight_decay;
+    for (int64_t b = begin, end = begin + sizes_[s]; b < end; b += kBlock) {
+      const auto n = static_cast<size_t>(std::min<int64_t>(kBlock, end - b));
+      load(static_cast<size_t>(b), n, g);
+      if (grad_factor != 1.0f)
+        for (size_t j = 0; j < n; ++j) g[j] *= grad_factor;
+      for (size_t j = 0; j < n; ++j) {
+        const size_t i = static_cast<size_t>(b) + j;
+        p[i] *= decay;
+        m[i] = m[i] * o.beta1 + (1.0f - o.beta1) * g[j];
+        v[i] = v[i] * o.beta2 + (1.0f - o.beta2) * g[j] * g[j];
+        const float denom = std::sqrt(v[i]) / bias_correction2_sqrt + o.eps;
+        p[i] -= step_size * (m[i] / denom);
+      }
+      convert_to_half(dtype_, {p + b, n}, params16.subspan(static_cast<size_t>(b), n));
+    }
+    begin += sizes_[s];
+  }
+}
+
+void MasterWeights::step(std::span<uint16_t> params16, std::span<const uint16_t> grads16,
+                         float grad_factor) {
+  step_with(params16, static_cast<int64_t>(grads16.size()), grad_factor,
+            [&](size_t b, size_t n, float* g) {
+              convert_to_float(dtype_, grads16.subspan(b, n), {g, n});
+            });
+}
+
+void MasterWeights::step(std::span<uint16_t> params16, std::span<const float> grads32,
+                         float grad_factor) {
+  step_with(params16, static_cast<int64_t>(grads32.size()), grad_factor,
+            [&](size_t b, size_t n, float* g) { std::copy_n(grads32.data() + b, n, g); });
+}
+
+bool has_non_finite(Dtype dtype, std::span<const uint16_t> values) {
+  RZ_CHECK(dtype != Dtype::fp32, "has_non_finite: dtype fp32 has no 16-bit form");
+  const uint16_t exp_mask = dtype == Dtype::bf16 ? 0x7f80u : 0x7c00u;
+  bool any = false;
+  for (uint16_t h : values) any |= (h & exp_mask) == exp_mask;
+  return any;
+}
+
+bool has_non_finite(std::span<const float> values) {
+  bool any = false;
+  for (float x : values) any |= !std::isfinite(x);
+  return any;
+}
+
+double sum_of_squares(std::span<const float> grads, float factor) {
+  double s = 0.0;
+  for (float g : grads) {
+    const double x = static_cast<double>(g * factor);
+    s += x * x;
+  }
+  return s;
+}
+
+double sum_of_squares_half(Dtype dtype, std::span<const uint16_t> grads, float factor) {
+  float g[kBlock];
+  double s = 0.0;
+  for (size_t i = 0; i < grads.size(); i += kBlock) {
+    const size_t n = std::min(kBlock, grads.size() - i);
+    convert_to_float(dtype, grads.subspan(i, n), {g, n});
+    for (size_t j = 0; j < n; ++j) {
+      const double x = static_cast<double>(g[j] * factor);
+      s += x * x;
+    }
+  }
+  return s;
+}
+
+AdamWOptions adamw_options(const TrainConfig& config) {
+  AdamWOptions o;
+  o.lr = config.lr;
+  o.weight_decay = config.weight_decay;
+  return o;
+}
+
+}  // namespace ringzero

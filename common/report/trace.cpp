@@ -1,0 +1,166 @@
+#include "common/report/trace.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <memory>
+#include <utility>
+
+#include "common/comm/comm.hpp"
+#include "common/core/check.hpp"
+#include "common/core/nn.hpp"
+#include "common/io/atomic_file.hpp"
+
+namespace ringzero {
+
+using SystemUs = std::chrono::duration<double, std::micro>;
+
+Tracer::Tracer(bool enabled) : enabled_(enabled), epoch_(std::chrono::system_clock::now()) {}
+
+double Tracer::now_us() const {
+  return SystemUs(std::chrono::system_clock::now() - epoch_).count();
+}
+
+void Tracer::reset_epoch() {
+  epoch_ = std::chrono::system_clock::now();
+}
+
+double Tracer::epoch_us() const {
+  return SystemUs(epoch_.time_since_epoch()).count();
+}
+
+void Tracer::set_epoch_us(double system_clock_us) {
+  epoch_ = std::chrono::system_clock::time_point(
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(SystemUs(system_clock_us)));
+}
+
+void Tracer::complete(std::string name, std::string cat, int track, double ts_us, double dur_us,
+                      nlohmann::json args) {
+  if (!enabled()) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto seq = static_cast<int64_t>(events_.size());
+  events_.push_back({std::move(name), std::move(cat), track, ts_us, dur_us < 0 ? 0 : dur_us, seq,
+                     std::move(args)});
+}
+
+void Tracer::instant(std::string name, std::string cat, int track, nlohmann::json args) {
+  if (!enabled()) return;
+  const double ts = now_us();
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto seq = static_cast<int64_t>(events_.size());
+  events_.push_back({std::move(name), std::move(cat), track, ts, -1, seq, std::move(args)});
+}
+
+Tracer::Span::Span(Tracer& tracer, std::string name, std::string cat, int track)
+    : tracer_(tracer),
+      name_(std::move(name)),
+      cat_(std::move(cat)),
+      track_(track),
+      start_(tracer.now_us()) {}
+
+Tracer::Span::~Span() {
+  tracer_.complete(std::move(name_), std::move(cat_), track_, start_, tracer_.now_us() - start_);
+}
+
+std::vector<TraceEvent> Tracer::events() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return events_;
+}
+
+void Tracer::clear() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  events_.clear();
+}
+
+nlohmann::json Tracer::chrome_events(int pid) const {
+  nlohmann::json out = nlohmann::json::array();
+  out.push_back({{"name", "process_name"},
+                 {"ph", "M"},
+                 {"pid", pid},
+                 {"args", {{"name", "rank " + std::to_string(pid)}}}});
+  out.push_back(
+      {{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
+  out.push_back({{"name", "thread_name"},
+                 {"ph", "M"},
+                 {"pid", pid},
+                 {"tid", kMainTrack},
+                 {"args", {{"name", "main thread (compute)"}}}});
+  out.push_back({{"name", "thread_name"},
+                 {"ph", "M"},
+                 {"pid", pid},
+                 {"tid", kCommTrack},
+                 {"args", {{"name", "comm thread"}}}});
+  const std::vector<TraceEvent> recorded = events();
+  for (const auto& [track, name] : {std::pair{kGpuComputeTrack, "GPU compute stream"},
+                                    std::pair{kGpuCommTrack, "GPU communication stream"}})
+    if (std::any_of(recorded.begin(), recorded.end(),
+                    [track](const TraceEvent& e) { return e.track == track; }))
+      out.push_back({{"name", "thread_name"},
+                     {"ph", "M"},
+                     {"pid", pid},
+                     {"tid", track},
+                     {"args", {{"name", name}}}});
+  for (const TraceEvent& e : recorded) {
+    nlohmann::json j = {
+        {"name", e.name}, {"cat", e.cat}, {"pid", pid}, {"tid", e.track}, {"ts", e.ts}};
+    if (e.dur < 0) {
+      j["ph"] = "i";
+      j["s"] = "t";  // an instant scoped to its track
+    } else {
+      j["ph"] = "X";
+      j["dur"] = e.dur;
+    }
+    if (!e.args.is_null()) j["args"] = e.args;
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+void trace_layers(Tracer& tracer, Model& model) {
+  for (auto& layer : model.net.layers) {
+    Module& m = *layer;
+    const std::string kind = dynamic_cast<Linear*>(&m) ? "Linear"
+                             : dynamic_cast<ReLU*>(&m) ? "ReLU"
+                                                       : "Module";
+    const std::string label = m.name() + " (" + kind + ")";
+    // A layer's forward (or backward) never nests inside itself, so one start time per
+    // direction is enough; shared by the pre and post hooks of that direction.
+    auto fwd_start = std::make_shared<double>(0), bwd_start = std::make_shared<double>(0);
+    m.add_pre_forward_hook([&tracer, fwd_start](Module&) { *fwd_start = tracer.now_us(); });
+    m.add_post_forward_hook(
+        [&tracer, fwd_start, label](Module&) {
+          tracer.complete("forward " + label, "forward", Tracer::kMainTrack, *fwd_start,
+                          tracer.now_us() - *fwd_start);
+        },
+        /*first=*/true);
+    m.add_pre_backward_hook([&tracer, bwd_start](Module&) { *bwd_start = tracer.now_us(); });
+    m.add_post_backward_hook(
+        [&tracer, bwd_start, label](Module&) {
+          tracer.complete("backward " + label, "backward", Tracer::kMainTrack, *bwd_start,
+                          tracer.now_us() - *bwd_start);
+        },
+        /*first=*/true);
+  }
+}
+
+void sync_epoch(Communicator& comm, Tracer& tracer) {
+  tracer.reset_epoch();
+  std::vector<double> epoch = {comm.rank() == 0 ? tracer.epoch_us()
+                                                : 0.0};  // µs since 1970: exact in a double
+  comm.all_reduce_metrics(epoch);
+  tracer.set_epoch_us(epoch[0]);
+}
+
+void write_chrome_trace(Communicator& comm, const Tracer& tracer, const std::string& path) {
+  const std::vector<std::string> all =
+      comm.gather_strings(tracer.chrome_events(comm.rank()).dump(), /*root=*/0);
+  if (comm.rank() != 0) return;
+  nlohmann::json events = nlohmann::json::array();
+  for (const std::string& s : all)
+    for (auto& e : nlohmann::json::parse(s)) events.push_back(std::move(e));
+  // Atomically (temporary file, fsync, rename): a crash mid-write keeps the previous trace.
+  write_file_atomically(
+      path,
+      nlohmann::json{{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}}.dump() + "\n");
+}
+
+}  // namespace ringzero
