@@ -4,8 +4,7 @@
 // Provides: RingDataParallel (the replicated optimizer and the ring's receive buffer), its
 // Flags (--collectives, --bench-allreduce) and all_reduce_gradients(); the step is step.hpp's.
 // Leaves out: the ring itself (ring.hpp), overlap with backward (chapter 05), the precision
-// (common/precision/precision.hpp: the same step in bf16 and fp16, with 16-bit gradients on the
-// wire).
+// (common/precision/precision.hpp: the same step in bf16 and fp16, 16-bit gradients on the wire).
 #pragma once
 
 #include <algorithm>

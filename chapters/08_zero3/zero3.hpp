@@ -172,8 +172,7 @@ class Zero3 {
   /// Collective: layer l's padded fp32 buffer (P_l) all-gathered, rank r's shard at r·s_l, for
   /// the states common/zero/shard_state.hpp gathers whole (--save-final, --save-optimizer-state).
   void gather_state(size_t l, std::span<float> layer);
-  /// This rank's parameter shards, layer after layer (common/zero/shard_state.hpp saves and loads
-  /// them).
+  /// This rank's parameter shards, layer by layer (common/zero/shard_state.hpp saves, loads them).
   std::span<T> parameter_storage() { return params_.span(); }
 
   /// Elements of the padding of the parameter and gradient shards that are not zero: must be 0

@@ -7,7 +7,7 @@
 //     if (DeviceBackend* d = backend_of({out.data(), inp.data()})) return d->relu_forward(...);
 //     for (...) out[i] = kernels::relu(inp[i]);        // the host loop, unchanged
 // so a chapter's train_step, written over tensors and spans, runs wherever its model lives.
-// Two backends: emulated (common/device/emulated_device.cpp: the host functions on a second mapping
+// Two backends: emulated (common/core/emulated_device.cpp: the host functions on a second mapping
 // of PROT_NONE device memory, so the same bits as the CPU) and cuda
 // (common/device/gpu/cuda_backend.cpp: the kernels of common/device/gpu/kernels.cu around the
 // element functions of common/core/kernels.hpp, and cuBLAS SGEMM). The host is not a backend: null

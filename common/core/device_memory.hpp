@@ -25,7 +25,7 @@ namespace ringzero {
 /// the CUDA backend (-DRINGZERO_CUDA=ON and a GPU). emulated: the CUDA backend's contract on
 /// the CPU: device memory is mapped PROT_NONE in the address space, so host code that touches
 /// it directly stops with SIGSEGV, and the backend reaches it through a second mapping
-/// (common/device/emulated_device.cpp). What a machine without a GPU proves the device path with.
+/// (common/core/emulated_device.cpp). What a machine without a GPU proves the device path with.
 enum class Device { cpu, emulated, cuda };
 
 /// "cpu", "emulated", "cuda" (the --device values).
