@@ -6,6 +6,7 @@
 // One process, one model, one optimizer. Every later chapter must reproduce the numbers this
 // loop prints; the lesson is the loop body, train_step() in step.hpp.
 #include "chapters/01_training_loop/step.hpp"
+#include "chapters/01_training_loop/training_loop.hpp"
 #include "common/driver/run.hpp"
 
 using namespace ringzero;

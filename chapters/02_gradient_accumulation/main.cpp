@@ -7,6 +7,7 @@
 // K backwards before one optimizer step sums K gradients; scaling each micro-batch loss by 1/K
 // turns that sum into the gradient of the full-batch mean: the same step as chapter 01 with
 // 1/K of the activation memory (step.hpp).
+#include "chapters/01_training_loop/training_loop.hpp"
 #include "chapters/02_gradient_accumulation/step.hpp"
 #include "common/driver/run.hpp"
 
@@ -17,5 +18,5 @@ int main(int argc, char** argv) {
           {.name = "02_gradient_accumulation",
            .title = "gradient accumulation, on one process",
            .distributed = false});
-  return run.train<GradientAccumulation>(train_step);
+  return run.train<TrainingLoop>(train_step);  // chapter 01's lesson object, this step
 }

@@ -17,7 +17,7 @@ namespace ringzero {
 /// loss stops every rank (check_finite_loss: the global mean is the same everywhere; the error
 /// names the rank(s) whose own loss is not finite).
 inline double train_step(CentralReducer& reducer, const Step& step) {
-  const int64_t K = step.config.grad_accum_steps;
+  const int64_t K = step.grad_accum_steps;
   Model& model = step.model;
   Communicator& comm = reducer.comm;
   reducer.precision.zero_grad();

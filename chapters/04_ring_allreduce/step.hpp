@@ -16,7 +16,7 @@ namespace ringzero {
 /// and the same optimizer step on every rank. Returns the global batch's mean loss (on every
 /// rank). Errors: a non-finite loss stops every rank.
 inline double train_step(RingDataParallel& dp, const Step& step) {
-  const int64_t K = step.config.grad_accum_steps;
+  const int64_t K = step.grad_accum_steps;
   Model& model = step.model;
   Communicator& comm = dp.comm;
   dp.precision.zero_grad();

@@ -20,7 +20,7 @@ namespace ringzero {
 /// Returns the global batch's mean loss (on every rank). Errors: a non-finite loss stops every
 /// rank; a parameter without gradient (DDP::finalize_backward).
 inline double train_step(DDP& ddp, const Step& step) {
-  const int64_t K = step.config.grad_accum_steps;
+  const int64_t K = step.grad_accum_steps;
   ddp.zero_grad();
   double loss_sum = 0;
   for (int64_t micro_step = 0; micro_step < K; ++micro_step) {

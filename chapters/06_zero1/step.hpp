@@ -21,7 +21,7 @@ namespace ringzero {
 /// Errors: a non-finite loss stops every rank; a parameter without gradient.
 template <class T, class R>
 double train_step(Zero1<T, R>& zero, const Step& step) {
-  const int64_t K = step.config.grad_accum_steps;
+  const int64_t K = step.grad_accum_steps;
   zero.zero_grad();
   double loss_sum = 0;
   for (int64_t micro_step = 0; micro_step < K; ++micro_step) {

@@ -1,11 +1,13 @@
 // lesson: what a chapter's lesson object (its optimizer, central reducer, ring, DDP or ZeRO)
-// tells the shared training driver (run.hpp), and what one optimizer step reads.
+// tells the shared training driver (run.hpp).
 //
 // Provides: CommandLine (the CLI11 app plus the flags the cross-rank check leaves to others),
-// Step (the inputs of one train_step), SetUp (what a lesson object is built from) and Lesson,
-// the interface whose defaults describe one process with a replicated model.
-// Leaves out: the training step itself: every chapter writes it in its step.hpp, chapters 01-04
-// as train_step(TheirLesson&, const Step&), chapters 05-08 as train_step(Engine&, const Step&)
+// SetUp (what a lesson object is built from) and Lesson, the interface whose defaults describe
+// one process with a replicated model.
+// Leaves out: what one step reads (Step, common/core/step.hpp) and the training step itself:
+// every chapter writes it in its step.hpp, chapters 01-02 as train_step(Precision&, const Step&)
+// over their lesson object's precision, chapters 03-04 as train_step(TheirLesson&, const Step&),
+// chapters 05-08 as train_step(Engine&, const Step&)
 // over the engine EngineLesson<Engine> holds (engine_lesson.hpp); tests call that same function.
 // The driver records each call as the trace's "step N" span (run.cpp).
 #pragma once
@@ -22,6 +24,7 @@
 
 #include "common/checks/finite_check.hpp"
 #include "common/core/check.hpp"
+#include "common/core/step.hpp"
 #include "common/driver/config.hpp"
 #include "common/driver/dist_eval.hpp"
 #include "common/driver/engine_description.hpp"
@@ -45,16 +48,6 @@ struct CommandLine {
   /// after all: seed_checked_elsewhere, data_check.hpp), --data-dir by the data check
   /// (verify_same_data), the bucket caps by the bucket-plan check.
   std::vector<std::string> checked_elsewhere{"seed", "init-from", "data-dir"};
-};
-
-/// The inputs of one optimizer step besides the lesson object: what train_step reads.
-struct Step {
-  Model& model;
-  const TrainConfig& config;  ///< grad_accum_steps (K) and clip_grad_norm
-  int64_t step;               ///< 1-based optimizer step of the run (the NaN guard names it)
-  /// This rank's micro-batch k (0 <= k < K) of the step's global batch: (B/(N K), in).
-  std::function<Batch(int64_t micro_step)> micro_batch;
-  Tracer& tracer;  ///< records spans when --trace is on for this step
 };
 
 /// What a lesson object is built from, after the model exists and (distributed) every rank

@@ -235,12 +235,10 @@ void Run::train_one_step(Loop& loop, int64_t epoch, int64_t t) {
   Tracer& tracer = loop.tracer;
   Stopwatch watch;
   tracer.set_enabled(!trace_path_.empty() && state.step < trace_steps_);
-  Step step{loop.model, config_, ++state.step,
-            [&, t](int64_t micro_step) {
+  Step step{loop.model, loop.K, ++state.step, [&, t](int64_t micro_step) {
               return make_batch(loop.data.train, rank_micro_batch(loop.sampler, t, loop.rank,
                                                                   loop.N, loop.K, micro_step));
-            },
-            tracer};
+            }};
   {  // the lesson's step, one span on the trace (--trace), named only then
     std::optional<Tracer::Span> span;
     if (tracer.enabled()) span.emplace(tracer, "step " + std::to_string(step.step), "step");

@@ -136,16 +136,20 @@ class Run {
           return train_step(static_cast<L&>(lesson), step);
         });
   }
-  /// For lessons without flags of their own (chapters 01-03).
+  /// For lessons without flags of their own (chapter 03).
   template <class L>
   int train(double (*train_step)(L&, const Step&)) {
-    static_assert(std::is_base_of_v<Lesson, L>);
-    LessonOptions none;
-    return train_impl(
-        none, [](SetUp& s) -> std::unique_ptr<Lesson> { return std::make_unique<L>(s); },
-        [train_step](Lesson& lesson, const Step& step) {
-          return train_step(static_cast<L&>(lesson), step);
-        });
+    return train_without_flags<L>([train_step](L& lesson, const Step& step) {
+      return train_step(lesson, step);
+    });
+  }
+  /// For the one-process chapters 01-02, whose step needs only the lesson object's optimizer in
+  /// its precision (L::precision, a ReplicatedPrecision): train_step(lesson.precision, step).
+  template <class L>
+  int train(double (*train_step)(Precision&, const Step&)) {
+    return train_without_flags<L>([train_step](L& lesson, const Step& step) {
+      return train_step(lesson.precision, step);
+    });
   }
 
   /// For lessons written over the element types (chapters 06-08): builds L<T, R>, T and R
@@ -182,6 +186,15 @@ class Run {
   const TrainConfig& config() const { return config_; }
 
  private:
+  /// L built as L(SetUp&); step(L&, const Step&) runs one optimizer step.
+  template <class L, class StepOf>
+  int train_without_flags(StepOf step) {
+    static_assert(std::is_base_of_v<Lesson, L>);
+    LessonOptions none;
+    return train_impl(
+        none, [](SetUp& s) -> std::unique_ptr<Lesson> { return std::make_unique<L>(s); },
+        [step](Lesson& lesson, const Step& st) { return step(static_cast<L&>(lesson), st); });
+  }
   int train_impl(LessonOptions& options,
                  const std::function<std::unique_ptr<Lesson>(SetUp&)>& make_lesson,
                  const std::function<double(Lesson&, const Step&)>& train_step);

@@ -43,15 +43,6 @@ Batch make_batch(const Dataset& ds, std::span<const int64_t> indices) {
   return b;
 }
 
-Var forward_loss(Tape& tape, Model& model, const Batch& batch, Var* output) {
-  // The batch is read on the host; the model may live on a device (a no-op copy on the host).
-  Var out = model.forward(tape, make_var(batch.x.to(model.device(), MemTag::activations)));
-  if (output != nullptr) *output = out;
-  return batch.labels.empty()
-             ? mse_loss(tape, out, batch.y.to(model.device(), MemTag::activations))
-             : cross_entropy(tape, out, batch.labels);
-}
-
 EvalSums evaluate(Model& model, const Dataset& test, int64_t begin, int64_t end) {
   EvalSums sums;
   std::vector<int64_t> idx;
@@ -82,12 +73,6 @@ std::vector<int64_t> parameter_sizes(const Model& model) {
   std::vector<int64_t> sizes;
   for (const Parameter* p : model.parameters()) sizes.push_back(p->numel());
   return sizes;
-}
-
-void check_finite_loss(double loss, int64_t step) {
-  RZ_CHECK(std::isfinite(loss),
-           "loss is " << loss << " at step " << step
-                      << "; training diverged: lower --lr or set --clip-grad-norm (e.g. 1.0)");
 }
 
 int64_t total_steps(const TrainConfig& c, int64_t steps_per_epoch) {

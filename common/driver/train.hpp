@@ -1,6 +1,6 @@
 // train: the plumbing every chapter's training loop shares, so that main.cpp shows only the
-// lesson: data and model set-up from the flags, batches, loss, evaluation and the NaN guard
-// (the optimizer choice, Optimizer, is common/core/optim.hpp's).
+// lesson: data and model set-up from the flags, batches and evaluation (the step's inputs, the
+// loss and the NaN guard are common/core/step.hpp's; the optimizer, common/core/optim.hpp's).
 // Leaves out: the training step itself. Forward, backward, communication and the optimizer
 // step are written out in each chapter's step.hpp and the files it uses, on purpose.
 #pragma once
@@ -11,6 +11,7 @@
 
 #include "common/core/nn.hpp"
 #include "common/core/optim.hpp"
+#include "common/core/step.hpp"
 #include "common/data/data.hpp"
 #include "common/driver/config.hpp"
 
@@ -27,19 +28,8 @@ TrainTestData load_data(const TrainConfig& config);
 /// The model of --model/--hidden-sizes, initialised from --seed or loaded from --init-from.
 std::unique_ptr<Model> build_model(const TrainConfig& config);
 
-/// One (micro-)batch copied out of a dataset.
-struct Batch {
-  Tensor x;                     // (n, in_features)
-  Tensor y;                     // (n, out_features), regression only
-  std::vector<int32_t> labels;  // (n), classification only
-};
+/// One (micro-)batch copied out of a dataset (Batch: common/core/step.hpp).
 Batch make_batch(const Dataset& ds, std::span<const int64_t> indices);
-
-/// Forward pass and the loss of the model (cross-entropy for classification, MSE for
-/// regression), mean over the batch, recorded on `tape`; `output` (if given) gets the model's
-/// output (B, out). The batch is copied to the model's device first (Model::to); the loss is a
-/// host scalar.
-Var forward_loss(Tape& tape, Model& model, const Batch& batch, Var* output = nullptr);
 
 /// Sums over test samples [begin, end): Σ per-sample loss, number correct (classification).
 struct EvalSums {
@@ -55,9 +45,6 @@ EvalSums evaluate(Model& model, const Dataset& test, int64_t begin, int64_t end)
 
 /// Segment sizes of every parameter, registration order.
 std::vector<int64_t> parameter_sizes(const Model& model);
-
-/// Stops the run at the first non-finite loss, naming the step and the usual fixes.
-void check_finite_loss(double loss, int64_t step);
 
 /// Total optimizer steps of the run: epochs * steps_per_epoch, capped by --max-steps.
 int64_t total_steps(const TrainConfig& config, int64_t steps_per_epoch);

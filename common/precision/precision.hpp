@@ -2,8 +2,8 @@
 // once, so that each chapter's train_step is the fp32 algorithm whatever --precision says.
 //
 // Provides: ReplicatedPrecision, which a lesson object of chapters 01-04, or chapter 05's DDP
-// engine, holds in place of an Optimizer. What a train_step calls on it does the fp32 thing in
-// fp32 and nothing more:
+// engine, holds in place of an Optimizer (the Precision of common/core/step.hpp, and more). What a
+// train_step calls on it does the fp32 thing in fp32 and nothing more:
 //   zero_grad()            the gradients to zero (the model's fp32 ones, or the 16-bit ones)
 //   seed(K)                backward's seed: 1/K in fp32; loss_scale/(N·K) in 16 bits
 //   check_first_loss(...)  fp16 only: a non-finite loss at step 1 is the forward overflowing
@@ -36,6 +36,7 @@
 #include "common/core/half.hpp"
 #include "common/core/nn.hpp"
 #include "common/core/optim.hpp"
+#include "common/core/step.hpp"
 #include "common/driver/config.hpp"
 #include "common/io/checkpoint.hpp"
 #include "common/io/safetensors.hpp"
@@ -50,7 +51,7 @@ namespace ringzero {
 /// MixedPrecision (16-bit parameters and gradients, fp32 master weights + AdamW moments,
 /// fp16's GradScaler). Construct it before any object that adds gradient-ready hooks reading
 /// the gradients (DDP's), so that the 16-bit gradients are written first.
-class ReplicatedPrecision {
+class ReplicatedPrecision : public Precision {
  public:
   /// world_size: N, the ranks whose gradients are summed (1 on one process). holds_optimizer:
   /// false on a rank that never steps (chapter 03's ranks 1..N-1). Errors: as MixedPrecision's
@@ -63,17 +64,17 @@ class ReplicatedPrecision {
   /// 16 bits with --reduce-dtype fp32 the Ψ gradients widened to fp32.
   void reserve_scratch(int64_t chunk);
 
-  void zero_grad();
+  void zero_grad() override;
   /// Backward's seed for the mean of K micro-batch means: 1/K in fp32 (summed over ranks, then
   /// ÷N: chapter 02's numbers at N = 1); loss_scale/(N·K) in 16 bits (pre-divided, so the
   /// 16-bit sum is the mean and cannot overflow by a factor N).
-  float seed(int64_t grad_accum_steps) const;
+  float seed(int64_t grad_accum_steps) const override;
   /// What backward's seed is multiplied by: the GradScaler's scale in fp16, else 1 (exactly, so
   /// `1.0f / K * loss_scale()` is 1/K's bits).
-  float loss_scale() const { return mixed_ ? mixed_->loss_scale() : 1.0f; }
+  float loss_scale() const override { return mixed_ ? mixed_->loss_scale() : 1.0f; }
   /// fp16: a non-finite loss at step 1 (no update yet) is the forward overflowing fp16's range;
   /// stops with a message naming the fix. Does nothing otherwise. Call on every rank.
-  void check_first_loss(double loss, int64_t step) const;
+  void check_first_loss(double loss, int64_t step) const override;
 
   /// Sums the gradients [offset, offset + n) over ranks with the chapter's collective and makes
   /// them the mean: sum(std::span<T> grads, std::span<T> scratch), T the reduce dtype's element
@@ -108,6 +109,8 @@ class ReplicatedPrecision {
   /// all-reduce of a flag, counted as metrics), so every rank skips the same steps. Returns
   /// whether the optimizer stepped.
   bool step(Communicator* comm, bool holds_sum = true);
+  /// step() of one process: step(nullptr).
+  bool step() override { return step(nullptr); }
   /// step() records an "optimizer step" span (cat "optimizer") into `tracer` while it is
   /// enabled (EngineLesson sets it for --trace; null: none).
   void trace_into(Tracer* tracer) { tracer_ = tracer; }

@@ -85,12 +85,12 @@ void zero_test_backward(const ZeroCase& c, Model& model, Wrapper& wrapper, int r
 // train_step, rank r's micro-batch k of step t being zero_test_batch(c, r, t, k).
 template <class L>
 void run_steps(const ZeroCase& c, Model& model, const TrainConfig& config, L& lesson,
-               Tracer& tracer, RunResult& out) {
+               RunResult& out) {
   const int rank = test_comm().rank();
   for (int64_t step = 0; step < c.steps; ++step) {
     out.losses.push_back(static_cast<float>(train_step(
-        lesson.engine, Step{model, config, step + 1,
-                     [&](int64_t k) { return zero_test_batch(c, rank, step, k); }, tracer})));
+        lesson.engine, Step{model, config.grad_accum_steps, step + 1,
+                            [&](int64_t k) { return zero_test_batch(c, rank, step, k); }})));
     out.step_params.push_back(model_params(model));
     if constexpr (requires { lesson.engine.nonzero_padding(); })
       out.nonzero_padding += lesson.engine.nonzero_padding();
@@ -107,7 +107,7 @@ inline RunResult run_ddp_reference(const ZeroCase& c) {
   flags.options.bucket_cap_mb = c.bucket_cap_mb;
   DDPTraining lesson(setup, flags);
   RunResult out;
-  run_steps(c, model, config, lesson, tracer, out);
+  run_steps(c, model, config, lesson, out);
   out.params = model_params(model);
   const AdamW& adamw = *lesson.engine.optimizer().optimizer().adamw();
   for (size_t i = 0; i < model.parameters().size(); ++i) {
@@ -134,7 +134,7 @@ RunResult run_zero(const ZeroCase& c) {
   flags.options.bucket_cap_mb = c.bucket_cap_mb;
   L lesson(setup, flags);
   RunResult out;
-  run_steps(c, model, config, lesson, tracer, out);
+  run_steps(c, model, config, lesson, out);
   out.params = model_params(model);
   out.optimizer = *lesson.saved_optimizer_state();
   return out;

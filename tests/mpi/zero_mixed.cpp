@@ -201,7 +201,7 @@ void require_equal_to_reenactment_in(Dtype d) {
     flags.options.bucket_cap_mb = c.bucket_cap_mb;
     L lesson(setup, flags);
     RunResult out;
-    run_steps(c, model, config, lesson, tracer, out);
+    run_steps(c, model, config, lesson, out);
     REQUIRE(out.nonzero_padding == 0);
     REQUIRE(bits_differ16(unpadded_params16(lesson, model), ref.params16) == 0);
     REQUIRE(bit_differences(flat(lesson.model_state_dict(model), model, ""), ref.master) == 0);
@@ -262,13 +262,14 @@ void require_overflow_skipped_everywhere() {
       return b;
     };
   };
-  train_step(lesson.engine, Step{model, config, 1, batch(0, false), tracer});
+  const int64_t K = config.grad_accum_steps;
+  train_step(lesson.engine, Step{model, K, 1, batch(0, false)});
   REQUIRE(lesson.engine.optimizer().loss_scale() == 65536.0f);
   const std::vector<uint16_t> params_after_1 = unpadded_params16(lesson, model);
   const std::vector<float> master_after_1 = flat(lesson.model_state_dict(model), model, "");
   for (float t : steps_of()) REQUIRE(t == 1.0f);
 
-  train_step(lesson.engine, Step{model, config, 2, batch(1, true), tracer});  // overflow on rank N − 1
+  train_step(lesson.engine, Step{model, K, 2, batch(1, true)});  // overflow on rank N − 1
   INFO("N = " << N << ", rank " << rank);
   REQUIRE(lesson.engine.optimizer().loss_scale() == 32768.0f);  // halved on every rank
   REQUIRE(lesson.engine.optimizer().summary()["skipped_steps"] == 1);
@@ -276,7 +277,7 @@ void require_overflow_skipped_everywhere() {
   REQUIRE(bits_differ16(unpadded_params16(lesson, model), params_after_1) == 0);
   REQUIRE(bit_differences(flat(lesson.model_state_dict(model), model, ""), master_after_1) == 0);
 
-  train_step(lesson.engine, Step{model, config, 3, batch(2, false), tracer});  // taken again
+  train_step(lesson.engine, Step{model, K, 3, batch(2, false)});  // taken again
   REQUIRE(lesson.engine.optimizer().loss_scale() == 32768.0f);
   for (float t : steps_of()) REQUIRE(t == 2.0f);
   REQUIRE(bits_differ16(unpadded_params16(lesson, model), params_after_1) > 0);
@@ -376,9 +377,9 @@ void require_fp32_reduce_equal_to_ddp() {
       config.reduce_dtype = "fp32";
       INFO(dtype_name(d) << ", sizes[1] = " << c.sizes[1] << ", cap " << c.bucket_cap_mb
                          << ", clip " << c.clip_grad_norm << ", N = " << comm.world_size());
-      auto run = [&](auto& lesson, Model& model, Tracer& tracer) {
+      auto run = [&](auto& lesson, Model& model) {
         RunResult out;
-        run_steps(c, model, config, lesson, tracer, out);
+        run_steps(c, model, config, lesson, out);
         return std::pair(out.losses, flat(lesson.model_state_dict(model), model, ""));
       };
       Model ddp_model(c.sizes, /*seed=*/5), zero_model(c.sizes, /*seed=*/5);
@@ -388,17 +389,17 @@ void require_fp32_reduce_equal_to_ddp() {
       DDPFlags ddp_flags;
       ddp_flags.options.bucket_cap_mb = c.bucket_cap_mb;
       DDPTraining ddp(ddp_setup, ddp_flags);
-      const auto [ddp_losses, ddp_master] = run(ddp, ddp_model, tracer);
+      const auto [ddp_losses, ddp_master] = run(ddp, ddp_model);
       ZeroBucketFlags zero_flags;
       zero_flags.options.bucket_cap_mb = c.bucket_cap_mb;
       if (d == Dtype::bf16) {
         Lesson<bf16, float> zero(zero_setup, zero_flags);
-        const auto [losses, master] = run(zero, zero_model, tracer);
+        const auto [losses, master] = run(zero, zero_model);
         REQUIRE(bit_differences(losses, ddp_losses) == 0);
         REQUIRE(bit_differences(master, ddp_master) == 0);
       } else {
         Lesson<fp16, float> zero(zero_setup, zero_flags);
-        const auto [losses, master] = run(zero, zero_model, tracer);
+        const auto [losses, master] = run(zero, zero_model);
         REQUIRE(bit_differences(losses, ddp_losses) == 0);
         REQUIRE(bit_differences(master, ddp_master) == 0);
       }

@@ -23,6 +23,7 @@
 #include <fstream>
 
 #include "chapters/01_training_loop/step.hpp"
+#include "chapters/01_training_loop/training_loop.hpp"
 #include "common/driver/train.hpp"
 #include "common/io/safetensors.hpp"
 #include "common/precision/mixed.hpp"
@@ -82,12 +83,11 @@ TEST_CASE("chapter 01's step on the ToyModel matches PyTorch over 5 AdamW steps"
   double worst_loss = 0;
   for (size_t step = 0; step < torch_losses.size(); ++step) {
     const double ours =
-        train_step(loop, Step{model, config, static_cast<int64_t>(step) + 1,
-                              [&](int64_t micro_step) {
-                                REQUIRE(micro_step == 0);  // chapter 01: the whole batch at once
-                                return batch;
-                              },
-                              tracer});
+        train_step(loop.precision, Step{model, config.grad_accum_steps,
+                                        static_cast<int64_t>(step) + 1, [&](int64_t micro_step) {
+                                          REQUIRE(micro_step == 0);  // chapter 01: the whole batch
+                                          return batch;
+                                        }});
     INFO("step " << step + 1 << ": ours " << ours << ", PyTorch " << torch_losses[step]);
     const double rel = std::fabs(ours - torch_losses[step]) / torch_losses[step];
     worst_loss = std::max(worst_loss, rel);
