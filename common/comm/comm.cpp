@@ -9,6 +9,7 @@
 #include "common/comm/mpi_stage.hpp"
 #include "common/core/check.hpp"
 #include "common/core/device_memory.hpp"
+#include "common/core/step_time.hpp"
 
 namespace ringzero {
 
@@ -124,6 +125,7 @@ void Communicator::recv(std::span<uint16_t> buf, int src) {
 }
 
 void Communicator::send_raw(const void* data, int64_t size, int dest, int elem_bytes) {
+  const PartScope part(StepPart::communication);  // --attribute
   const MPI_Datatype type = elem_bytes == 4 ? MPI_FLOAT : MPI_UINT16_T;
   HostStage stage(data, size * elem_bytes, /*fill=*/true);
   const char* bytes = stage.data();
@@ -138,6 +140,7 @@ void Communicator::send_raw(const void* data, int64_t size, int dest, int elem_b
 }
 
 void Communicator::recv_raw(void* data, int64_t size, int src, int elem_bytes) {
+  const PartScope part(StepPart::communication);  // --attribute
   const MPI_Datatype type = elem_bytes == 4 ? MPI_FLOAT : MPI_UINT16_T;
   HostStage stage(data, size * elem_bytes, /*fill=*/false);
   char* bytes = stage.data();
@@ -175,6 +178,7 @@ void Communicator::sendrecv(std::span<const uint16_t> send_buf, int dest,
 
 void Communicator::sendrecv_raw(const void* send_data, int64_t send_n, int dest, void* recv_data,
                                 int64_t recv_n, int src, int elem_bytes) {
+  const PartScope part(StepPart::communication);  // --attribute
   const MPI_Datatype type = elem_bytes == 4 ? MPI_FLOAT : MPI_UINT16_T;
   HostStage send_stage(send_data, send_n * elem_bytes, /*fill=*/true);
   HostStage recv_stage(recv_data, recv_n * elem_bytes, /*fill=*/false);

@@ -12,12 +12,14 @@
 #include "common/comm/comm.hpp"
 #include "common/comm/mpi_stage.hpp"
 #include "common/core/check.hpp"
+#include "common/core/step_time.hpp"
 
 namespace ringzero {
 
 using comm_detail::HostStage;
 
 void Communicator::broadcast(std::span<float> buf, int root) {
+  const PartScope part(StepPart::communication);  // --attribute
   Counters& c = counter("broadcast");
   c.calls += 1;
   HostStage stage(buf.data(), static_cast<int64_t>(buf.size()) * 4, /*fill=*/rank_ == root);
@@ -29,6 +31,7 @@ void Communicator::broadcast(std::span<float> buf, int root) {
 }
 
 void Communicator::all_reduce(std::span<float> buf) {
+  const PartScope part(StepPart::communication);  // --attribute
   Counters& c = counter("all_reduce");
   c.calls += 1;
   HostStage stage(buf.data(), static_cast<int64_t>(buf.size()) * 4, /*fill=*/true);
@@ -42,6 +45,7 @@ void Communicator::all_reduce(std::span<float> buf) {
 }
 
 void Communicator::reduce_scatter(std::span<const float> in, std::span<float> out) {
+  const PartScope part(StepPart::communication);  // --attribute
   const auto s = static_cast<int64_t>(out.size());
   RZ_CHECK(static_cast<int64_t>(in.size()) == s * world_size_,
            "reduce_scatter: input " << in.size() << " != world_size " << world_size_ << " x output "
@@ -67,6 +71,7 @@ void Communicator::reduce_scatter(std::span<const float> in, std::span<float> ou
 }
 
 void Communicator::all_gather(std::span<const float> in, std::span<float> out) {
+  const PartScope part(StepPart::communication);  // --attribute
   const auto s = static_cast<int64_t>(in.size());
   RZ_CHECK(
       static_cast<int64_t>(out.size()) == s * world_size_,
@@ -93,11 +98,13 @@ void Communicator::all_gather(std::span<const float> in, std::span<float> out) {
 }
 
 void Communicator::barrier() {
+  const PartScope part(StepPart::communication);  // --attribute
   counter("barrier").calls += 1;
   MPI_CALL(MPI_Barrier(MPI_COMM_WORLD));
 }
 
 void Communicator::all_reduce_metrics(std::span<double> values) {
+  const PartScope part(StepPart::communication);  // --attribute
   Counters& c = counters_["metrics"];
   c.calls += 1;
   c.bytes_sent += static_cast<int64_t>(values.size()) * 8;
@@ -107,6 +114,7 @@ void Communicator::all_reduce_metrics(std::span<double> values) {
 }
 
 void Communicator::broadcast_string(std::string& s, int root) {
+  const PartScope part(StepPart::communication);  // --attribute
   counters_["metrics"].calls += 1;
   int64_t len = static_cast<int64_t>(s.size());
   MPI_CALL(MPI_Bcast(&len, 1, MPI_INT64_T, root, MPI_COMM_WORLD));
@@ -116,6 +124,7 @@ void Communicator::broadcast_string(std::string& s, int root) {
 }
 
 std::vector<std::string> Communicator::gather_strings(const std::string& s, int root) {
+  const PartScope part(StepPart::communication);  // --attribute
   counters_["metrics"].calls += 1;
   int len = static_cast<int>(s.size());
   std::vector<int> lens(static_cast<size_t>(world_size_));

@@ -21,6 +21,7 @@
 #include "common/checks/collective_check.hpp"
 #include "common/comm/comm.hpp"
 #include "common/comm/comm_thread.hpp"
+#include "common/core/step_time.hpp"
 #include "common/report/trace.hpp"
 
 namespace ringzero {
@@ -91,6 +92,7 @@ class CommQueue {
   /// Waits for job `ticket` and every one before it, traced as "wait <its name>" on the main
   /// track (the communication the compute did not hide). Rethrows a job's error.
   void wait(uint64_t ticket) {
+    const PartScope part(StepPart::communication);  // --attribute: exposed communication
     const double start = now();
     thread_.wait(ticket);
     const auto it = names_.find(ticket);
@@ -102,6 +104,7 @@ class CommQueue {
   /// Waits for every queued job, traced as a "wait for collectives" span on the main track;
   /// rethrows a job's error.
   void wait_all() {
+    const PartScope part(StepPart::communication);  // --attribute: exposed communication
     const double start = now();
     thread_.wait_all();
     names_.clear();

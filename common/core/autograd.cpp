@@ -1,6 +1,7 @@
 #include "common/core/autograd.hpp"
 
 #include "common/core/check.hpp"
+#include "common/core/step_time.hpp"
 
 namespace ringzero {
 
@@ -28,6 +29,7 @@ void Tape::clear() {
 }
 
 void Tape::backward(const Var& loss, float seed) {
+  const PartScope part(StepPart::backward);  // --attribute: hooks' collectives are communication
   RZ_CHECK(loss && loss->value.numel() == 1, "backward() needs a scalar loss");
   RZ_CHECK(loss->requires_grad, "backward() on a loss that does not depend on any parameter");
   loss->grad_buffer()[0] += seed;

@@ -4,10 +4,12 @@
 
 #include "common/core/check.hpp"
 #include "common/core/ops.hpp"
+#include "common/core/step_time.hpp"
 
 namespace ringzero {
 
 Var forward_loss(Tape& tape, Model& model, const Batch& batch, Var* output) {
+  const PartScope part(StepPart::forward);  // --attribute
   // The batch is read on the host; the model may live on a device (a no-op copy on the host).
   Var out = model.forward(tape, make_var(batch.x.to(model.device(), MemTag::activations)));
   if (output != nullptr) *output = out;

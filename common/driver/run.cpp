@@ -13,6 +13,7 @@
 #include "common/io/atomic_file.hpp"
 #include "common/io/checkpoint.hpp"
 #include "common/io/safetensors.hpp"
+#include "common/report/attribution.hpp"
 #include "common/report/cost_model.hpp"
 #include "common/report/dist.hpp"
 
@@ -54,6 +55,7 @@ std::vector<std::unique_ptr<Extension>> extensions() {
   list.push_back(checkpoint_extension());               // --checkpoint-*, --resume (checkpoint.hpp)
   list.push_back(collective_check_extension());  // --check-collectives (collective_check.hpp)
   list.push_back(gradient_scan_extension());     // where a gradient first turns non-finite
+  list.push_back(attribution_extension());  // --attribute, --delay-rank (attribution.hpp)
   return list;
 }
 
@@ -233,7 +235,10 @@ nlohmann::json Run::announce_start(const Lesson& lesson, int64_t psi, int64_t st
 void Run::train_one_step(Loop& loop, int64_t epoch, int64_t t) {
   RunState& state = loop.state;
   Tracer& tracer = loop.tracer;
+  StepClock& clock = StepClock::this_thread();  // the step's time per part (--attribute)
   Stopwatch watch;
+  clock.start();
+  for (auto& e : extensions_) e->before_step(state);
   tracer.set_enabled(!trace_path_.empty() && state.step < trace_steps_);
   Step step{loop.model, loop.K, ++state.step, [&, t](int64_t micro_step) {
               return make_batch(loop.data.train, rank_micro_batch(loop.sampler, t, loop.rank,
@@ -245,6 +250,7 @@ void Run::train_one_step(Loop& loop, int64_t epoch, int64_t t) {
     state.loss = loop.train_step(loop.lesson, step);
   }
   tracer.set_enabled(false);
+  state.last_parts = clock.stop();
   loop.times.add(watch.ms());
   state.last_ms = watch.ms();
   loop.logger.step(state.step, loop.steps, epoch, state.loss,

@@ -15,8 +15,8 @@
 //   set-up: data, model, broadcast_and_verify_parameters, the lesson object, start-up line,
 //     --explain, trace tracks [Extension::after_setup: e.g. load a checkpoint, move state
 //     to step > 0]
-//   loop: per optimizer step train_step, the step line (StepLogger, metrics.hpp)
-//     [Extension::after_step]; evaluation after each epoch
+//   loop: per optimizer step [Extension::before_step] train_step, the step line (StepLogger,
+//     metrics.hpp) [Extension::after_step]; evaluation after each epoch
 //   report: trace file, ledger and traffic tables [Extension::report adds lines and summary
 //     fields], summary record, --save-final, --save-optimizer-state
 #pragma once
@@ -34,6 +34,7 @@
 
 #include "common/comm/comm.hpp"
 #include "common/core/nn.hpp"
+#include "common/core/step_time.hpp"
 #include "common/data/data.hpp"
 #include "common/driver/config.hpp"
 #include "common/driver/lesson.hpp"
@@ -76,6 +77,7 @@ struct RunState {
   double loss = 0;                           ///< the last step's global-batch mean loss
   double test_loss = 0, test_accuracy = -1;  ///< the last evaluation
   double last_ms = 0;                        ///< the last step's wall time
+  StepParts last_parts{};  ///< the last step's time per part on this rank (step_time.hpp)
 };
 
 /// A feature every chapter has, with no line in any main.cpp (checkpoints, precision, devices,
@@ -92,6 +94,9 @@ class Extension {
   virtual void before_lesson(RunState&) {}
   /// After set-up (model, lesson object, start-up line), before the first step.
   virtual void after_setup(RunState&) {}
+  /// Before each optimizer step, inside its timing (state.step is the step before it): a
+  /// fault injected here (--delay-rank) is part of the step it slows.
+  virtual void before_step(RunState&) {}
   /// After each optimizer step (state.step is that step's number, state.loss its loss).
   virtual void after_step(RunState&) {}
   /// End of run, after the ledger and traffic tables: print lines, add summary fields (rank 0's

@@ -1,6 +1,7 @@
 #include "common/precision/precision.hpp"
 
 #include "common/core/check.hpp"
+#include "common/core/step_time.hpp"
 #include "common/driver/train.hpp"
 #include "common/report/metrics.hpp"
 
@@ -42,6 +43,7 @@ void ReplicatedPrecision::check_first_loss(double loss, int64_t step) const {
 }
 
 bool ReplicatedPrecision::step(Communicator* comm, bool holds_sum) {
+  const PartScope part(StepPart::optimizer);  // --attribute
   const auto span = span_if(tracer_, "optimizer step", "optimizer");
   if (!mixed_) {
     if (!holds_sum) return false;

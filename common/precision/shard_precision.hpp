@@ -33,6 +33,7 @@
 #include "common/core/half.hpp"
 #include "common/core/nn.hpp"
 #include "common/core/optim.hpp"
+#include "common/core/step_time.hpp"
 #include "common/driver/config.hpp"
 #include "common/io/checkpoint.hpp"
 #include "common/precision/mixed.hpp"
@@ -116,6 +117,7 @@ class ShardOptimizer {
   template <Element T, Element R>
   void step(size_t u, std::span<T> params, std::span<R> grads) {
     const auto span = span_if(tracer_, "optimizer step", "optimizer");
+    const PartScope part(StepPart::optimizer);  // --attribute
     if constexpr (std::is_same_v<T, float>) {
       optimizers_[u].step(params, grads);
     } else if constexpr (std::is_same_v<R, float>) {
@@ -162,6 +164,7 @@ class ShardOptimizer {
 
 template <Element R>
 bool ShardOptimizer::prepare(Communicator& comm, const std::vector<std::span<R>>& grads) {
+  const PartScope part(StepPart::optimizer);  // --attribute; its all-reduces are communication
   if constexpr (std::is_same_v<R, float>) {
     if (dtype_ == Dtype::fp32) {
       if (clip_grad_norm_ > 0) clip_sharded_grad_norm(comm, grads, clip_grad_norm_);

@@ -24,7 +24,7 @@ objs=()
 sources=(core/check core/tensor core/ledger core/autograd core/ops core/nn core/half core/optim
          core/device_backend data/data io/safetensors io/atomic_file io/checkpoint_read
          io/checkpoint_manifest precision/mixed comm/comm comm/comm_collectives report/metrics
-         driver/train driver/config core/emulated_device core/step)
+         driver/train driver/config core/emulated_device core/step core/step_time)
 for f in "${sources[@]}"; do
   o="$out/obj/${f//\//_}.o"
   "${launcher[@]}" "$CXX" "${flags[@]}" -fsanitize=fuzzer-no-link,address,undefined \

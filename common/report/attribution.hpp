@@ -1,0 +1,71 @@
+// attribution: where did my step go? Per rank, the optimizer step's wall-clock time split into
+// forward, backward, optimizer, communication (the time the step's thread spent in a collective
+// or waiting on the communication queue: what the backward did not hide) and other, from the
+// clock every step runs under (common/core/step_time.hpp); and which rank the others wait for.
+//
+// Provides: --attribute (the table at the end of the run and "attribution" in the summary
+// record of --metrics), --delay-rank R:MS (a planted straggler: rank R sleeps MS ms at the start
+// of every step), and the pieces they are made of, for tests: RankDelay and parse_rank_delay,
+// RankAccount, find_late_rank, format_account, account_json.
+// A late rank shows in everyone else's communication: each waits in its collectives for the
+// rank that arrives last, which itself waits least. So the late rank is the one with the least
+// communication per step, when the others wait more than a threshold longer (find_late_rank).
+// Leaves out: a receive's wait for a late sender told apart from the transfer, per-part
+// predictions of the cost model (common/report/cost_model.hpp predicts the whole step).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/core/step_time.hpp"
+
+namespace ringzero {
+
+class Extension;
+
+/// --delay-rank R:MS: rank R sleeps MS milliseconds at the start of every optimizer step.
+struct RankDelay {
+  int rank = -1;  ///< -1: none
+  double ms = 0;
+};
+
+/// Parses "R:MS": R a decimal rank >= 0, MS decimal milliseconds in (0, 60000]. Errors
+/// (RZ_CHECK, naming the text and the form): anything else, signs, spaces and hex included.
+RankDelay parse_rank_delay(const std::string& text);
+
+/// One rank's mean step over the steps it measured (the first step, warm-up, left out).
+struct RankAccount {
+  int rank = 0;
+  int64_t steps = 0;  ///< steps averaged
+  StepParts mean;     ///< ms per step, per part; their sum is the mean step
+};
+
+/// The rank the others wait for, and by how much.
+struct LateRank {
+  int rank = -1;
+  double excess_ms = 0;  ///< the other ranks' mean communication minus this rank's, ms per step
+};
+
+/// The rank with the least communication per step, when the other ranks' mean communication
+/// exceeds its own by more than max(1 ms, 10 % of the mean step): every collective makes the
+/// others wait for it. std::nullopt on one rank or below the threshold.
+std::optional<LateRank> find_late_rank(const std::vector<RankAccount>& ranks);
+
+/// The table: one row per rank (ms per step, per part, and their sum), then the late rank.
+std::string format_account(const std::vector<RankAccount>& ranks,
+                           const std::optional<LateRank>& late);
+
+/// {"steps", "ranks": [{"rank", "<part>_ms"..., "step_ms"}], "late_rank" (null: none),
+/// "late_by_ms"}: the summary record's "attribution".
+nlohmann::json account_json(const std::vector<RankAccount>& ranks,
+                            const std::optional<LateRank>& late);
+
+/// --attribute and --delay-rank, registered in the driver's extensions() (run.cpp).
+std::unique_ptr<Extension> attribution_extension();
+
+}  // namespace ringzero

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Step-time attribution (--attribute, docs/attribution.md), measured: chapters 03-08 at N ranks
+# (default 3; global batch 24 N), each run clean and with planted causes, REPEATS times (default 5), 30 steps of the
+# Fashion-MNIST MLP (synthetic data where the dataset is missing):
+#   - clean: rank 0's mean ms per step per part, and the parts' sum against the step the driver
+#     measured (rank 0's step records, the first step left out as the account does);
+#   - straggler (--delay-rank 1:DELAY_MS, default 100): in how many runs rank 1 was named, and
+#     how much longer the others waited than it did;
+#   - tiny buckets (--bucket-cap-mb 0.01, chapters 05-07): which part grew the most over the
+#     clean run (mean over ranks), and by how much.
+# Prints Markdown tables (docs/attribution.md shows the last measured run). Wall-clock figures:
+# run on a quiet machine; never part of the tests.
+#   N=4 REPEATS=20 DELAY_MS=50 scripts/bench.d/11-attribution.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=${BUILD:-build}
+[ -x "$BUILD/bin/ch05_ddp_buckets" ] || { echo "skipped: $BUILD/bin not built"; exit 0; }
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+N=${N:-3} REPEATS=${REPEATS:-5} DELAY_MS=${DELAY_MS:-100}
+data=()
+[ -d /usr/share/datasets/fashion-mnist ] && data=(--data fashion-mnist)
+common=(--model mlp "${data[@]}" --global-batch-size $((24 * N)) --max-steps 30 --eval-every-epoch 0 --log-every 1000 --attribute)
+
+run() {  # run TAG CHAPTER ARGS...
+  local tag=$1 ch=$2; shift 2
+  timeout 600 mpirun -np "$N" --oversubscribe "$BUILD/bin/ch$ch" "${common[@]}" "$@" \
+    --metrics "$TMP/$tag.jsonl" >"$TMP/$tag.log" 2>&1 || { echo "FAILED: $tag"; cat "$TMP/$tag.log"; exit 1; }
+}
+
+chapters=(03_data_parallel 04_ring_allreduce 05_ddp_buckets 06_zero1 07_zero2 08_zero3)
+for ch in "${chapters[@]}"; do
+  for r in $(seq "$REPEATS"); do
+    run "clean_${ch}_$r" "$ch"
+    run "late_${ch}_$r" "$ch" --delay-rank "1:$DELAY_MS"
+    case $ch in 05_* | 06_* | 07_*) run "tiny_${ch}_$r" "$ch" --bucket-cap-mb 0.01 ;; esac
+  done
+done
+
+python3 - "$TMP" "$N" "$REPEATS" "$DELAY_MS" "${chapters[@]}" <<'PY'
+import json, os, sys
+tmp, N, R, delay, chapters = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:]
+parts = ("forward", "backward", "optimizer", "communication", "other")
+def load(tag):
+    lines = [json.loads(l) for l in open(f"{tmp}/{tag}.jsonl")]
+    steps = [l["ms_per_step"] for l in lines if l["type"] == "step"][1:]
+    return lines[-1]["attribution"], sum(steps) / len(steps)
+def mean(xs): return sum(xs) / len(xs)
+def over_ranks(a, p): return mean([r[p + "_ms"] for r in a["ranks"]])
+print(f"Clean runs, N = {N}, mean of {R} runs, rank 0 (ms per step):\n")
+print("| chapter | " + " | ".join(parts) + " | sum of parts | measured step | sum / measured |")
+print("|---|" + "---:|" * (len(parts) + 3))
+for ch in chapters:
+    runs = [load(f"clean_{ch}_{r}") for r in range(1, R + 1)]
+    row = [mean([a["ranks"][0][p + "_ms"] for a, _ in runs]) for p in parts]
+    total, measured = mean([a["ranks"][0]["step_ms"] for a, _ in runs]), mean([m for _, m in runs])
+    print(f"| {ch} | " + " | ".join(f"{x:.2f}" for x in row) +
+          f" | {total:.2f} | {measured:.2f} | {total / measured:.3f} |")
+print(f"\nPlanted straggler (--delay-rank 1:{delay}), N = {N}, {R} runs each:\n")
+print("| chapter | rank 1 named | others' extra wait, ms per step (min-max) |")
+print("|---|---:|---|")
+for ch in chapters:
+    late = [load(f"late_{ch}_{r}")[0] for r in range(1, R + 1)]
+    named = sum(1 for a in late if a["late_rank"] == 1)
+    waits = [a["late_by_ms"] for a in late]
+    print(f"| {ch} | {named}/{R} | {min(waits):.1f}-{max(waits):.1f} |")
+tiny = [ch for ch in chapters if os.path.exists(f"{tmp}/tiny_{ch}_1.jsonl")]
+if tiny:
+    print(f"\nTiny buckets (--bucket-cap-mb 0.01) against clean, N = {N}, mean over ranks and {R} runs:\n")
+    print("| chapter | part grown most | clean ms | tiny-bucket ms |")
+    print("|---|---|---:|---:|")
+    for ch in tiny:
+        c = {p: mean([over_ranks(load(f"clean_{ch}_{r}")[0], p) for r in range(1, R + 1)]) for p in parts}
+        t = {p: mean([over_ranks(load(f"tiny_{ch}_{r}")[0], p) for r in range(1, R + 1)]) for p in parts}
+        top = max(parts, key=lambda p: t[p] - c[p])
+        print(f"| {ch} | {top} | {c[top]:.2f} | {t[top]:.2f} |")
+PY
