@@ -2,8 +2,6 @@
 
 #include <mpi.h>
 
-#include <chrono>
-#include <thread>
 #include <vector>
 
 #include "common/comm/mpi_stage.hpp"
@@ -13,12 +11,9 @@
 
 namespace ringzero {
 
-namespace {
-thread_local int wait_sleep_us = 0;  // see Communicator::set_wait_sleep_us_this_thread
-thread_local const std::atomic<bool>* abandon_flag = nullptr;  // set_abandon_flag_this_thread
-}  // namespace
-
+using comm_detail::complete;
 using comm_detail::HostStage;
+using comm_detail::wait_for_message;
 
 std::vector<std::pair<int64_t, int64_t>> split_count(int64_t n, int64_t max_piece) {
   RZ_CHECK(n >= 0 && max_piece > 0, "split_count(" << n << ", " << max_piece << ")");
@@ -146,6 +141,7 @@ void Communicator::recv_raw(void* data, int64_t size, int src, int elem_bytes) {
   char* bytes = stage.data();
   Counters& c = counter("recv");
   if (scope_.empty()) c.calls += 1;
+  if (PeerWaits::enabled() && size > 0) wait_for_message(src);  // --attribute (step_time.hpp)
   for (auto [off, n] : split_count(size)) {
     MPI_CALL(MPI_Recv(bytes + off * elem_bytes, static_cast<int>(n), type, src, 0, MPI_COMM_WORLD,
                       MPI_STATUS_IGNORE));
@@ -153,15 +149,6 @@ void Communicator::recv_raw(void* data, int64_t size, int src, int elem_bytes) {
     c.bytes_received += n * elem_bytes;
   }
   stage.finish();
-}
-
-void Communicator::set_abandon_flag_this_thread(const std::atomic<bool>* flag) {
-  abandon_flag = flag;
-}
-
-void Communicator::set_wait_sleep_us_this_thread(int us) {
-  RZ_CHECK(us >= 0, "wait sleep " << us << " us must be >= 0");
-  wait_sleep_us = us;
 }
 
 void Communicator::sendrecv(std::span<const float> send_buf, int dest, std::span<float> recv_buf,
@@ -190,45 +177,35 @@ void Communicator::sendrecv_raw(const void* send_data, int64_t send_n, int dest,
   // receive length, so both ends of a link agree on the number of messages, and an empty side
   // sends (or expects) none. (Splitting both by max(send, receive) breaks that when a rank's two
   // sides differ, e.g. a ring with empty chunks: a stray empty message then truncates the next.)
-  // Everything is posted at once and completed together, so a ring cannot deadlock.
+  // Everything is posted before any wait and completed together, so a ring cannot deadlock.
   std::vector<MPI_Request> requests;
-  for (auto [off, n] : split_count(recv_n)) {
-    requests.emplace_back();
-    MPI_CALL(MPI_Irecv(recv_bytes + off * elem_bytes, static_cast<int>(n), type, src, 0,
-                       MPI_COMM_WORLD, &requests.back()));
-    c.messages_received += 1;
-    c.bytes_received += n * elem_bytes;
-  }
-  for (auto [off, n] : split_count(send_n)) {
-    requests.emplace_back();
-    MPI_CALL(MPI_Isend(send_bytes + off * elem_bytes, static_cast<int>(n), type, dest, 0,
-                       MPI_COMM_WORLD, &requests.back()));
-    c.messages_sent += 1;
-    c.bytes_sent += n * elem_bytes;
-  }
-  if (wait_sleep_us == 0) {
-    MPI_CALL(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
-  } else {
-    // Each MPI_Testall also makes progress (copies data, answers handshakes); sleeping between
-    // tests gives the core back to the thread computing beside this one.
-    for (int done = 0;;) {
-      MPI_CALL(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
-                           MPI_STATUSES_IGNORE));
-      if (done) break;
-      if (abandon_flag != nullptr && abandon_flag->load()) {
-        // This rank is unwinding from an error: receive nothing more into buffers about to be
-        // freed, and stop (the sends may stay posted: MPI only reads them, until MPI_Abort).
-        for (MPI_Request& r : requests) {
-          if (r == MPI_REQUEST_NULL) continue;
-          MPI_Cancel(&r);
-          MPI_Request_free(&r);
-        }
-        RZ_CHECK(false, "sendrecv with ranks " << dest << " and " << src
-                                               << " abandoned: this rank is stopping at an error");
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(wait_sleep_us));
+  auto post_receives = [&] {
+    for (auto [off, n] : split_count(recv_n)) {
+      requests.emplace_back();
+      MPI_CALL(MPI_Irecv(recv_bytes + off * elem_bytes, static_cast<int>(n), type, src, 0,
+                         MPI_COMM_WORLD, &requests.back()));
+      c.messages_received += 1;
+      c.bytes_received += n * elem_bytes;
     }
+  };
+  auto post_sends = [&] {
+    for (auto [off, n] : split_count(send_n)) {
+      requests.emplace_back();
+      MPI_CALL(MPI_Isend(send_bytes + off * elem_bytes, static_cast<int>(n), type, dest, 0,
+                         MPI_COMM_WORLD, &requests.back()));
+      c.messages_sent += 1;
+      c.bytes_sent += n * elem_bytes;
+    }
+  };
+  if (PeerWaits::enabled() && recv_n > 0) {  // --attribute: the wait for src apart (step_time)
+    post_sends();
+    wait_for_message(src);
+    post_receives();
+  } else {
+    post_receives();
+    post_sends();
   }
+  complete(requests, dest, src);
   recv_stage.finish();
 }
 

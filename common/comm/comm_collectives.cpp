@@ -20,6 +20,7 @@ using comm_detail::HostStage;
 
 void Communicator::broadcast(std::span<float> buf, int root) {
   const PartScope part(StepPart::communication);  // --attribute
+  comm_detail::wait_for_peers();  // --attribute: the wait for the last rank apart
   Counters& c = counter("broadcast");
   c.calls += 1;
   HostStage stage(buf.data(), static_cast<int64_t>(buf.size()) * 4, /*fill=*/rank_ == root);
@@ -32,6 +33,7 @@ void Communicator::broadcast(std::span<float> buf, int root) {
 
 void Communicator::all_reduce(std::span<float> buf) {
   const PartScope part(StepPart::communication);  // --attribute
+  comm_detail::wait_for_peers();  // --attribute: the wait for the last rank apart
   Counters& c = counter("all_reduce");
   c.calls += 1;
   HostStage stage(buf.data(), static_cast<int64_t>(buf.size()) * 4, /*fill=*/true);
@@ -46,6 +48,7 @@ void Communicator::all_reduce(std::span<float> buf) {
 
 void Communicator::reduce_scatter(std::span<const float> in, std::span<float> out) {
   const PartScope part(StepPart::communication);  // --attribute
+  comm_detail::wait_for_peers();  // --attribute: the wait for the last rank apart
   const auto s = static_cast<int64_t>(out.size());
   RZ_CHECK(static_cast<int64_t>(in.size()) == s * world_size_,
            "reduce_scatter: input " << in.size() << " != world_size " << world_size_ << " x output "
@@ -72,6 +75,7 @@ void Communicator::reduce_scatter(std::span<const float> in, std::span<float> ou
 
 void Communicator::all_gather(std::span<const float> in, std::span<float> out) {
   const PartScope part(StepPart::communication);  // --attribute
+  comm_detail::wait_for_peers();  // --attribute: the wait for the last rank apart
   const auto s = static_cast<int64_t>(in.size());
   RZ_CHECK(
       static_cast<int64_t>(out.size()) == s * world_size_,
@@ -98,13 +102,14 @@ void Communicator::all_gather(std::span<const float> in, std::span<float> out) {
 }
 
 void Communicator::barrier() {
-  const PartScope part(StepPart::communication);  // --attribute
+  const PartScope part(StepPart::peer_wait);  // --attribute: a barrier is waiting for peers
   counter("barrier").calls += 1;
   MPI_CALL(MPI_Barrier(MPI_COMM_WORLD));
 }
 
 void Communicator::all_reduce_metrics(std::span<double> values) {
   const PartScope part(StepPart::communication);  // --attribute
+  comm_detail::wait_for_peers();  // --attribute: the wait for the last rank apart
   Counters& c = counters_["metrics"];
   c.calls += 1;
   c.bytes_sent += static_cast<int64_t>(values.size()) * 8;

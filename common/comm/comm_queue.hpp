@@ -86,13 +86,20 @@ class CommQueue {
           tracer_->complete(t.name, "comm", Tracer::kCommTrack, start, now() - start, t.args);
         });
     if (!t.name.empty()) names_[ticket] = t.name;
+    if (!overlap_) wait(ticket);  // --no-overlap
     return ticket;
   }
+
+  /// Off (--no-overlap, a cause to plant for --attribute): submit() waits for each job where it
+  /// is queued, so no collective overlaps the backward. The same collectives run in the same
+  /// order on the same thread, so every number stays the same; only the wait moves. On by
+  /// default; set before training, from the main thread.
+  static void set_overlap(bool on) { overlap_ = on; }
 
   /// Waits for job `ticket` and every one before it, traced as "wait <its name>" on the main
   /// track (the communication the compute did not hide). Rethrows a job's error.
   void wait(uint64_t ticket) {
-    const PartScope part(StepPart::communication);  // --attribute: exposed communication
+    const ExposedWait exposed;  // --attribute
     const double start = now();
     thread_.wait(ticket);
     const auto it = names_.find(ticket);
@@ -104,7 +111,7 @@ class CommQueue {
   /// Waits for every queued job, traced as a "wait for collectives" span on the main track;
   /// rethrows a job's error.
   void wait_all() {
-    const PartScope part(StepPart::communication);  // --attribute: exposed communication
+    const ExposedWait exposed;  // --attribute
     const double start = now();
     thread_.wait_all();
     names_.clear();
@@ -121,10 +128,27 @@ class CommQueue {
     std::string name;     // its span on the comm track ("" while not tracing)
     nlohmann::json args;  // the span's args
   };
+  // --attribute: the step's thread waiting for the queue is exposed communication, less the
+  // stretch of it the communication thread spent waiting for a peer (step_time.hpp).
+  class ExposedWait {
+   public:
+    ExposedWait() : start_(StepClock::Clock::now()) {}
+    ~ExposedWait() {
+      part_.reset();  // charged to communication up to here
+      if (PeerWaits::enabled())
+        StepClock::this_thread().reassign(StepPart::communication, StepPart::peer_wait,
+                                          PeerWaits::overlap_ms(start_, StepClock::Clock::now()));
+    }
+
+   private:
+    StepClock::Clock::time_point start_;
+    std::optional<PartScope> part_{std::in_place, StepPart::communication};
+  };
   bool tracing() const { return tracer_ && tracer_->enabled(); }
   // Microseconds on the tracer's clock; 0 (no clock read) while not tracing.
   double now() const { return tracing() ? tracer_->now_us() : 0; }
 
+  static inline bool overlap_ = true;
   Communicator& comm_;
   Tracer* tracer_;
   Naming naming_;

@@ -28,6 +28,24 @@ inline void check_mpi(int rc, const char* call) {
 }
 #define MPI_CALL(...) ::ringzero::comm_detail::check_mpi((__VA_ARGS__), #__VA_ARGS__)
 
+/// Waits for every request (the sends and receives of one sendrecv with ranks `dest` and `src`):
+/// MPI_Waitall, or on a communication thread test and sleep, cancelling the receives and failing
+/// (naming both ranks) when the rank is stopping at an error. comm_wait.cpp.
+void complete(std::vector<MPI_Request>& requests, int dest, int src);
+
+/// --attribute (PeerWaits on, step_time.hpp): blocks until a message from `src` is there,
+/// charged to peer_wait, so that the receive that follows is the transfer alone (MPI_Probe; on a
+/// communication thread MPI_Iprobe, sleeping between tries).
+void wait_for_message(int src);
+
+/// --attribute (PeerWaits on, step_time.hpp): before a collective, waits until every rank has
+/// reached it (MPI_Ibarrier), charged to peer_wait, so that the collective after it is charged
+/// as transfer alone: a collective cannot finish before its last rank arrives, and the barrier
+/// tells that wait apart (the way MPI profilers measure load imbalance). Off, it does nothing:
+/// no message, no clock read. On the communication thread it tests and sleeps, and gives up
+/// when the rank is stopping at an error (Communicator::set_abandon_flag_this_thread).
+void wait_for_peers();
+
 // A message's bytes where MPI can reach them, the host: `data` itself when it lives there, else
 // a host copy, filled from the device when `fill`, and written back to it by finish() (MPI
 // staged through host memory; the counters count the message, not the copies).

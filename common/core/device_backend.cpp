@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "common/core/check.hpp"
+#include "common/core/step_time.hpp"
 
 namespace ringzero {
 
@@ -85,6 +86,7 @@ void free_on(Device device, void* p) {
 
 void copy_memory(void* dst, const void* src, int64_t bytes) {
   if (bytes <= 0) return;
+  const PartScope copies(StepPart::copies);  // --attribute
   const Device to = device_of(dst), from = device_of(src);
   if (to == Device::cpu && from == Device::cpu)
     return static_cast<void>(std::memcpy(dst, src, static_cast<size_t>(bytes)));

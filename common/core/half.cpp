@@ -7,6 +7,7 @@
 
 #include "common/core/check.hpp"
 #include "common/core/device_backend.hpp"
+#include "common/core/step_time.hpp"
 
 #if defined(__F16C__) && defined(__AVX__)
 #include <immintrin.h>
@@ -137,6 +138,7 @@ void check_half(Dtype dtype, size_t a, size_t b, const char* what) {
 
 void convert_to_half(Dtype dtype, std::span<const float> in, std::span<uint16_t> out) {
   check_half(dtype, in.size(), out.size(), "convert_to_half");
+  const PartScope copies(StepPart::copies);  // --attribute
   if (dtype == Dtype::bf16)
     floats_to_bf16(in.data(), out.data(), in.size());
   else
@@ -145,6 +147,7 @@ void convert_to_half(Dtype dtype, std::span<const float> in, std::span<uint16_t>
 
 void convert_to_float(Dtype dtype, std::span<const uint16_t> in, std::span<float> out) {
   check_half(dtype, in.size(), out.size(), "convert_to_float");
+  const PartScope copies(StepPart::copies);  // --attribute
   if (dtype == Dtype::bf16)
     bf16_to_floats(in.data(), out.data(), in.size());
   else

@@ -1,6 +1,10 @@
 #include "common/core/step_time.hpp"
 
-#include "common/core/check.hpp"
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 namespace ringzero {
 
@@ -10,6 +14,8 @@ const char* step_part_name(StepPart part) {
     case StepPart::backward: return "backward";
     case StepPart::optimizer: return "optimizer";
     case StepPart::communication: return "communication";
+    case StepPart::peer_wait: return "peer_wait";
+    case StepPart::copies: return "copies";
     case StepPart::other: return "other";
   }
   return "?";
@@ -26,7 +32,16 @@ StepClock& StepClock::this_thread() {
   return clock;
 }
 
+namespace {
+std::atomic<bool> clocks_on{false};
+}  // namespace
+
+void StepClock::set_enabled(bool on) { clocks_on = on; }
+
+bool StepClock::enabled() { return clocks_on; }
+
 void StepClock::start() {
+  if (!clocks_on) return;
   parts_ = StepParts{};
   current_ = StepPart::other;
   last_ = Clock::now();
@@ -34,7 +49,7 @@ void StepClock::start() {
 }
 
 StepParts StepClock::stop() {
-  RZ_CHECK(armed_, "StepClock::stop without start");
+  if (!armed_) return StepParts{};
   charge(Clock::now());
   armed_ = false;
   return parts_;
@@ -55,6 +70,39 @@ StepPart StepClock::enter(StepPart part) {
 void StepClock::leave(StepPart previous) {
   charge(Clock::now());
   current_ = previous;
+}
+
+void StepClock::reassign(StepPart from, StepPart to, double ms) {
+  if (!armed_) return;
+  const double moved = std::clamp(ms, 0.0, parts_[from]);
+  parts_[from] -= moved;
+  parts_[to] += moved;
+}
+
+namespace {
+std::atomic<bool> peer_waits_on{false};
+std::mutex peer_waits_mutex;
+std::vector<std::pair<StepClock::Clock::time_point, StepClock::Clock::time_point>> peer_waits;
+}  // namespace
+
+void PeerWaits::set_enabled(bool on) { peer_waits_on = on; }
+
+bool PeerWaits::enabled() { return peer_waits_on; }
+
+void PeerWaits::record(Clock::time_point t0, Clock::time_point t1) {
+  if (!peer_waits_on) return;
+  std::lock_guard<std::mutex> lock(peer_waits_mutex);
+  peer_waits.emplace_back(t0, t1);
+}
+
+double PeerWaits::overlap_ms(Clock::time_point t0, Clock::time_point t1) {
+  std::lock_guard<std::mutex> lock(peer_waits_mutex);
+  double ms = 0;
+  for (const auto& [a, b] : peer_waits)
+    if (std::max(a, t0) < std::min(b, t1))
+      ms += std::chrono::duration<double, std::milli>(std::min(b, t1) - std::max(a, t0)).count();
+  std::erase_if(peer_waits, [&](const auto& w) { return w.second <= t1; });
+  return ms;
 }
 
 }  // namespace ringzero

@@ -235,7 +235,7 @@ nlohmann::json Run::announce_start(const Lesson& lesson, int64_t psi, int64_t st
 void Run::train_one_step(Loop& loop, int64_t epoch, int64_t t) {
   RunState& state = loop.state;
   Tracer& tracer = loop.tracer;
-  StepClock& clock = StepClock::this_thread();  // the step's time per part (--attribute)
+  StepClock& clock = StepClock::this_thread();  // time per part, only with --attribute
   Stopwatch watch;
   clock.start();
   for (auto& e : extensions_) e->before_step(state);

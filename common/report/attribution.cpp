@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "common/comm/comm_queue.hpp"
 #include "common/core/check.hpp"
 #include "common/driver/run.hpp"
 
@@ -37,7 +38,9 @@ RankDelay parse_rank_delay(const std::string& text) {
 
 std::optional<LateRank> find_late_rank(const std::vector<RankAccount>& ranks) {
   if (ranks.size() < 2) return std::nullopt;
-  const auto comm = [](const RankAccount& a) { return a.mean[StepPart::communication]; };
+  const auto comm = [](const RankAccount& a) {  // all of its waiting: transfer and for peers
+    return a.mean[StepPart::communication] + a.mean[StepPart::peer_wait];
+  };
   const auto least = std::min_element(ranks.begin(), ranks.end(), [&](const auto& a, const auto& b) {
     return comm(a) < comm(b);
   });
@@ -77,7 +80,7 @@ std::string format_account(const std::vector<RankAccount>& ranks,
   if (late) {
     std::snprintf(cell, sizeof cell, "%.3f", late->excess_ms);
     out += "late rank: " + std::to_string(late->rank) + " (the other ranks wait " + cell +
-           " ms per step longer in communication than it does)";
+           " ms per step longer in communication and for peers than it does)";
   } else if (ranks.size() > 1) {
     out += "late rank: none (communication per step differs by less than max(1 ms, 10 % of the "
            "step) across ranks)";
@@ -110,7 +113,13 @@ class AttributionExtension : public Extension {
     cli.app
         .add_flag("--attribute", on_,
                   "at the end, print each rank's step time split into forward, backward, "
-                  "optimizer, communication and other, and name the rank the others wait for")
+                  "optimizer, communication, waiting for a peer, copies and other, and name the "
+                  "rank the others wait for")
+        ->group(group);
+    cli.app
+        .add_flag("--no-overlap", no_overlap_,
+                  "wait for every collective where it is queued, so none overlaps the backward "
+                  "(a planted cause: chapters 05-08; same numbers, longer step)")
         ->group(group);
     cli.app
         .add_option("--delay-rank", delay_text_,
@@ -128,6 +137,11 @@ class AttributionExtension : public Extension {
              "--delay-rank " << delay_text_ << ": rank " << delay_.rank << " does not exist at "
                              << state.world_size << " ranks; give a rank 0.."
                              << state.world_size - 1);
+  }
+  void after_setup(RunState&) override {
+    CommQueue::set_overlap(!no_overlap_);
+    StepClock::set_enabled(on_);  // from here on, the driver's clock splits each step
+    PeerWaits::set_enabled(on_);  // and receives wait for their message apart
   }
   void before_step(RunState& state) override {
     if (delay_.rank == state.rank)
@@ -161,6 +175,7 @@ class AttributionExtension : public Extension {
 
  private:
   bool on_ = false;
+  bool no_overlap_ = false;
   std::string delay_text_;
   RankDelay delay_;
   int64_t seen_ = 0, steps_ = 0;

@@ -1,7 +1,8 @@
 // attribution: where did my step go? Per rank, the optimizer step's wall-clock time split into
 // forward, backward, optimizer, communication (the time the step's thread spent in a collective
-// or waiting on the communication queue: what the backward did not hide) and other, from the
-// clock every step runs under (common/core/step_time.hpp); and which rank the others wait for.
+// or waiting on the communication queue: what the backward did not hide), peer_wait (the part
+// of that spent before a peer had sent what this rank receives) and other, from the clock
+// every step runs under (common/core/step_time.hpp); and which rank the others wait for.
 //
 // Provides: --attribute (the table at the end of the run and "attribution" in the summary
 // record of --metrics), --delay-rank R:MS (a planted straggler: rank R sleeps MS ms at the start
@@ -9,9 +10,10 @@
 // RankAccount, find_late_rank, format_account, account_json.
 // A late rank shows in everyone else's communication: each waits in its collectives for the
 // rank that arrives last, which itself waits least. So the late rank is the one with the least
-// communication per step, when the others wait more than a threshold longer (find_late_rank).
-// Leaves out: a receive's wait for a late sender told apart from the transfer, per-part
-// predictions of the cost model (common/report/cost_model.hpp predicts the whole step).
+// communication and peer_wait per step, when the others wait more than a threshold longer
+// (find_late_rank).
+// Leaves out: per-part predictions of the cost model (common/report/cost_model.hpp predicts the
+// whole step).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -48,10 +50,10 @@ struct RankAccount {
 /// The rank the others wait for, and by how much.
 struct LateRank {
   int rank = -1;
-  double excess_ms = 0;  ///< the other ranks' mean communication minus this rank's, ms per step
+  double excess_ms = 0;  ///< the others' mean communication + peer_wait minus its, ms per step
 };
 
-/// The rank with the least communication per step, when the other ranks' mean communication
+/// The rank with the least communication + peer_wait per step, when the other ranks' mean
 /// exceeds its own by more than max(1 ms, 10 % of the mean step): every collective makes the
 /// others wait for it. std::nullopt on one rank or below the threshold.
 std::optional<LateRank> find_late_rank(const std::vector<RankAccount>& ranks);

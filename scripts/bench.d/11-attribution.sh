@@ -6,8 +6,10 @@
 #     measured (rank 0's step records, the first step left out as the account does);
 #   - straggler (--delay-rank 1:DELAY_MS, default 100): in how many runs rank 1 was named, and
 #     how much longer the others waited than it did;
-#   - tiny buckets (--bucket-cap-mb 0.01, chapters 05-07): which part grew the most over the
-#     clean run (mean over ranks), and by how much.
+#   - planted causes, each against the clean run (mean over ranks): which part grew the most,
+#     and by how much: tiny buckets (--bucket-cap-mb 0.01, chapters 05-07), overlap off
+#     (--no-overlap, 05-08), oversubscribed cores (every rank on core 0: taskset -c 0, 03-08).
+#     A slow link needs the emulated cluster (scripts/cluster up --bandwidth ...).
 # Prints Markdown tables (docs/attribution.md shows the last measured run). Wall-clock figures:
 # run on a quiet machine; never part of the tests.
 #   N=4 REPEATS=20 DELAY_MS=50 scripts/bench.d/11-attribution.sh
@@ -23,9 +25,11 @@ data=()
 [ -d /usr/share/datasets/fashion-mnist ] && data=(--data fashion-mnist)
 common=(--model mlp "${data[@]}" --global-batch-size $((24 * N)) --max-steps 30 --eval-every-epoch 0 --log-every 1000 --attribute)
 
-run() {  # run TAG CHAPTER ARGS...
+run() {  # run TAG CHAPTER ARGS... (PIN=CPUS: every rank on those cores)
   local tag=$1 ch=$2; shift 2
-  timeout 600 mpirun -np "$N" --oversubscribe "$BUILD/bin/ch$ch" "${common[@]}" "$@" \
+  local pin=()
+  [ -n "${PIN:-}" ] && pin=(taskset -c "$PIN")
+  timeout 600 "${pin[@]}" mpirun -np "$N" --oversubscribe --bind-to none "$BUILD/bin/ch$ch" "${common[@]}" "$@" \
     --metrics "$TMP/$tag.jsonl" >"$TMP/$tag.log" 2>&1 || { echo "FAILED: $tag"; cat "$TMP/$tag.log"; exit 1; }
 }
 
@@ -34,14 +38,16 @@ for ch in "${chapters[@]}"; do
   for r in $(seq "$REPEATS"); do
     run "clean_${ch}_$r" "$ch"
     run "late_${ch}_$r" "$ch" --delay-rank "1:$DELAY_MS"
+    PIN=0 run "oversubscribed_${ch}_$r" "$ch"
     case $ch in 05_* | 06_* | 07_*) run "tiny_${ch}_$r" "$ch" --bucket-cap-mb 0.01 ;; esac
+    case $ch in 05_* | 06_* | 07_* | 08_*) run "serial_${ch}_$r" "$ch" --no-overlap ;; esac
   done
 done
 
 python3 - "$TMP" "$N" "$REPEATS" "$DELAY_MS" "${chapters[@]}" <<'PY'
 import json, os, sys
 tmp, N, R, delay, chapters = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:]
-parts = ("forward", "backward", "optimizer", "communication", "other")
+parts = ("forward", "backward", "optimizer", "communication", "peer_wait", "copies", "other")
 def load(tag):
     lines = [json.loads(l) for l in open(f"{tmp}/{tag}.jsonl")]
     steps = [l["ms_per_step"] for l in lines if l["type"] == "step"][1:]
@@ -65,14 +71,15 @@ for ch in chapters:
     named = sum(1 for a in late if a["late_rank"] == 1)
     waits = [a["late_by_ms"] for a in late]
     print(f"| {ch} | {named}/{R} | {min(waits):.1f}-{max(waits):.1f} |")
-tiny = [ch for ch in chapters if os.path.exists(f"{tmp}/tiny_{ch}_1.jsonl")]
-if tiny:
-    print(f"\nTiny buckets (--bucket-cap-mb 0.01) against clean, N = {N}, mean over ranks and {R} runs:\n")
-    print("| chapter | part grown most | clean ms | tiny-bucket ms |")
-    print("|---|---|---:|---:|")
-    for ch in tiny:
-        c = {p: mean([over_ranks(load(f"clean_{ch}_{r}")[0], p) for r in range(1, R + 1)]) for p in parts}
-        t = {p: mean([over_ranks(load(f"tiny_{ch}_{r}")[0], p) for r in range(1, R + 1)]) for p in parts}
+causes = (("tiny", "tiny buckets"), ("serial", "overlap off"), ("oversubscribed", "all ranks on one core"))
+print(f"\nPlanted causes against clean, N = {N}, mean over ranks and {R} runs:\n")
+print("| cause | chapter | part grown most | clean ms | with the cause ms | step clean -> with |")
+print("|---|---|---|---:|---:|---|")
+for tag, cause in causes:
+    for ch in [c for c in chapters if os.path.exists(f"{tmp}/{tag}_{c}_1.jsonl")]:
+        runs = {t: [load(f"{t}_{ch}_{r}")[0] for r in range(1, R + 1)] for t in ("clean", tag)}
+        c, t = ({p: mean([over_ranks(a, p) for a in runs[k]]) for p in parts} for k in ("clean", tag))
         top = max(parts, key=lambda p: t[p] - c[p])
-        print(f"| {ch} | {top} | {c[top]:.2f} | {t[top]:.2f} |")
+        print(f"| {cause} | {ch} | {top} | {c[top]:.2f} | {t[top]:.2f} | "
+              f"{sum(c.values()):.1f} -> {sum(t.values()):.1f} |")
 PY

@@ -1,7 +1,8 @@
 // Step-time attribution (common/core/step_time.hpp, common/report/attribution.hpp): the parts of
 // a step add up to its wall-clock time, nested parts are exclusive, a disarmed clock and another
 // thread's clock record nothing, --delay-rank's parser refuses what is not R:MS, and the late
-// rank is the one the others wait for. Sleeps are lower bounds only (a loaded machine makes them
+// rank is the one the others wait for, and a peer wait recorded by another thread is claimed
+// only where the step's thread waited. Sleeps are lower bounds only (a loaded machine makes them
 // longer, never shorter), so every timed assertion is ">= the sleep" or a sum checked against
 // the clock's own total.
 #include <chrono>
@@ -18,7 +19,27 @@ namespace {
 void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
 }  // namespace
 
+// Clocks arm only once --attribute enabled them (StepClock::set_enabled); each case turns them
+// on and leaves them off.
+struct ClocksOn {
+  ClocksOn() { StepClock::set_enabled(true); }
+  ~ClocksOn() { StepClock::set_enabled(false); }
+};
+
+TEST_CASE("without --attribute the clock never arms and reads nothing", "[attribution]") {
+  REQUIRE_FALSE(StepClock::enabled());  // the default
+  StepClock& clock = StepClock::this_thread();
+  clock.start();
+  REQUIRE_FALSE(clock.armed());
+  {
+    PartScope scope(StepPart::forward);
+    sleep_ms(5);
+  }
+  REQUIRE(clock.stop().total_ms() == 0);
+}
+
 TEST_CASE("the parts are exclusive and sum to the step's wall-clock time", "[attribution]") {
+  ClocksOn on;
   StepClock& clock = StepClock::this_thread();
   const auto t0 = std::chrono::steady_clock::now();
   clock.start();
@@ -49,6 +70,7 @@ TEST_CASE("the parts are exclusive and sum to the step's wall-clock time", "[att
 }
 
 TEST_CASE("a disarmed clock and another thread's clock record nothing", "[attribution]") {
+  ClocksOn on;
   StepClock& clock = StepClock::this_thread();
   {
     PartScope scope(StepPart::forward);  // before start(): a no-op, even when it ends later
@@ -66,13 +88,47 @@ TEST_CASE("a disarmed clock and another thread's clock record nothing", "[attrib
   REQUIRE(parts[StepPart::other] >= 20);  // this thread waited for the other one: other
 }
 
+TEST_CASE("a peer wait on another thread is claimed where the step's thread waited",
+          "[attribution]") {
+  using Clock = StepClock::Clock;
+  using std::chrono::milliseconds;
+  PeerWaits::set_enabled(true);
+  ClocksOn on;
+  StepClock& clock = StepClock::this_thread();
+  clock.start();
+  const Clock::time_point t0 = Clock::now();
+  // The communication thread waited for a peer over [t0, t0 + 30 ms] and [t0 + 50, t0 + 60]...
+  PeerWaits::record(t0, t0 + milliseconds(30));
+  PeerWaits::record(t0 + milliseconds(50), t0 + milliseconds(60));
+  // ...the step's thread waited on the queue over [t0 + 20, t0 + 55]: 10 + 5 ms of it were the
+  // peer's. The rest of its wait stays communication.
+  REQUIRE(PeerWaits::overlap_ms(t0 + milliseconds(20), t0 + milliseconds(55)) ==
+          Approx(15.0).epsilon(1e-9));
+  // Waits that ended before then are forgotten; the one reaching past it is kept.
+  REQUIRE(PeerWaits::overlap_ms(t0, t0 + milliseconds(100)) == Approx(10.0).epsilon(1e-9));
+  REQUIRE(PeerWaits::overlap_ms(t0, t0 + milliseconds(100)) == 0);
+  {
+    PartScope comm(StepPart::communication);
+    sleep_ms(20);
+  }
+  clock.reassign(StepPart::communication, StepPart::peer_wait, 15);
+  clock.reassign(StepPart::forward, StepPart::peer_wait, 5);  // nothing there to move
+  const StepParts parts = clock.stop();
+  REQUIRE(parts[StepPart::peer_wait] == 15);
+  REQUIRE(parts[StepPart::communication] >= 5);  // 20 ms slept, 15 moved
+  REQUIRE(parts[StepPart::forward] == 0);
+  PeerWaits::set_enabled(false);
+  PeerWaits::record(t0, t0 + milliseconds(30));  // off: not recorded
+  REQUIRE(PeerWaits::overlap_ms(t0, t0 + milliseconds(30)) == 0);
+}
+
 TEST_CASE("--delay-rank takes R:MS and names what else it got", "[attribution]") {
   const RankDelay d = parse_rank_delay("2:12.5");
   REQUIRE(d.rank == 2);
   REQUIRE(d.ms == 12.5);
   REQUIRE(parse_rank_delay("0:60000").ms == 60000);
-  for (const char* bad : {"1", "x:5", " 1:5", "+1:5", "-1:5", "0x1:5", "1:", "1:0", "1:-3",
-                          "1:nan", "1:inf", "1:60001", "1:5ms", "1: 5", ""})
+  for (const char* bad : {"1", "x:5", " 1:5", "+1:5", "-1:5", "0x1:5", "1:", "1:0", "1:-3", "1:nan",
+                          "1:inf", "1:60001", "1:5ms", "1: 5", ""})
     REQUIRE_THROWS_WITH(parse_rank_delay(bad), Contains("--delay-rank") && Contains("R:MS"));
   REQUIRE_THROWS_WITH(parse_rank_delay("99999999999:5"), Contains("out of range"));
 }
@@ -88,8 +144,8 @@ RankAccount account(int rank, double compute, double comm) {
 
 TEST_CASE("the late rank is the one the others wait for", "[attribution]") {
   // Rank 2 computes 50 ms longer: the others wait ~50 ms in their collectives, it waits ~0.
-  const std::vector<RankAccount> late = {account(0, 10, 51), account(1, 10, 49),
-                                         account(2, 60, 1), account(3, 10, 50)};
+  const std::vector<RankAccount> late = {account(0, 10, 51), account(1, 10, 49), account(2, 60, 1),
+                                         account(3, 10, 50)};
   const auto found = find_late_rank(late);
   REQUIRE(found);
   REQUIRE(found->rank == 2);
