@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """The cluster tour's figure: measured vs predicted time per optimizer step, per chapter, from
 scripts/cluster-tour's cluster.json (runs/cluster/cluster.json by default).
     python3 scripts/plot_cluster.py [runs/cluster/cluster.json] [docs/cluster_tour.png]

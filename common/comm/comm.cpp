@@ -199,7 +199,12 @@ void Communicator::sendrecv_raw(const void* send_data, int64_t send_n, int dest,
   };
   if (PeerWaits::enabled() && recv_n > 0) {  // --attribute: the wait for src apart (step_time)
     post_sends();
-    wait_for_message(src);
+    try {
+      wait_for_message(src);
+    } catch (...) {
+      comm_detail::cancel_requests(requests);  // stopping at an error: nothing stays posted
+      throw;
+    }
     post_receives();
   } else {
     post_receives();

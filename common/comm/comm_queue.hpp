@@ -55,7 +55,9 @@ class CommQueue {
   /// the check (05-07's optional --check-collectives by default; ZeRO-3's desync check).
   CommQueue(Communicator& comm, Tracer* tracer, Naming naming,
             CollectiveSequence sequence = CollectiveSequence())
-      : comm_(comm), tracer_(tracer), naming_(std::move(naming)), sequence_(std::move(sequence)) {}
+      : comm_(comm), tracer_(tracer), naming_(std::move(naming)), sequence_(std::move(sequence)) {
+    ++created_;
+  }
 
   /// Queues `job`, the collective `c`, on the communication thread; returns its ticket. A
   /// checked collective is numbered and, right before it runs, checked across ranks (every
@@ -95,6 +97,9 @@ class CommQueue {
   /// order on the same thread, so every number stays the same; only the wait moves. On by
   /// default; set before training, from the main thread.
   static void set_overlap(bool on) { overlap_ = on; }
+  /// How many queues this process has made: 0 after set-up means the chapter runs its
+  /// collectives on the step's thread (01-04), with nothing to overlap.
+  static int created() { return created_; }
 
   /// Waits for job `ticket` and every one before it, traced as "wait <its name>" on the main
   /// track (the communication the compute did not hide). Rethrows a job's error.
@@ -149,6 +154,7 @@ class CommQueue {
   double now() const { return tracing() ? tracer_->now_us() : 0; }
 
   static inline bool overlap_ = true;
+  static inline int created_ = 0;
   Communicator& comm_;
   Tracer* tracer_;
   Naming naming_;

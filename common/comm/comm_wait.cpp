@@ -47,6 +47,14 @@ void Communicator::set_wait_sleep_us_this_thread(int us) {
 
 namespace comm_detail {
 
+void cancel_requests(std::vector<MPI_Request>& requests) {
+  for (MPI_Request& r : requests) {
+    if (r == MPI_REQUEST_NULL) continue;
+    MPI_Cancel(&r);
+    MPI_Request_free(&r);
+  }
+}
+
 void complete(std::vector<MPI_Request>& requests, int dest, int src) {
   if (wait_sleep_us == 0) {
     MPI_CALL(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
@@ -59,13 +67,7 @@ void complete(std::vector<MPI_Request>& requests, int dest, int src) {
                          MPI_STATUSES_IGNORE));
     if (done) return;
     if (abandon_flag != nullptr && abandon_flag->load()) {
-      // This rank is unwinding from an error: receive nothing more into buffers about to be
-      // freed, and stop (the sends may stay posted: MPI only reads them, until MPI_Abort).
-      for (MPI_Request& r : requests) {
-        if (r == MPI_REQUEST_NULL) continue;
-        MPI_Cancel(&r);
-        MPI_Request_free(&r);
-      }
+      cancel_requests(requests);
       RZ_CHECK(false, "sendrecv with ranks " << dest << " and " << src
                                              << " abandoned: this rank is stopping at an error");
     }

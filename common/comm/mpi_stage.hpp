@@ -28,9 +28,13 @@ inline void check_mpi(int rc, const char* call) {
 }
 #define MPI_CALL(...) ::ringzero::comm_detail::check_mpi((__VA_ARGS__), #__VA_ARGS__)
 
+/// This rank is unwinding from an error: cancels and frees every request still posted, so MPI
+/// receives nothing more into buffers about to be freed and reads nothing from them. comm_wait.cpp.
+void cancel_requests(std::vector<MPI_Request>& requests);
+
 /// Waits for every request (the sends and receives of one sendrecv with ranks `dest` and `src`):
-/// MPI_Waitall, or on a communication thread test and sleep, cancelling the receives and failing
-/// (naming both ranks) when the rank is stopping at an error. comm_wait.cpp.
+/// MPI_Waitall, or on a communication thread test and sleep, cancelling them (cancel_requests)
+/// and failing (naming both ranks) when the rank is stopping at an error. comm_wait.cpp.
 void complete(std::vector<MPI_Request>& requests, int dest, int src);
 
 /// --attribute (PeerWaits on, step_time.hpp): blocks until a message from `src` is there,

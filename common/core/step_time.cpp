@@ -34,6 +34,9 @@ StepClock& StepClock::this_thread() {
 
 namespace {
 std::atomic<bool> clocks_on{false};
+std::atomic<bool> peer_waits_on{false};
+std::mutex peer_waits_mutex;
+std::vector<std::pair<StepClock::Clock::time_point, StepClock::Clock::time_point>> peer_waits;
 }  // namespace
 
 void StepClock::set_enabled(bool on) { clocks_on = on; }
@@ -46,6 +49,10 @@ void StepClock::start() {
   current_ = StepPart::other;
   last_ = Clock::now();
   armed_ = true;
+  if (peer_waits_on) {  // a wait that ended before this step can overlap none of its waits
+    std::lock_guard<std::mutex> lock(peer_waits_mutex);
+    std::erase_if(peer_waits, [&](const auto& w) { return w.second < last_; });
+  }
 }
 
 StepParts StepClock::stop() {
@@ -79,11 +86,6 @@ void StepClock::reassign(StepPart from, StepPart to, double ms) {
   parts_[to] += moved;
 }
 
-namespace {
-std::atomic<bool> peer_waits_on{false};
-std::mutex peer_waits_mutex;
-std::vector<std::pair<StepClock::Clock::time_point, StepClock::Clock::time_point>> peer_waits;
-}  // namespace
 
 void PeerWaits::set_enabled(bool on) { peer_waits_on = on; }
 

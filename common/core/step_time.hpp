@@ -7,7 +7,8 @@
 // exclusive: a collective inside the optimizer's step (ZeRO's all-gather) is communication, not
 // optimizer; "copies" is moving or converting elements between buffers (copy_memory: ZeRO's
 // shard copies, host staging, device transfers; convert_to_half/convert_to_float: the 16-bit
-// working copies and their gradients), wherever it happens; "other" is what no scope claimed
+// working copies and their gradients), wherever on the step's thread it happens (a copy in a
+// communication-thread job is part of that job); "other" is what no scope claimed
 // (building the batch, the lesson's own loops).
 // So the parts add up to the step's wall-clock time by construction.
 // Communication is what the step's thread spent in the communicator or waiting on the

@@ -4,6 +4,9 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "common/core/check.hpp"
 #include "common/core/checked.hpp"
@@ -123,14 +126,22 @@ void add_checkpoint_flags(CLI::App& app, TrainConfig& c) {
 
 }  // namespace
 
+void in_help_group(CLI::App& app, const std::string& group, const std::function<void()>& add) {
+  const size_t before = app.get_options().size();
+  add();
+  const std::vector<CLI::Option*> options = app.get_options();
+  for (size_t i = before; i < options.size(); ++i)
+    if (options[i]->get_group() == "Options") options[i]->group(group);  // not one of its own
+}
+
 void add_train_flags(CLI::App& app, TrainConfig& c, bool with_grad_accum) {
   app.option_defaults()
       ->always_capture_default();  // --help shows every default, ours and the chapter's
-  add_data_flags(app, c, with_grad_accum);
-  add_optimizer_flags(app, c);
-  add_run_flags(app, c);
-  add_precision_flags(app, c);
-  add_checkpoint_flags(app, c);
+  in_help_group(app, "Data, model and schedule", [&] { add_data_flags(app, c, with_grad_accum); });
+  in_help_group(app, "Optimizer", [&] { add_optimizer_flags(app, c); });
+  in_help_group(app, "Run and output", [&] { add_run_flags(app, c); });
+  in_help_group(app, "Precision (docs/mixed-precision.md)", [&] { add_precision_flags(app, c); });
+  in_help_group(app, "Checkpoints (docs/checkpoints.md)", [&] { add_checkpoint_flags(app, c); });
 }
 
 void validate(const TrainConfig& c, int world_size) {

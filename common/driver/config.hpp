@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -59,9 +60,15 @@ struct TrainConfig {
   operator OptimizerOptions() const { return {optimizer, lr, weight_decay, momentum}; }
 };
 
-/// Registers the shared flags. with_grad_accum: whether this chapter has --grad-accum-steps
-/// (chapter 01 does not).
+/// Registers the shared flags, in --help groups of their own. with_grad_accum: whether this
+/// chapter has --grad-accum-steps (chapter 01 does not).
 void add_train_flags(CLI::App& app, TrainConfig& config, bool with_grad_accum);
+
+/// Runs `add` and puts every option it added to `app` that has no group of its own into the
+/// --help group `group`. A
+/// chapter's own flags stay in the first group ("Options"), so --help lists them first and the
+/// shared ones after, grouped.
+void in_help_group(CLI::App& app, const std::string& group, const std::function<void()>& add);
 
 /// Checks the values (every error names the flag, the value and the fix). Derived sizes
 /// (world_size · K, the parameter count, the model-state bytes of --optimizer) are computed in

@@ -65,16 +65,21 @@ Run::Run(int argc, char** argv, Chapter chapter)
   cli_.app.description("RingZero chapter " + chapter_.name.substr(0, chapter_.name.find('_')) +
                        ": " + chapter_.title);  // the folder's number
   add_train_flags(cli_.app, config_, chapter_.grad_accum);
-  if (chapter_.trace) {
-    cli_.app.add_option("--trace", trace_path_,
-                        "write a Chrome trace (ui.perfetto.dev) of the first --trace-steps steps");
-    cli_.app.add_option("--trace-steps", trace_steps_, "optimizer steps to trace")
-        ->check(CLI::Range(1, 1000000));
-  }
-  if (chapter_.optimizer_state)
-    cli_.app.add_option("--save-optimizer-state", optimizer_state_path_,
-                        "write AdamW's state, gathered, to a safetensors file");
-  for (auto& e : extensions_) e->add_flags(cli_);
+  in_help_group(cli_.app, "Tracing and state", [&] {
+    if (chapter_.trace) {
+      cli_.app.add_option("--trace", trace_path_,
+                          "write a Chrome trace (ui.perfetto.dev) of the first --trace-steps steps");
+      cli_.app.add_option("--trace-steps", trace_steps_, "optimizer steps to trace")
+          ->check(CLI::Range(1, 1000000));
+    }
+    if (chapter_.optimizer_state)
+      cli_.app.add_option("--save-optimizer-state", optimizer_state_path_,
+                          "write AdamW's state, gathered, to a safetensors file");
+  });
+  // The extensions' flags (device, checks, cost model, attribution): each in its own group.
+  in_help_group(cli_.app, "Device and checks", [&] {
+    for (auto& e : extensions_) e->add_flags(cli_);
+  });
 }
 
 Run::~Run() = default;

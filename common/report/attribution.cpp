@@ -36,6 +36,24 @@ RankDelay parse_rank_delay(const std::string& text) {
   return d;
 }
 
+namespace {
+// Whether `candidate` waited least of all ranks in at least 3/4 of the steps (true when the
+// ranks' step_waits are missing or of different lengths: the means alone decide).
+bool late_in_most_steps(const std::vector<RankAccount>& ranks, const RankAccount& candidate) {
+  const size_t steps = candidate.step_waits.size();
+  for (const RankAccount& a : ranks)
+    if (steps == 0 || a.step_waits.size() != steps) return true;
+  size_t least = 0;
+  for (size_t t = 0; t < steps; ++t) {
+    bool is_least = true;
+    for (const RankAccount& a : ranks)
+      if (&a != &candidate && a.step_waits[t] <= candidate.step_waits[t]) is_least = false;
+    least += is_least ? 1 : 0;
+  }
+  return 4 * least >= 3 * steps;
+}
+}  // namespace
+
 std::optional<LateRank> find_late_rank(const std::vector<RankAccount>& ranks) {
   if (ranks.size() < 2) return std::nullopt;
   const auto comm = [](const RankAccount& a) {  // all of its waiting: transfer and for peers
@@ -53,6 +71,7 @@ std::optional<LateRank> find_late_rank(const std::vector<RankAccount>& ranks) {
   step /= static_cast<double>(ranks.size());
   const double excess = others - comm(*least);
   if (excess <= std::max(1.0, 0.1 * step)) return std::nullopt;
+  if (!late_in_most_steps(ranks, *least)) return std::nullopt;
   return LateRank{least->rank, excess};
 }
 
@@ -138,7 +157,11 @@ class AttributionExtension : public Extension {
                              << state.world_size << " ranks; give a rank 0.."
                              << state.world_size - 1);
   }
-  void after_setup(RunState&) override {
+  void after_setup(RunState& state) override {
+    RZ_CHECK(!no_overlap_ || CommQueue::created() > 0,
+             "--no-overlap: chapter " << state.chapter.name
+                                      << " runs every collective on the step's thread; there is "
+                                         "no overlap to turn off. Use it with chapters 05-08");
     CommQueue::set_overlap(!no_overlap_);
     StepClock::set_enabled(on_);  // from here on, the driver's clock splits each step
     PeerWaits::set_enabled(on_);  // and receives wait for their message apart
@@ -150,24 +173,39 @@ class AttributionExtension : public Extension {
   void after_step(RunState& state) override {
     if (!on_ || ++seen_ == 1) return;  // the first step (allocation, warm-up) is left out
     for (int p = 0; p < kStepParts; ++p) sum_.ms[p] += state.last_parts.ms[p];
+    step_waits_.push_back(state.last_parts[StepPart::communication] +
+                          state.last_parts[StepPart::peer_wait]);
     ++steps_;
   }
   void report(RunState& state, nlohmann::json& summary) override {
     if (!on_) return;
-    RankAccount mine{state.rank, steps_, sum_};
+    RankAccount mine{state.rank, steps_, sum_, step_waits_};
     for (double& ms : mine.mean.ms) ms = steps_ > 0 ? ms / static_cast<double>(steps_) : 0;
     std::vector<RankAccount> ranks{mine};
     if (state.comm) {  // every rank's, on rank 0 (a collective: every rank is here)
-      const nlohmann::json j = {{"rank", mine.rank}, {"steps", mine.steps}, {"ms", mine.mean.ms}};
+      const nlohmann::json j = {{"rank", mine.rank},
+                                {"steps", mine.steps},
+                                {"ms", mine.mean.ms},
+                                {"step_waits", mine.step_waits}};
       ranks.clear();
       for (const std::string& s : state.comm->gather_strings(j.dump(), 0)) {
         const nlohmann::json r = nlohmann::json::parse(s);
-        RankAccount a{r["rank"].get<int>(), r["steps"].get<int64_t>(), {}};
+        RankAccount a{r["rank"].get<int>(), r["steps"].get<int64_t>(), {},
+                      r["step_waits"].get<std::vector<double>>()};
         a.mean.ms = r["ms"].get<std::array<double, kStepParts>>();
         ranks.push_back(a);
       }
     }
     if (state.rank != 0) return;
+    if (steps_ == 0) {  // every rank ran the same steps
+      print0("step time by part (--attribute): no step measured (the first step, warm-up, is "
+             "left out); run at least 2 steps");
+      summary["attribution"] = {{"steps", 0},
+                                {"ranks", nlohmann::json::array()},
+                                {"late_rank", nullptr},
+                                {"late_by_ms", 0.0}};
+      return;
+    }
     const std::optional<LateRank> late = find_late_rank(ranks);
     print0(format_account(ranks, late));
     summary["attribution"] = account_json(ranks, late);
@@ -180,6 +218,7 @@ class AttributionExtension : public Extension {
   RankDelay delay_;
   int64_t seen_ = 0, steps_ = 0;
   StepParts sum_{};
+  std::vector<double> step_waits_;  // communication + peer_wait per measured step
 };
 
 }  // namespace

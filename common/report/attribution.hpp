@@ -45,6 +45,9 @@ struct RankAccount {
   int rank = 0;
   int64_t steps = 0;  ///< steps averaged
   StepParts mean;     ///< ms per step, per part; their sum is the mean step
+  /// communication + peer_wait of each step averaged, ms (empty: not known; find_late_rank then
+  /// judges by the means alone).
+  std::vector<double> step_waits = {};
 };
 
 /// The rank the others wait for, and by how much.
@@ -55,7 +58,10 @@ struct LateRank {
 
 /// The rank with the least communication + peer_wait per step, when the other ranks' mean
 /// exceeds its own by more than max(1 ms, 10 % of the mean step): every collective makes the
-/// others wait for it. std::nullopt on one rank or below the threshold.
+/// others wait for it. Where every rank has its step_waits (the same steps), it must also have
+/// waited least in at least 3/4 of the steps: a straggler is late every step; a rank that was
+/// descheduled now and then on a shared machine, which can move the means, is not.
+/// std::nullopt on one rank, below the threshold, or late too rarely.
 std::optional<LateRank> find_late_rank(const std::vector<RankAccount>& ranks);
 
 /// The table: one row per rank (ms per step, per part, and their sum), then the late rank.

@@ -14,7 +14,9 @@
 #  - the account changes no number: chapters 05 and 08 at N = 2 with --attribute and a delay,
 #    and with --no-overlap, end bitwise as without, with the same bytes per step;
 #  - scripts/plot attribution draws the runs (where matplotlib is installed);
-#  - bad input is refused by every rank, naming the value and the fix.
+#  - one measured step or none says so instead of a table of zeros;
+#  - bad input is refused by every rank, naming the value and the fix (--no-overlap where no
+#    communication thread runs included).
 source "$(dirname "$0")/lib.bash"
 SRC=${SRC:-$(cd "$(dirname "$0")/../.." && pwd)}
 
@@ -27,6 +29,10 @@ for ch in 03_data_parallel 04_ring_allreduce 05_ddp_buckets 08_zero3; do
   grep -q "late rank: 1 (the other ranks wait" "$WORK/late_$ch.log" || {
     echo "FAILED: ch$ch did not name rank 1"; cat "$WORK/late_$ch.log"; exit 1; }
 done
+
+run one_step 2 ch05_ddp_buckets --model mlp --global-batch-size 48 --max-steps 1 --eval-every-epoch 0 --attribute
+grep -q "no step measured (the first step, warm-up, is left out); run at least 2 steps" \
+  "$WORK/one_step.log" || { echo "FAILED: one step printed a table"; cat "$WORK/one_step.log"; exit 1; }
 
 check_summaries <<'PY'
 def steps_ms(name):
@@ -85,5 +91,7 @@ fails delay_no_rank 3 ch04_ring_allreduce "rank 3 does not exist at 3 ranks; giv
 fails delay_form 2 ch05_ddp_buckets "--delay-rank 1: no ':'; give R:MS" "${common[@]}" --delay-rank 1
 fails delay_ms 2 ch05_ddp_buckets "'-5' is not a delay in \(0, 60000\] ms" "${common[@]}" \
   --delay-rank 1:-5
+fails no_overlap_without_queue 2 ch04_ring_allreduce "no overlap to turn off. Use it with chapters 05-08" \
+  "${common[@]}" --no-overlap
 fails delay_one_process 0 ch01_training_loop "runs on one process; no rank waits" \
   "${common[@]}" --delay-rank 0:5

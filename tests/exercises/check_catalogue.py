@@ -6,7 +6,8 @@ the default `exercises` proof (a subset) still passes. This check is cheap and c
 them: every file named exists, every exercise ID has a BEGIN/END region pair in each of its
 files and in no other source file (each exercise exists once: no later chapter holds a copy of
 its answer), and every bug-hunt patch's `find` text occurs exactly once in its file (so the
-patch applies to one place only). Exit 1 naming each broken entry.
+patch applies to one place only), and README.md's counts of exercises and bug hunts are the
+catalogue's. Exit 1 naming each broken entry.
 """
 import json
 import pathlib
@@ -45,8 +46,14 @@ for bug in catalogue["bugs"]:
         if n != 1:
             broken.append(f"bug hunt {bug['id']}: its patch text occurs {n} times in "
                           f"{patch['file']} (must be exactly once): {patch['find'][:80]!r}")
+n_ex, n_bug = len(catalogue["exercises"]), len(catalogue["bugs"])
+# README's counts are `scripts/exercise list`'s (the catalogue's).
+said = re.search(r"(\d+) implementation exercises[^.]*?(\d+) bug\s+hunts",
+                 (root / "README.md").read_text())
+if not said or (int(said[1]), int(said[2])) != (n_ex, n_bug):
+    broken.append(f"README.md says {said[1] if said else '?'} implementation exercises and "
+                  f"{said[2] if said else '?'} bug hunts; the catalogue has {n_ex} and {n_bug}")
 for line in broken:
     print("BROKEN:", line)
-n_ex, n_bug = len(catalogue["exercises"]), len(catalogue["bugs"])
 print(f"{n_ex} exercises, {n_bug} bug hunts: {'all point at real code' if not broken else f'{len(broken)} broken'}")
 sys.exit(1 if broken else 0)

@@ -162,4 +162,18 @@ TEST_CASE("the late rank is the one the others wait for", "[attribution]") {
   REQUIRE_FALSE(find_late_rank(even));
   REQUIRE(account_json(even, std::nullopt)["late_rank"].is_null());
   REQUIRE_FALSE(find_late_rank({account(0, 10, 0)}));  // one rank waits for nobody
+
+  // Per step: a straggler waits least in every step; a rank descheduled once, which moves the
+  // means just as much, waits least in 1 of 4 steps and is not named.
+  std::vector<RankAccount> steady = {account(0, 10, 30), account(1, 10, 1), account(2, 10, 30)};
+  steady[0].step_waits = {30, 30, 30, 30};
+  steady[1].step_waits = {1, 1, 1, 1};
+  steady[2].step_waits = {30, 30, 30, 30};
+  REQUIRE(find_late_rank(steady));
+  REQUIRE(find_late_rank(steady)->rank == 1);
+  steady[1].step_waits = {1, 31, 31, 31};  // mean 23.5 < 30: the means alone would name it
+  steady[1].mean[StepPart::communication] = 1;
+  REQUIRE_FALSE(find_late_rank(steady));
+  steady[1].step_waits = {1, 1, 1, 31};  // least in 3 of 4 steps: named
+  REQUIRE(find_late_rank(steady)->rank == 1);
 }
