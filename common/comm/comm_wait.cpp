@@ -62,16 +62,19 @@ void complete(std::vector<MPI_Request>& requests, int dest, int src) {
   }
   // Each MPI_Testall also makes progress (copies data, answers handshakes); sleeping between
   // tests gives the core back to the thread computing beside this one.
-  for (int done = 0;;) {
+  int done = 0;
+  const auto all_done = [&] {
     MPI_CALL(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
                          MPI_STATUSES_IGNORE));
-    if (done) return;
-    if (abandon_flag != nullptr && abandon_flag->load()) {
-      cancel_requests(requests);
-      RZ_CHECK(false, "sendrecv with ranks " << dest << " and " << src
-                                             << " abandoned: this rank is stopping at an error");
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(wait_sleep_us));
+    return done != 0;
+  };
+  try {
+    poll(all_done, [&] {
+      return "sendrecv with ranks " + std::to_string(dest) + " and " + std::to_string(src);
+    });
+  } catch (...) {
+    cancel_requests(requests);  // receive nothing more into buffers about to be freed
+    throw;
   }
 }
 
