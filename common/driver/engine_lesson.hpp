@@ -47,8 +47,14 @@ inline CommSchedule engine_comm_schedule(const EngineDescription& d) {
   const std::vector<double> sizes(d.unit_sizes.begin(), d.unit_sizes.end());
   if (d.zero_stage == 0) return {Overlap::backward, {}, sizes};
   if (d.zero_stage == 3)
-    return {d.prefetch.value_or(true) ? Overlap::forward_and_backward : Overlap::none, {}, sizes};
-  return {Overlap::backward, {"ring_reduce_scatter"}, sizes, d.max_in_flight};
+    return {.overlap = d.prefetch.value_or(true) ? Overlap::forward_and_backward : Overlap::none,
+            .sizes = sizes,
+            .sharded_optimizer = true};
+  return {.overlap = Overlap::backward,
+          .overlapped_ops = {"ring_reduce_scatter"},
+          .sizes = sizes,
+          .max_in_flight = d.max_in_flight,
+          .sharded_optimizer = true};
 }
 
 /// The summary record's fields of an engine: the collectives and the number of units under

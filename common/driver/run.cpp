@@ -16,6 +16,7 @@
 #include "common/report/attribution.hpp"
 #include "common/report/cost_model.hpp"
 #include "common/report/dist.hpp"
+#include "common/report/part_model.hpp"
 
 namespace ringzero {
 
@@ -56,6 +57,7 @@ std::vector<std::unique_ptr<Extension>> extensions() {
   list.push_back(collective_check_extension());  // --check-collectives (collective_check.hpp)
   list.push_back(gradient_scan_extension());     // where a gradient first turns non-finite
   list.push_back(attribution_extension());  // --attribute, --delay-rank (attribution.hpp)
+  list.push_back(part_comparison_extension());  // the account predicted beside (part_model.hpp)
   return list;
 }
 

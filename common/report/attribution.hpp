@@ -12,8 +12,7 @@
 // rank that arrives last, which itself waits least. So the late rank is the one with the least
 // communication and peer_wait per step, when the others wait more than a threshold longer
 // (find_late_rank).
-// Leaves out: per-part predictions of the cost model (common/report/cost_model.hpp predicts the
-// whole step).
+// Leaves out: the account's prediction (common/report/part_model.hpp, --net-account).
 #pragma once
 
 #include <nlohmann/json.hpp>

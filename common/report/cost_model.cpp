@@ -91,6 +91,17 @@ std::vector<double> per_collective_ms(const std::vector<OpParts>& parts,
   return ms;
 }
 
+/// f, the share of compute that communication can hide: overlappable_fraction(), or, where
+/// forward and backward were measured, backward's share (ZeRO-3's prefetch: both's).
+double overlappable_share(const StepSchedule& schedule) {
+  if (schedule.backward_ms <= 0 || schedule.compute_ms <= 0 || schedule.overlap == Overlap::none)
+    return overlappable_fraction(schedule.overlap);
+  const double hidden = schedule.backward_ms + (schedule.overlap == Overlap::forward_and_backward
+                                                    ? schedule.forward_ms
+                                                    : 0.0);
+  return std::min(1.0, hidden / schedule.compute_ms);
+}
+
 /// predict_step's checks of its arguments, in the order it reports them.
 void check_step_inputs(const Network& net, int world_size, const StepSchedule& schedule) {
   const double compute_ms = schedule.compute_ms;
@@ -104,6 +115,11 @@ void check_step_inputs(const Network& net, int world_size, const StepSchedule& s
            "compute time " << compute_ms
                            << " ms: give --net-compute-ms >= 0, the step time of this chapter "
                               "at N = 1 on one rank's share of the batch");
+  RZ_CHECK(schedule.forward_ms >= 0 && schedule.backward_ms >= 0 &&
+               schedule.forward_ms + schedule.backward_ms <= compute_ms * (1 + 1e-9),
+           "predict_step: forward " << schedule.forward_ms << " ms and backward "
+                                    << schedule.backward_ms << " ms must be >= 0 and within "
+                                    << "compute " << compute_ms << " ms");
 }
 
 /// The overlapped operations' parts, by the engine of the replay that schedules them, and
@@ -177,12 +193,16 @@ void overlap_step(const StepSchedule& schedule, double f, const ReplayParts& rep
   } else if (!sizes.empty() && overlap == Overlap::forward_and_backward &&
              calls_are(replay.gather_parts, 2 * n) && calls_are(replay.reduce_scatter_parts, n)) {
     p.replayed = true;
-    // Forward one third of the compute, backward two thirds (see overlappable_fraction).
+    // Forward one third of the compute, backward two thirds (see overlappable_fraction), or
+    // as measured, the rest after them.
+    const bool measured = schedule.backward_ms > 0;
+    const double forward_ms = measured ? schedule.forward_ms : compute_ms / 3;
+    const double backward_ms = measured ? schedule.backward_ms : 2 * compute_ms / 3;
     p.overlapped_ms =
-        replay_zero3_prefetch(compute_ms / 3, 2 * compute_ms / 3, sizes,
+        replay_zero3_prefetch(forward_ms, backward_ms, sizes,
                               per_collective_ms(replay.gather_parts, sizes, 2),
                               per_collective_ms(replay.reduce_scatter_parts, sizes, 1)) +
-        (p.comm_ms - replayed_comm_ms);
+        (compute_ms - forward_ms - backward_ms) + (p.comm_ms - replayed_comm_ms);
   } else if (p.overlapped_comm_ms == 0) {
     p.overlapped_ms = p.serial_ms;
   } else {
@@ -193,6 +213,8 @@ void overlap_step(const StepSchedule& schedule, double f, const ReplayParts& rep
 }
 
 }  // namespace
+
+bool overlap_possible(int cores, int world_size) { return cores == 0 || cores > world_size; }
 
 double op_time_ms(const Network& net, const std::vector<OpTraffic>& per_rank) {
   const OpParts p = op_parts(net, per_rank);
@@ -208,9 +230,8 @@ StepPrediction predict_step(const Network& net, const TrafficPerStep& traffic, i
   p.compute_ms = compute_ms;
   p.overlap = overlap;
   // With K micro-batches, DDP/ZeRO-1/2 communicate during the last one's backward only.
-  const double f =
-      overlappable_fraction(overlap) /
-      (overlap == Overlap::backward ? static_cast<double>(schedule.micro_batches) : 1.0);
+  const double f = overlappable_share(schedule) /
+                   (overlap == Overlap::backward ? static_cast<double>(schedule.micro_batches) : 1.0);
   // One pass over the operations: each one's time, and the parts the replay schedules.
   const ReplayParts replay = sum_operations(net, traffic, schedule, f, p);
   if (world_size > 1) {
@@ -222,7 +243,7 @@ StepPrediction predict_step(const Network& net, const TrafficPerStep& traffic, i
   overlap_step(schedule, f, replay, p);
   p.cores = schedule.cores;
   p.ranks = world_size;
-  p.overlap_possible = schedule.cores == 0 || schedule.cores > world_size;
+  p.overlap_possible = overlap_possible(schedule.cores, world_size);
   p.predicted_ms = p.overlap_possible ? p.overlapped_ms : p.serial_ms;
   return p;
 }

@@ -63,6 +63,8 @@
 
 namespace ringzero {
 
+struct StepParts;  // common/core/step_time.hpp
+
 /// A network in Hockney's α-β model: every link the same, joined by a switch whose capacity,
 /// the sum over every link at once, may be less than every link at full rate (an
 /// oversubscribed fabric; on the emulated cluster, the cores that move every node's packets).
@@ -106,6 +108,9 @@ struct CommSchedule {
   /// Micro-batches per optimizer step (grad_accum_steps, K): with K > 1 only the last
   /// micro-batch's backward overlaps (no_sync), 1/K of the step's backward.
   int64_t micro_batches = 1;
+  /// Whether each rank steps only its 1/N shard of the parameters (ZeRO-1/2/3): the optimizer
+  /// part of an N = 1 account then shrinks by N (part_model.hpp).
+  bool sharded_optimizer = false;
 };
 
 /// "none" | "backward" | "forward_and_backward".
@@ -132,6 +137,10 @@ struct StepPrediction {
   std::vector<std::pair<std::string, double>> ops_ms;  ///< per operation, plus "loss all-reduce"
 };
 
+/// Whether the communication thread has a core while the ranks compute: `cores` (the cores
+/// the ranks share; 0: unknown, a core to spare assumed) more than world_size.
+bool overlap_possible(int cores, int world_size);
+
 /// Time of one operation per step: max over ranks of max(messages sent, messages received)·α +
 /// max(bytes sent, bytes received)/β (see the header). Empty: 0.
 double op_time_ms(const Network& net, const std::vector<OpTraffic>& per_rank);
@@ -156,6 +165,13 @@ struct StepSchedule {
   std::vector<double> sizes = {};
   int max_in_flight = 0;      ///< CommSchedule::max_in_flight: backward buckets at once (0: all)
   int64_t micro_batches = 1;  ///< CommSchedule::micro_batches: K, micro-batches per step (>= 1)
+  /// Forward and backward within compute_ms, ms, where they were measured (--net-account: the
+  /// N = 1 run's account). Both 0 (the default): not measured, and the overlappable share is
+  /// overlappable_fraction()'s (backward 2/3 of compute; ZeRO-3: forward 1/3, backward 2/3, no
+  /// optimizer). Measured, the overlap uses them instead, and the rest of compute (optimizer,
+  /// copies, other) runs after them, hidden by nothing.
+  double forward_ms = 0;
+  double backward_ms = 0;
 };
 
 /// The step: every operation in `traffic` (except "metrics", the loss and report reductions:
@@ -211,18 +227,26 @@ struct NetFlags {
   std::string selftest;       ///< --net-selftest: α and β from scripts/cluster selftest's JSON
   double compute_ms = -1;     ///< --net-compute-ms: compute per step at N = 1 (this rank's share)
   int cores = 0;              ///< --net-cores: CPU cores the ranks share (0: one to spare each)
+  /// --net-account: the --metrics file of this chapter at N = 1 with --attribute; its account
+  /// is the compute, part by part (instead of --net-compute-ms; common/report/part_model.hpp).
+  std::string account;
+  double interference = 1;  ///< --net-interference: ι, overlapped compute's slow-down (> 0)
   bool enabled() const { return bandwidth_gbps > 0 || !selftest.empty(); }
 };
-/// Registers --net-alpha-us, --net-bandwidth, --net-selftest, --net-compute-ms, --net-cores
-/// (group "Cost model").
+/// Registers --net-alpha-us, --net-bandwidth, --net-selftest, --net-compute-ms, --net-cores,
+/// --net-account, --net-interference (group "Cost model").
 void add_net_flags(CLI::App& app, NetFlags& flags);
 
 /// At the end of a run, on rank 0: predicts the step from the summary record's "comm" (per
 /// rank counters) and "steps", prints format_prediction() beside its "ms_per_step", and returns
 /// prediction_json() for the summary ({} when the flags are not given, or on other ranks).
-/// Errors: --net-bandwidth without --net-compute-ms, and predict_step's.
+/// With --net-account, the compute is that account's, part by part, and the prediction's
+/// "parts" holds the predicted account (part_model.hpp); `account`: that account already read
+/// (nullptr: read from --net-account here). Errors: --net-bandwidth without
+/// --net-compute-ms or --net-account, account_from_metrics's, and predict_step's.
 nlohmann::json report_step_prediction(const NetFlags& flags, const nlohmann::json& summary,
-                                      int world_size, const CommSchedule& schedule);
+                                      int world_size, const CommSchedule& schedule,
+                                      const StepParts* account = nullptr);
 
 class Extension;
 /// The cost model as a feature of every distributed chapter (run.cpp's extensions()): the

@@ -7,12 +7,24 @@
 #   - straggler (--delay-rank 1:DELAY_MS, default 100): in how many runs rank 1 was named, and
 #     how much longer the others waited than it did;
 #   - planted causes, each against the clean run (mean over ranks): which part grew the most,
-#     and by how much: tiny buckets (--bucket-cap-mb 0.01, chapters 05-07), overlap off
+#     and by how much: tiny buckets (--bucket-cap-mb TINY_MB, default 0.01, chapters 05-07), overlap off
 #     (--no-overlap, 05-08), oversubscribed cores (every rank on core 0: taskset -c 0, 03-08).
-#     A slow link needs the emulated cluster (scripts/cluster up --bandwidth ...).
+#     A slow link (ON_CLUSTER=1 only): node 1's link at SLOW_RATE (default 250mbit) both ways
+#     (scripts/cluster shape), restored after each run.
+# ONLY="clean slow": only these runs (the tables skip what was not run; clean is every
+# cause's reference).
+# ON_CLUSTER=1: across the nodes of `scripts/cluster up` instead (N: the cluster's ranks; the
+# scripts/cluster-tour model, four hidden layers of 512, global batch 256 N, STEPS (default 20);
+# oversubscribed cores left out: `scripts/cluster run` places the ranks itself). There the nodes
+# share the compute cores, so a sleeping rank lends its share to the others: a delay shorter
+# than their compute is absorbed, not waited for (docs/attribution.md); give DELAY_MS=200. With
+# a core for communication (--comm-core), 0.01 MiB buckets hide behind backward: TINY_MB=0.002
+# makes their per-message latency the step's largest part.
 # Prints Markdown tables (docs/attribution.md shows the last measured run). Wall-clock figures:
 # run on a quiet machine; never part of the tests.
 #   N=4 REPEATS=20 DELAY_MS=50 scripts/bench.d/11-attribution.sh
+#   scripts/cluster up --nodes 4 --slots 1 --bandwidth 1gbit --comm-core &&
+#     ON_CLUSTER=1 REPEATS=4 DELAY_MS=200 TINY_MB=0.002 scripts/bench.d/11-attribution.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build}
@@ -20,27 +32,50 @@ BUILD=${BUILD:-build}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-N=${N:-3} REPEATS=${REPEATS:-5} DELAY_MS=${DELAY_MS:-100}
+N=${N:-3} REPEATS=${REPEATS:-5} DELAY_MS=${DELAY_MS:-100} TINY_MB=${TINY_MB:-0.01}
+SLOW_RATE=${SLOW_RATE:-250mbit}
+ONLY=${ONLY:-clean late oversubscribed tiny serial slow}  # which runs (clean: needed by every table)
+want() { [[ " $ONLY " == *" $1 "* ]]; }
+want clean || { echo "ONLY=\"$ONLY\": add clean, every table's reference" >&2; exit 1; }
 data=()
 [ -d /usr/share/datasets/fashion-mnist ] && data=(--data fashion-mnist)
 common=(--model mlp "${data[@]}" --global-batch-size $((24 * N)) --max-steps 30 --eval-every-epoch 0 --log-every 1000 --attribute)
+launch=(mpirun -np "$N" --oversubscribe --bind-to none)
+if [ "${ON_CLUSTER:-0}" = 1 ]; then
+  state=/run/ringzero-cluster/${CLUSTER:-rz}/config
+  [ -f "$state" ] || { echo "ON_CLUSTER=1: no cluster is up; scripts/cluster up --nodes 4 --slots 1 --bandwidth 1gbit --comm-core" >&2; exit 1; }
+  N=$(( $(sed -n 's/^nodes=//p' "$state") * $(sed -n 's/^slots=//p' "$state") ))
+  common=(--model mlp "${data[@]}" --hidden-sizes 512,512,512,512 --global-batch-size $((256 * N))
+          --max-steps "${STEPS:-20}" --eval-every-epoch 0 --log-every 1000 --attribute)
+  launch=(scripts/cluster run --)
+  trap 'scripts/cluster shape 1 up >/dev/null; rm -rf "$TMP"' EXIT  # never leave a link slow
+fi
 
 run() {  # run TAG CHAPTER ARGS... (PIN=CPUS: every rank on those cores)
   local tag=$1 ch=$2; shift 2
   local pin=()
   [ -n "${PIN:-}" ] && pin=(taskset -c "$PIN")
-  timeout 600 "${pin[@]}" mpirun -np "$N" --oversubscribe --bind-to none "$BUILD/bin/ch$ch" "${common[@]}" "$@" \
+  timeout 600 "${pin[@]}" "${launch[@]}" "$BUILD/bin/ch$ch" "${common[@]}" "$@" \
     --metrics "$TMP/$tag.jsonl" >"$TMP/$tag.log" 2>&1 || { echo "FAILED: $tag"; cat "$TMP/$tag.log"; exit 1; }
 }
 
 chapters=(03_data_parallel 04_ring_allreduce 05_ddp_buckets 06_zero1 07_zero2 08_zero3)
 for ch in "${chapters[@]}"; do
   for r in $(seq "$REPEATS"); do
-    run "clean_${ch}_$r" "$ch"
-    run "late_${ch}_$r" "$ch" --delay-rank "1:$DELAY_MS"
-    PIN=0 run "oversubscribed_${ch}_$r" "$ch"
-    case $ch in 05_* | 06_* | 07_*) run "tiny_${ch}_$r" "$ch" --bucket-cap-mb 0.01 ;; esac
-    case $ch in 05_* | 06_* | 07_* | 08_*) run "serial_${ch}_$r" "$ch" --no-overlap ;; esac
+    want clean && run "clean_${ch}_$r" "$ch"
+    want late && run "late_${ch}_$r" "$ch" --delay-rank "1:$DELAY_MS"
+    if want oversubscribed && [ "${ON_CLUSTER:-0}" != 1 ]; then PIN=0 run "oversubscribed_${ch}_$r" "$ch"; fi
+    if want tiny; then
+      case $ch in 05_* | 06_* | 07_*) run "tiny_${ch}_$r" "$ch" --bucket-cap-mb "$TINY_MB" ;; esac
+    fi
+    if want serial; then
+      case $ch in 05_* | 06_* | 07_* | 08_*) run "serial_${ch}_$r" "$ch" --no-overlap ;; esac
+    fi
+    if want slow && [ "${ON_CLUSTER:-0}" = 1 ]; then  # node 1's link at SLOW_RATE, both ways
+      scripts/cluster shape 1 "$SLOW_RATE" >/dev/null
+      run "slow_${ch}_$r" "$ch"
+      scripts/cluster shape 1 up >/dev/null
+    fi
   done
 done
 
@@ -63,15 +98,18 @@ for ch in chapters:
     total, measured = mean([a["ranks"][0]["step_ms"] for a, _ in runs]), mean([m for _, m in runs])
     print(f"| {ch} | " + " | ".join(f"{x:.2f}" for x in row) +
           f" | {total:.2f} | {measured:.2f} | {total / measured:.3f} |")
-print(f"\nPlanted straggler (--delay-rank 1:{delay}), N = {N}, {R} runs each:\n")
-print("| chapter | rank 1 named | others' extra wait, ms per step (min-max) |")
-print("|---|---:|---|")
-for ch in chapters:
+late_chapters = [c for c in chapters if os.path.exists(f"{tmp}/late_{c}_1.jsonl")]
+if late_chapters:
+    print(f"\nPlanted straggler (--delay-rank 1:{delay}), N = {N}, {R} runs each:\n")
+    print("| chapter | rank 1 named | others' extra wait, ms per step (min-max) |")
+    print("|---|---:|---|")
+for ch in late_chapters:
     late = [load(f"late_{ch}_{r}")[0] for r in range(1, R + 1)]
     named = sum(1 for a in late if a["late_rank"] == 1)
     waits = [a["late_by_ms"] for a in late]
     print(f"| {ch} | {named}/{R} | {min(waits):.1f}-{max(waits):.1f} |")
-causes = (("tiny", "tiny buckets"), ("serial", "overlap off"), ("oversubscribed", "all ranks on one core"))
+causes = (("tiny", "tiny buckets"), ("serial", "overlap off"), ("oversubscribed", "all ranks on one core"),
+          ("slow", "a slow link (node 1)"))
 print(f"\nPlanted causes against clean, N = {N}, mean over ranks and {R} runs:\n")
 print("| cause | chapter | part grown most | clean ms | with the cause ms | step clean -> with |")
 print("|---|---|---|---:|---:|---|")
