@@ -48,12 +48,15 @@ for r in rows:
                   f"{r['compute_ms']:.1f} ms" if pred else "", f"{r['comm_ms']:.1f} ms" if pred else "",
                   (r["overlap"] or "") + ("" if r["overlap_possible"] or r["overlap"] == "none"
                                           else " (no core free)"), f"{r['sent_per_rank_per_step'] / 1e6:.2f} MB"])
-widths = [max(len(t[i]) for t in table + [head]) for i in range(len(head))]
-fmt = " | ".join("{:<%d}" % w for w in widths)
-print(fmt.format(*head).rstrip())
-print("-+-".join("-" * w for w in widths))
-for t in table:
-    print(fmt.format(*t).rstrip())
+def print_table(head, table):
+    """Columns as wide as their widest cell, ' | ' between, a rule under the head."""
+    widths = [max(len(t[i]) for t in table + [head]) for i in range(len(head))]
+    fmt = " | ".join("{:<%d}" % w for w in widths)
+    print(fmt.format(*head).rstrip())
+    print("-+-".join("-" * w for w in widths))
+    for t in table:
+        print(fmt.format(*t).rstrip())
+print_table(head, table)
 
 # The lessons, on the measured numbers (the issue's orderings).
 by = {r["chapter"]: r for r in rows}
@@ -103,12 +106,7 @@ if parted:
                 d = ms(me, n) / ms(pr, n) - 1
                 checks.append((f"{r['chapter']}: {n} within 15 % of its prediction: {100 * d:+.1f} % "
                                f"({ms(pr, n):.2f} predicted, {ms(me, n):.2f} ms measured)", abs(d) <= 0.15))
-    widths2 = [max(len(t[i]) for t in table2 + [head2]) for i in range(len(head2))]
-    fmt2 = " | ".join("{:<%d}" % w for w in widths2)
-    print(fmt2.format(*head2).rstrip())
-    print("-+-".join("-" * w for w in widths2))
-    for t in table2:
-        print(fmt2.format(*t).rstrip())
+    print_table(head2, table2)
     within = [ok for text, ok in checks if "within 15 % of its prediction" in text and ": step " not in text]
     steps = [ok for text, ok in checks if "within 15 % of its prediction" in text and ": step " in text]
     print(f"parts within 15 % of their prediction: {sum(within)} of {len(within)}; "
