@@ -16,12 +16,9 @@
 // bandwidth-optimal bound (Patarasuk & Yuan 2009; Baidu's ring all-reduce, 2017).
 // The sum for chunk c is accumulated in ring order starting at rank c + 1; every rank gets
 // bit-identical results because the reduced chunk is copied, not recomputed.
-// One template serves every element type, float, bf16 and fp16 (common/core/half.hpp): the hop adds
-// with the element type's own `+=` (float32 adds; bf16/fp16 add in fp32 and round once).
-// It also serves any communicator with Communicator's rank, world_size, sendrecv, count_call and
-// Scope (tests/tools/gpu_comm_check.cpp runs it over NCCL's sendrecv on device buffers, its add
-// a CUDA kernel). With --device emulated|cuda the chapters run it over the Communicator, as on
-// the CPU: the hop's add dispatches to the device (common/core/half.hpp's add_into).
+// One template serves float, bf16 and fp16 (common/core/half.hpp) and any communicator with
+// Communicator's calls: the hop adds with the element type's own `+=` (add_into: float32 adds;
+// bf16/fp16 add in fp32 and round once), on the host or the device the buffers live on.
 // Leaves out: pipelining each chunk in segments (adding one while the next is in flight),
 // bidirectional rings, the tree and recursive-doubling schedules MPI libraries prefer for
 // small messages (latency: the ring takes 2 (N − 1) rounds), and topology awareness.
@@ -77,25 +74,14 @@ inline int64_t ring_all_gather_received(int64_t n, int world_size, int r) {
   return world_size == 1 ? 0 : n - ring_chunk(n, world_size, r).size;
 }
 
-/// How one reduce-scatter hop adds the chunk it received (`src`) into its own (`dst`, the same
-/// length): dst[i] += src[i] in the element type's arithmetic (add_into, common/core/half.hpp). For
-/// float that is a float32 add; for bf16/fp16 the receiver widens both to float32, adds, and
-/// rounds the sum once, which is what NCCL's bf16/fp16 reductions do per hop.
-struct RingAdd {
-  template <class T>
-  void operator()(std::span<T> dst, std::span<const T> src) const {
-    add_into(dst, src);
-  }
-};
-
 /// The reduce-scatter phase, in place, for elements of type T (float, bf16, fp16) over any
 /// communicator with Communicator's rank, world_size, sendrecv, count_call and Scope; `add` is
-/// the hop's accumulate (RingAdd; a CUDA kernel on the GPU). Afterwards chunk rank() of buf
-/// holds the sum over ranks of that chunk; the other chunks hold partial sums (garbage to the
-/// caller). Every rank must call with the same n. `scratch` receives the incoming chunk: at
-/// least ring_chunk(n, N, 0).size elements (empty: one is allocated here; on the host, so a
-/// device communicator passes its own). Traffic per rank: (N − 1) chunks sent, (N − 1)
-/// received, of sizeof(T) bytes per element. Errors: scratch shorter than a chunk.
+/// the hop's accumulate (below; a CUDA kernel in tests/tools/gpu_comm_check.cpp). Afterwards chunk
+/// rank() of buf holds the sum over ranks of that chunk; the other chunks hold partial sums
+/// (garbage to the caller). Every rank must call with the same n. `scratch` receives the incoming
+/// chunk: at least ring_chunk(n, N, 0).size elements (empty: one is allocated here; on the host, so
+/// a device communicator passes its own). Traffic per rank: (N − 1) chunks sent, (N − 1) received,
+/// of sizeof(T) bytes per element. Errors: scratch shorter than a chunk.
 template <class Comm, class T, class Add>
 void ring_reduce_scatter(Comm& comm, std::span<T> buf, std::span<T> scratch,
                          [[maybe_unused]] Add add) {  // unused while 04.1 is a stub
@@ -124,10 +110,13 @@ void ring_reduce_scatter(Comm& comm, std::span<T> buf, std::span<T> scratch,
   // END EXERCISE 04.1
 }
 
-/// The reduce-scatter on the host, adding with the element type's own add (RingAdd).
+/// The reduce-scatter whose hop adds dst[i] += src[i] in the element type's arithmetic
+/// (add_into, common/core/half.hpp): a float32 add for float; for bf16/fp16 the receiver widens
+/// both to float32, adds and rounds the sum once, as NCCL's bf16/fp16 reductions do per hop.
 template <class T>
 void ring_reduce_scatter(Communicator& comm, std::span<T> buf, std::span<T> scratch = {}) {
-  ring_reduce_scatter(comm, buf, scratch, RingAdd{});
+  ring_reduce_scatter(comm, buf, scratch,
+                      [](std::span<T> dst, std::span<const T> src) { add_into(dst, src); });
 }
 
 /// The all-gather phase, in place, for elements of type T (it only copies), over any
@@ -150,29 +139,15 @@ void ring_all_gather(Comm& comm, std::span<T> buf) {
   // END EXERCISE 04.2
 }
 
-/// Sum over ranks, in place, on every rank: reduce-scatter then all-gather. `scratch` as for
-/// ring_reduce_scatter.
-/// In bf16/fp16 (--reduce-dtype bf16|fp16) half the bytes cross every link, and a chunk's sum
-/// is rounded N − 1 times, once per hop, in ring order starting at rank c + 1; an fp32 ring
-/// (--reduce-dtype fp32) rounds to fp32 instead. The all-gather copies, so every rank still gets
-/// identical bits.
+/// Sum over ranks, in place, on every rank: reduce-scatter then all-gather (`scratch` as for
+/// ring_reduce_scatter). In bf16/fp16 (--reduce-dtype bf16|fp16) half the bytes cross every
+/// link, and a chunk's sum is rounded N − 1 times, once per hop, in ring order starting at rank
+/// c + 1; an fp32 ring (--reduce-dtype fp32) rounds to fp32 instead. The all-gather copies, so
+/// every rank still gets identical bits.
 template <class T>
 void ring_all_reduce(Communicator& comm, std::span<T> buf, std::span<T> scratch = {}) {
   ring_reduce_scatter(comm, buf, scratch);
   ring_all_gather(comm, buf);
-}
-
-// The three for float from anything that converts to a span (a std::vector<float>, say).
-inline void ring_reduce_scatter(Communicator& comm, std::span<float> buf,
-                                std::span<float> scratch = {}) {
-  ring_reduce_scatter<float>(comm, buf, scratch);
-}
-inline void ring_all_gather(Communicator& comm, std::span<float> buf) {
-  ring_all_gather<Communicator, float>(comm, buf);
-}
-inline void ring_all_reduce(Communicator& comm, std::span<float> buf,
-                            std::span<float> scratch = {}) {
-  ring_all_reduce<float>(comm, buf, scratch);
 }
 
 /// Sum over ranks in place: our ring (`ring` true; `scratch` as for ring_reduce_scatter) or
@@ -185,14 +160,6 @@ void all_reduce(Communicator& comm, std::span<T> buf, std::span<T> scratch, bool
   }
   RZ_CHECK(ring, "all_reduce: MPI has no 16-bit sum; use --collectives ring");
   ring_all_reduce(comm, buf, scratch);
-}
-
-/// What MPI_Allreduce of the Ψ gradients moves per step as our counters see it: the Ψ·4 bytes
-/// handed to it, on every rank (MPI does not report its wire traffic).
-inline TrafficTheory mpi_all_reduce_traffic(int64_t psi, int world_size) {
-  return {std::vector<int64_t>(world_size, 4 * psi), std::vector<int64_t>(world_size, 4 * psi),
-          "MPI_Allreduce: the counters show the Ψ·4 = " + human_bytes(4.0 * psi) +
-              " handed to MPI per step"};
 }
 
 /// Bytes each rank moves per optimizer step when every parameter (sizes, in elements) is

@@ -8,19 +8,16 @@
 #pragma once
 
 #include <algorithm>
+#include <numeric>
 #include <span>
 #include <string>
 
 #include "chapters/04_ring_allreduce/ring.hpp"
 #include "common/comm/collectives.hpp"
-#include "common/comm/comm.hpp"
-#include "common/driver/dist_eval.hpp"
 #include "common/driver/replicated_lesson.hpp"
 #include "common/driver/run.hpp"
-#include "common/driver/train.hpp"
 #include "common/report/bench_allreduce.hpp"
 #include "common/report/dist.hpp"
-#include "common/report/metrics.hpp"
 
 namespace ringzero {
 
@@ -50,10 +47,7 @@ class RingDataParallel : public ReplicatedLesson {
                        "print a bus-bandwidth table, ours vs MPI_Allreduce, 4 KiB to 64 MiB");
     }
     bool run_instead(Communicator* comm) override {
-      if (bench)  // common/report/bench_allreduce.hpp: ours vs MPI_Allreduce, checked, timed
-        bench_allreduce(*comm, [](Communicator& c, std::span<float> buf, std::span<float> tmp) {
-          ring_all_reduce(c, buf, tmp);
-        });
+      if (bench) bench_allreduce(*comm, ring_all_reduce<float>);  // ours vs MPI_Allreduce, timed
       return bench;
     }
   };
@@ -62,24 +56,22 @@ class RingDataParallel : public ReplicatedLesson {
       : ReplicatedLesson(s.model, s.config, s.comm->world_size()),  // every rank steps
         comm(*s.comm),
         ring(flags.collectives == Collectives::ring),
-        sizes_(parameter_sizes(s.model)),
-        psi_(s.model.num_parameters()) {
+        sizes_(parameter_sizes(s.model)) {
     precision.check_collectives(flags.collectives);  // MPI has no 16-bit sum
     const int64_t largest = *std::max_element(sizes_.begin(), sizes_.end());
     precision.reserve_scratch(ring_chunk(largest, comm.world_size(), 0).size);  // one chunk
   }
 
-  std::string banner() const override {
-    return std::string(" | collectives ") + (ring ? "ring" : "mpi");
-  }
   std::string ledger_formula(int64_t) const override {
     return precision.replicated_ledger_formula("parameter");  // every rank holds every state
   }
   TrafficTheory traffic_theory() const override {
-    if (!ring) return mpi_all_reduce_traffic(psi_, comm.world_size());
+    if (!ring)
+      return mpi_all_reduce_traffic(std::reduce(sizes_.begin(), sizes_.end()), comm.world_size());
     return ring_all_reduce_traffic(sizes_, comm.world_size(), precision.grad_wire_bytes());
   }
-  /// One all-reduce per parameter, after backward (the GPU planner reads it).
+  /// One all-reduce per parameter, after backward (the banner, the summary and the GPU planner
+  /// read it).
   std::optional<EngineDescription> description() const override {
     return EngineDescription{.unit = "parameters",
                              .unit_sizes = sizes_,
@@ -87,18 +79,12 @@ class RingDataParallel : public ReplicatedLesson {
                              .world_size = comm.world_size(),
                              .reset_ledger_peaks = precision.reset_ledger_peaks()};
   }
-  nlohmann::json summary_fields() const override {
-    nlohmann::json j{{"collectives", ring ? "ring" : "mpi"}};
-    j.update(precision.summary());
-    return j;
-  }
 
   Communicator& comm;
   bool ring;                      ///< our ring (true) or MPI_Allreduce
 
  private:
-  std::vector<int64_t> sizes_;
-  int64_t psi_;
+  std::vector<int64_t> sizes_;  // (parameters) Ψ_p each, in registration order
 };
 
 }  // namespace ringzero

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "chapters/05_ddp_buckets/buckets.hpp"
+#include "common/checks/unused_parameters.hpp"
 #include "common/core/check.hpp"
 #include "common/core/nn.hpp"
 
@@ -78,20 +79,16 @@ class BucketReadiness {
     // BEGIN EXERCISE 05.3 (no_sync: finalize)
     if (!require_sync_) return false;
     // END EXERCISE 05.3
-    std::string unused;
-    for (size_t i = 0; i < ready_.size(); ++i)
-      if (!ready_[i]) unused += (unused.empty() ? "" : ", ") + model_.parameters()[i]->name();
+    const std::string unused = unused_parameter_names(model_.parameters(), ready_);
     if (!unused.empty() && find_unused_parameters_) {
       for (int i = static_cast<int>(ready_.size()) - 1; i >= 0; --i)
         if (!ready_[i]) mark_ready(i);  // their gradient for this backward: zero
     } else if (!unused.empty()) {
       wait_all_();  // the buckets launched so far: every rank launched them too
       reset();
-      RZ_CHECK(false, "parameters that received no gradient in this backward: "
-                          << unused << ". Their buckets can never be " << reduced_
-                          << ", and every rank would wait for them forever. Make every parameter "
-                             "take part in the loss, or pass --find-unused-parameters (PyTorch: "
-                             "find_unused_parameters=True) to count a missing gradient as zero");
+      check_unused_parameters(unused, false,
+                              "Their buckets can never be " + reduced_ +
+                                  ", and every rank would wait for them forever");
     }
     wait_all_();
     reset();

@@ -1,10 +1,20 @@
 // layer_collectives: ZeRO-3's collectives on one Linear layer, queued on the communication
 // thread. A layer's padded parameters or gradient (P_l = N s_l elements, layer_shard.hpp) is a
 // bucket of N chunks of s_l, so the ring or MPI work is chapter 06's (bucket_collectives.hpp);
-// what is ZeRO-3's here: the queue numbers each collective and, before its data, swaps a header
-// with its ring neighbours (desync.hpp), and a reduce-scatter adds this rank's chunk of the mean
-// into its gradient shard, so micro-steps accumulate there. The engine (zero3.hpp) decides when.
-// Leaves out: prefetching decisions and buffer lifetimes (zero3.hpp).
+// what is ZeRO-3's here: a reduce-scatter adds this rank's chunk of the mean into its gradient
+// shard, so micro-steps accumulate there, and the desync check runs before every collective.
+// The engine (zero3.hpp) decides when.
+//
+// The desync check is chapters 05-07's --check-collectives (common/checks/collective_check.hpp:
+// before its data, each collective swaps a 16-byte header, its sequence number, layer, kind and
+// size, with the ring neighbours), on always: ZeRO-3 makes a collective per layer, per forward
+// and backward, so a rank that runs one layer more than the others (a branch on its own data, a
+// layer called twice) posts one collective more; paired with another rank's collective of
+// another layer, that is a hang or, for two layers of the same size, silently wrong weights.
+// Its 16 bytes per collective are counted as "desync_check", part of this chapter's traffic.
+// Leaves out: prefetching decisions and buffer lifetimes (zero3.hpp); divergences that post the
+// same collectives (a rank that skips a layer's compute but not its hooks computes garbage, in
+// step).
 #pragma once
 
 #include <cstdint>
@@ -15,16 +25,45 @@
 #include <type_traits>
 
 #include "chapters/06_zero1/bucket_collectives.hpp"
-#include "chapters/08_zero3/desync.hpp"
 #include "chapters/08_zero3/layer_shard.hpp"
+#include "common/checks/collective_check.hpp"
 #include "common/comm/comm_queue.hpp"
 #include "common/precision/shard_buffers.hpp"
 #include "common/zero/padded_buffer.hpp"
 
 namespace ringzero {
 
-/// What a ZeRO-3 collective is for; part of the desync header (desync.hpp).
+/// What a ZeRO-3 collective is for; part of the desync header.
 enum LayerCollective : uint32_t { kForwardGather, kBackwardGather, kReduceScatter, kStateGather };
+
+/// A desync header in words, e.g. "ZeRO-3 collective #9 is the all-gather of layer 2 for its
+/// forward (1234 elements)". h.kind is a LayerCollective; h.id a layer of `layout`, named as
+/// state_dict() names it (another rank's header may hold any id: out of range, shown as "#id").
+inline std::string describe_layer_collective(const CollectiveHeader& h, const LayerLayout& layout) {
+  static const char* what[] = {
+      "the all-gather of layer %s for its forward", "the all-gather of layer %s for its backward",
+      "the reduce-scatter of layer %s's gradient", "the all-gather of layer %s for a checkpoint"};
+  const std::string layer =
+      h.id < layout.layers.size() ? layout.layers[h.id]->name() : "#" + std::to_string(h.id);
+  char out[192];
+  const int n = std::snprintf(out, sizeof out, "ZeRO-3 collective #%u is ", h.seq);
+  std::snprintf(out + n, sizeof out - n,
+                h.kind < 4 ? what[h.kind] : "an unknown collective on layer %s", layer.c_str());
+  return std::string(out) + " (" + std::to_string(h.size) + " elements)";
+}
+
+/// The desync check of a ZeRO-3 engine's queue (comm_queue.hpp runs it right before each
+/// collective): on, always, counted as "desync_check"; each header is (seq, layer,
+/// LayerCollective, P_l), described by describe_layer_collective. `layout` must outlive the
+/// queue. World size 1: nothing to check.
+inline CollectiveSequence desync_check(const LayerLayout& layout) {
+  return CollectiveSequence(
+      /*enabled=*/true, "desync_check",
+      [&layout](const CollectiveHeader& h) { return describe_layer_collective(h, layout); },
+      "Every rank must run the same layers in the same order: a layer run on some ranks only (a "
+      "branch on one rank's data, a layer called twice) pairs different collectives across "
+      "ranks, a hang or silently wrong weights");
+}
 
 /// The collectives of ZeRO-3 with element types T (parameters) and R (gradients), on the
 /// layers of `layout`. Collective: every rank posts the same collectives in the same order.

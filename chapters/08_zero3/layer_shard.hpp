@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -51,28 +50,6 @@ inline LayerLayout plan_layer_shards(const Model& model, int rank, int world_siz
                              .params = {w + 1, w}});  // as chapter 05's: launch order, bias first
   }
   return {plan_shards(model, one_per_layer, rank, world_size), model.linear_layers()};
-}
-
-/// The --explain-layers table: one line per layer, in forward order.
-inline std::string explain_layer_shards(const LayerLayout& layout, int world_size) {
-  char line[256];
-  std::snprintf(
-      line, sizeof line,
-      "layer plan: %zu layers, each padded to a multiple of N = %d and cut into N shards:\n",
-      layout.layers.size(), world_size);
-  std::string out = line;
-  for (size_t l = 0; l < layout.layers.size(); ++l) {
-    const BucketShard& s = layout.buckets[l];
-    std::snprintf(
-        line, sizeof line,
-        "  layer %-4s | %10lld elements | padding %2lld | shard %9lld elements (%s) | %s, %s\n",
-        layout.layers[l]->name().c_str(), static_cast<long long>(s.size),
-        static_cast<long long>(s.padding), static_cast<long long>(s.shard_size),
-        human_bytes(4.0 * s.shard_size).c_str(), layout.layers[l]->weight.name().c_str(),
-        layout.layers[l]->bias.name().c_str());
-    out += line;
-  }
-  return out;
 }
 
 /// Bytes of full layers in flight at the worst moment of a step (the ledger's comm_buffers,

@@ -9,7 +9,7 @@
 //                  to its gradient shard; free the gradient
 // Model states (4 + 4 + 8)Ψ/N per rank at every moment; the layers in flight are comm_buffers.
 // Prefetch: layer l+1's all-gather is posted while l runs forward (l−1's during backward).
-// Each collective first swaps a 16-byte header with its ring neighbours (desync.hpp).
+// Each collective first swaps a 16-byte header with its ring neighbours (layer_collectives.hpp).
 // What changed from chapter 07's zero.hpp (a new file, not a diff: the unit of sharding changed)
 //   buckets (buckets.hpp)              → layers (layer_shard.hpp), one shard per Linear layer
 //   gradient-ready hooks               → module hooks: pre/post forward and backward per layer
@@ -37,7 +37,7 @@
 #include "chapters/08_zero3/layer_collectives.hpp"
 #include "chapters/08_zero3/layer_shard.hpp"
 #include "chapters/08_zero3/options.hpp"
-#include "chapters/08_zero3/unused_layers.hpp"
+#include "common/checks/unused_parameters.hpp"
 #include "common/comm/collectives.hpp"
 #include "common/comm/typed_collectives.hpp"
 #include "common/driver/engine_description.hpp"
@@ -93,21 +93,20 @@ class Zero3 {
     full_grads_.resize(L);
     reducing_.resize(L);
     tickets_.assign(L, 0);
-    unused_layers_ = UnusedLayers(L);
+    for (Linear* m : layout_.layers)  // weight, bias: layer l's are 2l and 2l + 1
+      for (Parameter* p : m->parameters()) layer_params_.push_back(p);
+    received_.assign(layer_params_.size(), 0);
     for (int l = 0; l < L; ++l) {  // through alive_, so the hooks go quiet once the Zero3 is gone
+      auto hook = [alive = alive_, l](void (Zero3::*method)(int)) {
+        return [alive, l, method](Module&) {
+          if (*alive) ((*alive)->*method)(l);
+        };
+      };
       Linear& m = *layout_.layers[l];
-      m.add_pre_forward_hook([alive = alive_, l](Module&) {
-        if (*alive) (*alive)->pre_forward(l);
-      });
-      m.add_post_forward_hook([alive = alive_, l](Module&) {
-        if (*alive) (*alive)->post_forward(l);
-      });
-      m.add_pre_backward_hook([alive = alive_, l](Module&) {
-        if (*alive) (*alive)->pre_backward(l);
-      });
-      m.add_post_backward_hook([alive = alive_, l](Module&) {
-        if (*alive) (*alive)->post_backward(l);
-      });
+      m.add_pre_forward_hook(hook(&Zero3::pre_forward));
+      m.add_post_forward_hook(hook(&Zero3::post_forward));
+      m.add_pre_backward_hook(hook(&Zero3::pre_backward));
+      m.add_post_backward_hook(hook(&Zero3::post_backward));
     }
   }
   ~Zero3() { *alive_ = nullptr; }
@@ -118,8 +117,10 @@ class Zero3 {
   const LayerLayout& layout() const { return layout_; }
   /// What this engine is, as data: stage, layers, collectives, prefetch, padding (zero_io.cpp).
   EngineDescription describe() const;
-  /// The --explain-layers table (layer_shard.hpp).
-  std::string explain() const { return explain_layer_shards(layout_, comm_.world_size()); }
+  /// The --explain-layers table (common/zero/zero_lesson.hpp).
+  std::string explain() const {
+    return explain_layer_shards(layout_.layers, shard_units(layout_), comm_.world_size());
+  }
 
   /// Model-state bytes each rank holds, at every moment: 4 per element of its parameter and
   /// gradient shards (Σ s_l each, padding included), 8 per real element (AdamW); in 16 bits
@@ -144,16 +145,20 @@ class Zero3 {
 
   /// After the last micro-step's backward: every reduce-scatter has finished (the first
   /// layer's is waited for in its hook) and no layer is left gathered. A layer whose backward
-  /// ran in no micro-step of this step is an unused one (unused_layers.hpp): a zero gradient
-  /// with find_unused_parameters, else every rank fails naming its parameters. A layer gathered
-  /// ahead (prefetch) that then did not run is released: every rank posted that all-gather (the
-  /// desync check makes sure), so it is one more collective, not an error.
+  /// ran in no micro-step of this step holds unused parameters, as in chapters 05-07
+  /// (common/checks/unused_parameters.hpp): its gradient shard got nothing, so it is a zero
+  /// gradient with find_unused_parameters, else every rank fails naming its parameters. A layer
+  /// gathered ahead (prefetch) that then did not run is released: every rank posted that
+  /// all-gather (the desync check makes sure), so it is one more collective, not an error.
   void finalize_backward() {
     finish_reduce_scatter();
     collectives_.wait_all();
     for (size_t l = 0; l < tickets_.size(); ++l)
       if (tickets_[l] != 0) release_parameters(static_cast<int>(l));  // prefetched, not run
-    unused_layers_.check(layout_, options_.find_unused_parameters);
+    const std::string unused = unused_parameter_names(layer_params_, received_);
+    std::fill(received_.begin(), received_.end(), 0);  // the next step starts anew
+    check_unused_parameters(unused, options_.find_unused_parameters,
+                            "Every rank would step them with a zero gradient without saying so");
   }
 
   /// Collective, after finalize_backward(): every rank's optimizer updates the real elements of
@@ -207,7 +212,7 @@ class Zero3 {
     m.bias.grad = Tensor(full_grads_[l].data() + m.weight.numel(), m.bias.shape());
   }
   void post_backward(int l) {
-    unused_layers_.ran_backward(l);
+    received_[2 * l] = received_[2 * l + 1] = 1;  // in any micro-step of the step
     release_parameters(l);
     layout_.layers[l]->weight.grad = layout_.layers[l]->bias.grad = Tensor();
     finish_reduce_scatter();  // the later layer's, posted one layer ago: usually done by now
@@ -268,7 +273,8 @@ class Zero3 {
   std::vector<Buffer> full_grads_;     // (layers) a layer's full gradient (P_l), in backward
   std::vector<BufferOf<R>> reducing_;  // (layers) the same, of T in R, while reduce-scattered
   std::vector<uint64_t> tickets_;  // (layers) the all-gather filling gathered_[l]; 0: not gathered
-  UnusedLayers unused_layers_;     // which layers ran their backward in this step
+  std::vector<Parameter*> layer_params_;  // (2L) every layer's weight and bias, layer order
+  std::vector<char> received_;            // (2L) 1 once its layer's backward ran in this step
   uint64_t rs_ticket_ = 0;         // the reduce-scatter in flight (at most one), of layer rs_layer_
   int rs_layer_ = -1;
   std::shared_ptr<Zero3*> alive_ =

@@ -22,7 +22,7 @@
 //
 // Provides: CollectiveHeader; check_collective (the header swap); CollectiveSequence, the
 // numbering and check a communication queue runs (comm_queue.hpp): chapters 05-07's by default,
-// on when collective_checks_enabled(), chapter 08's desync check always (desync.hpp's
+// on when collective_checks_enabled(), chapter 08's desync check always (layer_collectives.hpp's
 // desync_check); collective_check_extension(), the --check-collectives flag (environment:
 // RINGZERO_CHECK_COLLECTIVES=1, which the test suite sets).
 // Leaves out: the data's contents (two ranks that post the same collectives with different

@@ -34,7 +34,6 @@ StepClock& StepClock::this_thread() {
 
 namespace {
 std::atomic<bool> clocks_on{false};
-std::atomic<bool> peer_waits_on{false};
 std::mutex peer_waits_mutex;
 std::vector<std::pair<StepClock::Clock::time_point, StepClock::Clock::time_point>> peer_waits;
 }  // namespace
@@ -49,7 +48,7 @@ void StepClock::start() {
   current_ = StepPart::other;
   last_ = Clock::now();
   armed_ = true;
-  if (peer_waits_on) {  // a wait that ended before this step can overlap none of its waits
+  if (PeerWaits::enabled()) {  // a wait that ended before this step can overlap none of its waits
     std::lock_guard<std::mutex> lock(peer_waits_mutex);
     std::erase_if(peer_waits, [&](const auto& w) { return w.second < last_; });
   }
@@ -86,13 +85,8 @@ void StepClock::reassign(StepPart from, StepPart to, double ms) {
   parts_[to] += moved;
 }
 
-
-void PeerWaits::set_enabled(bool on) { peer_waits_on = on; }
-
-bool PeerWaits::enabled() { return peer_waits_on; }
-
 void PeerWaits::record(Clock::time_point t0, Clock::time_point t1) {
-  if (!peer_waits_on) return;
+  if (!PeerWaits::enabled()) return;
   std::lock_guard<std::mutex> lock(peer_waits_mutex);
   peer_waits.emplace_back(t0, t1);
 }

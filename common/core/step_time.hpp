@@ -102,13 +102,12 @@ class PartScope {
   StepPart previous_ = StepPart::other;
 };
 
-/// Waiting for a peer, told apart from transfer (--attribute turns it on). Off, the communicator
-/// makes exactly the MPI calls it makes without attribution.
+/// Waiting for a peer, told apart from transfer: on while the clocks are (StepClock::enabled(),
+/// --attribute). Off, the communicator makes exactly the MPI calls it makes without attribution.
 class PeerWaits {
  public:
   using Clock = StepClock::Clock;
-  static void set_enabled(bool on);
-  static bool enabled();
+  static bool enabled() { return StepClock::enabled(); }
   /// A wait for a peer from t0 to t1 on a thread whose clock is not armed (the communication
   /// thread), for the step's thread to claim.
   static void record(Clock::time_point t0, Clock::time_point t1);

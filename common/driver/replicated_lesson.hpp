@@ -2,17 +2,19 @@
 // ReplicatedPrecision (01 and 02 on one process, 03's central reducer, 04's ring): what the
 // driver reports and saves of it (ledger peaks, summary fields, --save-final, checkpoints) is
 // the precision's, written once here.
-// Leaves out: the chapter's idea (its banner, ledger formula and traffic: the chapter's lesson
+// Leaves out: the chapter's idea (its ledger formula and traffic: the chapter's lesson
 // object) and the engines of chapters 05-08 (engine_lesson.hpp).
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <map>
+#include <optional>
 #include <string>
 
 #include "common/core/nn.hpp"
 #include "common/driver/config.hpp"
+#include "common/driver/engine_description.hpp"
 #include "common/driver/lesson.hpp"
 #include "common/precision/precision.hpp"
 
@@ -30,7 +32,20 @@ class ReplicatedLesson : public Lesson {
       : precision(model, config, world_size, holds_optimizer) {}
 
   bool reset_ledger_peaks() const override { return precision.reset_ledger_peaks(); }
-  nlohmann::json summary_fields() const override { return precision.summary(); }
+  /// " | collectives ring" (or mpi) where every rank takes part in the reduction (chapter 04's
+  /// description()); nothing where rank 0 reduces alone (chapter 03) or nothing is described.
+  std::string banner() const override {
+    const std::optional<EngineDescription> d = description();
+    return d && !d->central ? std::string(" | collectives ") + collectives_name(d->collectives)
+                            : "";
+  }
+  /// The precision's fields, and "collectives" where the banner shows them.
+  nlohmann::json summary_fields() const override {
+    nlohmann::json j = precision.summary();
+    if (const std::optional<EngineDescription> d = description(); d && !d->central)
+      j["collectives"] = collectives_name(d->collectives);
+    return j;
+  }
   std::map<std::string, NamedTensor> model_state_dict(const Model& model) override {
     return precision.state_dict(model);
   }

@@ -163,8 +163,8 @@ class AttributionExtension : public Extension {
                                       << " runs every collective on the step's thread; there is "
                                          "no overlap to turn off. Use it with chapters 05-08");
     CommQueue::set_overlap(!no_overlap_);
-    StepClock::set_enabled(on_);  // from here on, the driver's clock splits each step
-    PeerWaits::set_enabled(on_);  // and receives wait for their message apart
+    StepClock::set_enabled(on_);  // from here on, the driver's clock splits each step, and
+                                  // receives wait for their message apart (PeerWaits)
   }
   void before_step(RunState& state) override {
     if (delay_.rank == state.rank)

@@ -241,12 +241,12 @@ void add_net_flags(CLI::App& app, NetFlags& flags);
 /// rank counters) and "steps", prints format_prediction() beside its "ms_per_step", and returns
 /// prediction_json() for the summary ({} when the flags are not given, or on other ranks).
 /// With --net-account, the compute is that account's, part by part, and the prediction's
-/// "parts" holds the predicted account (part_model.hpp); `account`: that account already read
-/// (nullptr: read from --net-account here). Errors: --net-bandwidth without
-/// --net-compute-ms or --net-account, account_from_metrics's, and predict_step's.
+/// "parts" holds the predicted account (part_model.hpp); `account`: that account, read once when
+/// the flags were validated (unused without --net-account). Errors: --net-bandwidth without
+/// --net-compute-ms or --net-account, and predict_step's.
 nlohmann::json report_step_prediction(const NetFlags& flags, const nlohmann::json& summary,
                                       int world_size, const CommSchedule& schedule,
-                                      const StepParts* account = nullptr);
+                                      const StepParts& account);
 
 class Extension;
 /// The cost model as a feature of every distributed chapter (run.cpp's extensions()): the

@@ -80,7 +80,7 @@ void add_net_flags(CLI::App& app, NetFlags& flags) {
 
 nlohmann::json report_step_prediction(const NetFlags& flags, const nlohmann::json& summary,
                                       int world_size, const CommSchedule& schedule,
-                                      const StepParts* account) {
+                                      const StepParts& account) {
   if (!flags.enabled() || summary.empty()) return {};
   RZ_CHECK(flags.compute_ms >= 0 || !flags.account.empty(),
            "the cost model needs --net-compute-ms: the step time of this chapter at N = 1 on one "
@@ -100,7 +100,7 @@ nlohmann::json report_step_prediction(const NetFlags& flags, const nlohmann::jso
       interference_for(schedule.overlap, schedule.micro_batches,
                        overlap_possible(flags.cores, world_size), flags.interference);
   if (!flags.account.empty()) {
-    n1 = account != nullptr ? *account : account_from_metrics(flags.account);
+    n1 = account;
     compute = predicted_compute(n1, shares, schedule.sharded_optimizer ? world_size : 1);
     s.compute_ms = compute.total_ms();
     s.forward_ms = compute[StepPart::forward];
@@ -184,7 +184,7 @@ class CostModelExtension : public Extension {
     CommSchedule schedule = state.lesson->comm_schedule();
     schedule.micro_batches = state.config.grad_accum_steps;
     summary["prediction"] =
-        report_step_prediction(flags_, summary, state.world_size, schedule, &account_);
+        report_step_prediction(flags_, summary, state.world_size, schedule, account_);
   }
 
  private:

@@ -8,6 +8,12 @@
 
 namespace ringzero {
 
+TrafficTheory mpi_all_reduce_traffic(int64_t psi, int world_size) {
+  return {std::vector<int64_t>(world_size, 4 * psi), std::vector<int64_t>(world_size, 4 * psi),
+          "MPI_Allreduce: the counters show the Ψ·4 = " + human_bytes(4.0 * psi) +
+              " handed to MPI per step"};
+}
+
 nlohmann::json counters_json(const Communicator& comm) {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [op, c] : comm.counters())

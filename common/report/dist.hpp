@@ -29,6 +29,11 @@ struct TrafficTheory {
   std::string formula;                              ///< printed under the table
 };
 
+/// What MPI_Allreduce of Ψ fp32 gradients moves per step as the counters see it: the Ψ·4 bytes
+/// handed to it, on every rank (MPI does not report its wire traffic); chapters 04-05's theory
+/// under --collectives mpi.
+TrafficTheory mpi_all_reduce_traffic(int64_t psi, int world_size);
+
 /// End-of-run report, collective. Gathers every rank's ledger_json() and counters on rank 0,
 /// prints the per-rank memory ledger beside `ledger_formula` and the per-rank traffic per
 /// optimizer step (per operation, and the total beside `theory`), and returns, on rank 0, the

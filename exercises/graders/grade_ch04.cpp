@@ -3,14 +3,25 @@
 //   grade_ch04 reduce_scatter   04.1  ring_reduce_scatter: rank r ends with the reduced chunk r
 //   grade_ch04 all_gather       04.2  ring_all_gather: every rank ends with every owner's chunk
 //
-// Lengths 0, 2 (< N: an empty chunk at N = 3), 9 (divisible by 3) and 10 (chunks 4, 4, 2: the
-// ragged case that catches floor instead of ceil) and 1001. Values are grade::tag_value: small
+// Lengths 10 (chunks 4, 4, 2: the ragged case that catches floor instead of ceil), 0, 2 (< N: an
+// empty chunk at N = 3), 9 (divisible by 3) and 1001. Values are grade::tag_value: small
 // integers, exact in float32 in any order, so results are compared bit for bit. The byte
 // counters must equal the ring's definition: every chunk but one per phase. The same template
 // also serves 16-bit values (--reduce-dtype bf16): each check is repeated on bf16 bits with
 // values small enough to be exact in bf16 (integers below 256), so a region that adds with
 // `+=` instead of the hop's `add`, or sends the wrong type, fails there.
+// The ring runs over WatchedComm, not the Communicator: it counts the bytes itself and, when a
+// hop's message does not come (a rank that sends to or receives from the wrong neighbour, or
+// runs a different number of steps), every rank reports where it is — the collective, the
+// length n, the step and the chunks it sends and awaits — and the grader stops within
+// GRADE_HANG_SECONDS (default 10) instead of hanging until the caller's timeout.
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "chapters/04_ring_allreduce/ring.hpp"
@@ -20,7 +31,108 @@ using namespace ringzero;
 
 namespace {
 
-const std::vector<int64_t> kCounts = {0, 2, 9, 10, 1001};
+// The ragged case first, so that a ring that hangs does so where its chunks have names.
+const std::vector<int64_t> kCounts = {10, 0, 2, 9, 1001};
+
+/// The communicator the ring runs over in this grader: Communicator's rank, world_size,
+/// count_call, Scope and sendrecv (ring.hpp's template), on MPI_COMM_WORLD, with a deadline.
+/// A check starts with begin() (every rank, a barrier: the deadline is the same on all) and
+/// ends with end(); a hop still waiting at the deadline prints this rank's place and aborts.
+class WatchedComm {
+ public:
+  struct Scope {
+    Scope(WatchedComm&, const char*) {}
+  };
+  explicit WatchedComm(const Communicator& comm) : rank_(comm.rank()), size_(comm.world_size()) {
+    const char* s = std::getenv("GRADE_HANG_SECONDS");
+    hang_seconds_ = s != nullptr ? std::atof(s) : 10.0;
+  }
+  int rank() const { return rank_; }
+  int world_size() const { return size_; }
+  void count_call(const char* op) { op_ = op; }
+
+  /// Starts a check on the buffer `base` of n elements of `element_bytes` each (a hop's chunk
+  /// is named by its place in it); resets the byte counts.
+  void begin(const void* base, int64_t n, int64_t element_bytes) {
+    base_ = static_cast<const char*>(base);
+    n_ = n;
+    element_bytes_ = element_bytes;
+    hop_ = 0;
+    bytes_sent = bytes_received = 0;
+    op_ = "(no collective yet)";
+    MPI_Barrier(MPI_COMM_WORLD);
+    deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(hang_seconds_));
+  }
+  /// Ends a check: waits, under the same deadline, for every rank to end it too.
+  void end() {
+    MPI_Request request;
+    MPI_Ibarrier(MPI_COMM_WORLD, &request);
+    watch(&request, 1, "finished " + op_ + ", waiting for the other ranks to finish it");
+  }
+
+  template <class T>
+  void sendrecv(std::span<const T> send, int dest, std::span<T> recv, int src) {
+    ++hop_;
+    MPI_Request requests[2];
+    MPI_Irecv(recv.data(), static_cast<int>(recv.size_bytes()), MPI_BYTE, src, kTag, MPI_COMM_WORLD,
+              &requests[0]);
+    MPI_Isend(send.data(), static_cast<int>(send.size_bytes()), MPI_BYTE, dest, kTag,
+              MPI_COMM_WORLD, &requests[1]);
+    watch(requests, 2,
+          op_ + ", step " + std::to_string(hop_) + ": sending " + span_name(send) + " to rank " +
+              std::to_string(dest) + ", awaiting " + span_name(std::span<const T>(recv)) +
+              " from rank " + std::to_string(src));
+    bytes_sent += static_cast<int64_t>(send.size_bytes());
+    bytes_received += static_cast<int64_t>(recv.size_bytes());
+  }
+
+  int64_t bytes_sent = 0, bytes_received = 0;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  static constexpr int kTag = 404;
+
+  // "4 elements, chunk 1 ([4, 8))" when the span lies in the check's buffer, else "3 elements
+  // (into the scratch)".
+  template <class T>
+  std::string span_name(std::span<const T> s) const {
+    const std::string count = std::to_string(s.size()) + " elements";
+    const auto at = reinterpret_cast<const char*>(s.data()) - base_;
+    if (base_ == nullptr || at < 0 || at >= n_ * element_bytes_ || s.empty())
+      return count + (s.empty() ? "" : " (into the scratch)");
+    const int64_t first = at / element_bytes_, chunk = (n_ + size_ - 1) / size_;
+    return count + ", chunk " + std::to_string(first / chunk) + " ([" + std::to_string(first) +
+           ", " + std::to_string(first + static_cast<int64_t>(s.size())) + "))";
+  }
+
+  // Waits for `requests` until the deadline; past it, prints where this rank is and aborts
+  // (every stuck rank reaches the same deadline and prints before the first abort lands).
+  void watch(MPI_Request* requests, int count, const std::string& where) {
+    int done = 0;
+    while (MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE) == MPI_SUCCESS && !done) {
+      if (Clock::now() > deadline_) {
+        std::fprintf(stderr,
+                     "[rank %d/%d] no answer within %.0f s: n = %lld, %s (the ranks' ring steps "
+                     "do not pair up: each rank sends to r + 1 and receives from r − 1, N − 1 "
+                     "steps per phase)\n",
+                     rank_, size_, hang_seconds_, static_cast<long long>(n_), where.c_str());
+        std::fflush(stderr);
+        std::this_thread::sleep_for(std::chrono::seconds(1));  // let the other ranks print
+        MPI_Abort(MPI_COMM_WORLD, 3);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  int rank_, size_;
+  double hang_seconds_;
+  std::string op_ = "(no collective yet)";
+  int hop_ = 0;
+  const char* base_ = nullptr;
+  int64_t n_ = 0, element_bytes_ = 4;
+  Clock::time_point deadline_{};
+};
 
 // A 16-bit test value: a small integer, exact in bf16 (8 significant bits), and so is the sum
 // over up to 4 ranks (at most 16·10 + 4·15 = 220).
@@ -38,25 +150,28 @@ std::string where(int64_t n, int N, int64_t i) {
          std::to_string(i);
 }
 
-void check_bytes(grade::Report& report, Communicator& comm, int64_t n, int64_t want_sent,
+void check_bytes(grade::Report& report, const WatchedComm& comm, int64_t n, int64_t want_sent,
                  int64_t want_received, const char* phase) {
-  const auto c = comm.training_traffic();
-  if (c.bytes_sent != 4 * want_sent || c.bytes_received != 4 * want_received)
+  if (comm.bytes_sent != 4 * want_sent || comm.bytes_received != 4 * want_received)
     report.fail("n = " + std::to_string(n) + ": " + phase + " sent " +
-                std::to_string(c.bytes_sent) + " B and received " +
-                std::to_string(c.bytes_received) + " B; expected: the ring moves " +
+                std::to_string(comm.bytes_sent) + " B and received " +
+                std::to_string(comm.bytes_received) + " B; expected: the ring moves " +
                 std::to_string(4 * want_sent) + " B out and " + std::to_string(4 * want_received) +
                 " B in on this rank (every chunk but one, N - 1 steps)");
 }
 
-int reduce_scatter_grader(Communicator& comm) {
+// The hop's add of ring.hpp's host overload (add_into), for the template over WatchedComm.
+const auto kAdd = [](auto dst, auto src) { add_into(dst, src); };
+
+int reduce_scatter_grader(WatchedComm& comm) {
   grade::Report report("04.1 ring reduce-scatter");
   const int N = comm.world_size(), r = comm.rank();
   for (int64_t n : kCounts) {
     std::vector<float> buf(n);
     for (int64_t i = 0; i < n; ++i) buf[i] = grade::tag_value(r, i);
-    comm.reset_counters();
-    ring_reduce_scatter(comm, buf);
+    comm.begin(buf.data(), n, 4);
+    ring_reduce_scatter(comm, std::span<float>(buf), std::span<float>(), kAdd);
+    comm.end();
     const Chunk mine = ring_chunk(n, N, r);
     for (int64_t i = mine.offset; i < mine.offset + mine.size; ++i) {
       float expected = 0;
@@ -73,7 +188,9 @@ int reduce_scatter_grader(Communicator& comm) {
   for (int64_t n : kCounts) {  // the same template on bf16 values (common/core/half.hpp)
     std::vector<bf16> buf(n);
     for (int64_t i = 0; i < n; ++i) buf[i] = bf16::from_float(small_value(r, i));
-    ring_reduce_scatter(comm, std::span<bf16>(buf));
+    comm.begin(buf.data(), n, 2);
+    ring_reduce_scatter(comm, std::span<bf16>(buf), std::span<bf16>(), kAdd);
+    comm.end();
     const Chunk mine = ring_chunk(n, N, r);
     for (int64_t i = mine.offset; i < mine.offset + mine.size; ++i) {
       float expected = 0;
@@ -88,7 +205,7 @@ int reduce_scatter_grader(Communicator& comm) {
   return report.finish();
 }
 
-int all_gather_grader(Communicator& comm) {
+int all_gather_grader(WatchedComm& comm) {
   grade::Report report("04.2 ring all-gather");
   const int N = comm.world_size(), r = comm.rank();
   for (int64_t n : kCounts) {
@@ -97,8 +214,9 @@ int all_gather_grader(Communicator& comm) {
     std::vector<float> buf(n, -1.0f);
     const Chunk mine = ring_chunk(n, N, r);
     for (int64_t i = mine.offset; i < mine.offset + mine.size; ++i) buf[i] = grade::tag_value(r, i);
-    comm.reset_counters();
-    ring_all_gather(comm, buf);
+    comm.begin(buf.data(), n, 4);
+    ring_all_gather(comm, std::span<float>(buf));
+    comm.end();
     for (int64_t i = 0; i < n; ++i) {
       const int owner = static_cast<int>(i / ((n + N - 1) / N));
       if (!report.bitwise(where(n, N, i), grade::tag_value(owner, i), buf[i],
@@ -114,7 +232,9 @@ int all_gather_grader(Communicator& comm) {
     const Chunk mine = ring_chunk(n, N, r);
     for (int64_t i = mine.offset; i < mine.offset + mine.size; ++i)
       buf[i] = bf16::from_float(small_value(r, i));
+    comm.begin(buf.data(), n, 2);
     ring_all_gather(comm, std::span<bf16>(buf));
+    comm.end();
     for (int64_t i = 0; i < n; ++i) {
       const int owner = static_cast<int>(i / ((n + N - 1) / N));
       if (!report.bitwise("bf16 path, " + where(n, N, i), small_value(owner, i),
@@ -130,7 +250,8 @@ int all_gather_grader(Communicator& comm) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Communicator comm(argc, argv);
+  Communicator world(argc, argv);
+  WatchedComm comm(world);
   const std::string which = argc > 1 ? argv[1] : "";
   return grade::run_grader([&] {
     if (which == "reduce_scatter") return reduce_scatter_grader(comm);

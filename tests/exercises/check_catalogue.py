@@ -6,8 +6,9 @@ the default `exercises` proof (a subset) still passes. This check is cheap and c
 them: every file named exists, every exercise ID has a BEGIN/END region pair in each of its
 files and in no other source file (each exercise exists once: no later chapter holds a copy of
 its answer), and every bug-hunt patch's `find` text occurs exactly once in its file (so the
-patch applies to one place only), and README.md's counts of exercises and bug hunts are the
-catalogue's. Exit 1 naming each broken entry.
+patch applies to one place only) and lies outside every exercise's region (a student who solves
+the exercise must not overwrite the bug, nor find it in the answer), and README.md's counts of
+exercises and bug hunts are the catalogue's. Exit 1 naming each broken entry.
 """
 import json
 import pathlib
@@ -42,10 +43,17 @@ for bug in catalogue["bugs"]:
         if not path.is_file():
             broken.append(f"bug hunt {bug['id']}: file {patch['file']} does not exist")
             continue
-        n = path.read_text().count(patch["find"])
+        text = path.read_text()
+        n = text.count(patch["find"])
         if n != 1:
             broken.append(f"bug hunt {bug['id']}: its patch text occurs {n} times in "
                           f"{patch['file']} (must be exactly once): {patch['find'][:80]!r}")
+            continue
+        at = text.index(patch["find"])
+        for m in re.finditer(r"BEGIN EXERCISE (\S+) .*?END EXERCISE \1\n", text, re.S):
+            if m.start() <= at < m.end():
+                broken.append(f"bug hunt {bug['id']}: planted inside exercise {m[1]}'s region "
+                              f"in {patch['file']}; plant it outside every solution region")
 n_ex, n_bug = len(catalogue["exercises"]), len(catalogue["bugs"])
 # README's counts are `scripts/exercise list`'s (the catalogue's).
 said = re.search(r"(\d+) implementation exercises[^.]*?(\d+) bug\s+hunts",

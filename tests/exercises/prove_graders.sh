@@ -30,7 +30,7 @@ set -euo pipefail
 # The ZeRO ones, 06.b1 and 07.b1, cost minutes each (06.b1's patch is in
 # common/zero/sharded_clip.hpp, which most of the library includes; 07.b1's grader takes ~160 s):
 # EXERCISES_ONLY="06.b1 07.b1" proves them (docs/exercises.md has the timings).
-EXERCISES_SUBSET=${EXERCISES_SUBSET:-"05.1 02.1 04.1 04.b1 05.b1"}
+EXERCISES_SUBSET=${EXERCISES_SUBSET:-"05.1 02.1 04.1 04.2 04.b1 05.b1"}
 # ID:BINARY:NP[:FLAGS], the chapter a bug hunt breaks, the world size and the flags (commas for
 # spaces, so no flag value may hold a comma) where it shows. (05.b3 is not one: its patch adds a host loop over the gradients to
 # the engine, which on the emulated device stops at once with SIGSEGV, as a host loop over GPU
@@ -175,6 +175,11 @@ for e in c['exercises'] + c['bugs']:
   [ "$before" = "$(cd "$SCRATCH" && sha256sum $files)" ] ||
     bad "$id: reset did not restore $files byte for byte"
 done
+
+echo "== 3b. every wrong solution of tests/exercises/wrong_solutions.json fails, naming where"
+caught=0
+python3 "$SRC/tests/exercises/wrong_solutions.py" "$SCRATCH" $ids || caught=$?
+[ "$caught" = 0 ] || bad "$caught wrong solutions were not caught with a located message"
 
 echo "== 4. every grader passes again on the restored code"
 for id in $ids; do

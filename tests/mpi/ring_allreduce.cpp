@@ -39,7 +39,7 @@ TEST_CASE("ring_all_reduce equals MPI_Allreduce exactly", "[ring]") {
   for (int64_t n : kCounts) {
     INFO("n = " << n << ", world_size = " << comm.world_size() << ", rank = " << comm.rank());
     std::vector<float> ours = rank_values(comm.rank(), n), theirs = ours;
-    ring_all_reduce(comm, ours);
+    ring_all_reduce(comm, std::span<float>(ours));
     comm.all_reduce(theirs);
     REQUIRE(std::memcmp(ours.data(), theirs.data(), ours.size() * sizeof(float)) == 0);
     for (int64_t i = 0; i < n; ++i)
@@ -47,7 +47,7 @@ TEST_CASE("ring_all_reduce equals MPI_Allreduce exactly", "[ring]") {
     // With a caller-owned scratch buffer (what training loops pass): the same result.
     std::vector<float> again = rank_values(comm.rank(), n);
     Buffer scratch(ring_chunk(n, comm.world_size(), 0).size, MemTag::comm_buffers);
-    ring_all_reduce(comm, again, scratch.span());
+    ring_all_reduce(comm, std::span<float>(again), scratch.span());
     REQUIRE(std::memcmp(again.data(), theirs.data(), again.size() * sizeof(float)) == 0);
   }
 }
@@ -58,13 +58,13 @@ TEST_CASE("after ring_reduce_scatter, rank r holds exactly its reduced chunk", "
   for (int64_t n : kCounts) {
     INFO("n = " << n << ", world_size = " << N << ", rank = " << r);
     std::vector<float> buf = rank_values(r, n);
-    ring_reduce_scatter(comm, buf);
+    ring_reduce_scatter(comm, std::span<float>(buf));
     const Chunk mine = ring_chunk(n, N, r);
     for (int64_t i = mine.offset; i < mine.offset + mine.size; ++i)
       if (buf[i] != expected_sum(N, i))
         FAIL("element " << i << " of chunk " << r << ": " << buf[i]);
     // The all-gather alone then completes the all-reduce from the owned chunks.
-    ring_all_gather(comm, buf);
+    ring_all_gather(comm, std::span<float>(buf));
     for (int64_t i = 0; i < n; ++i)
       if (buf[i] != expected_sum(N, i)) FAIL("after all-gather, element " << i << ": " << buf[i]);
   }
@@ -77,7 +77,7 @@ TEST_CASE("ring counters equal the theory exactly", "[ring]") {
     INFO("n = " << n << ", world_size = " << N << ", rank = " << r);
     std::vector<float> buf = rank_values(r, n);
     comm.reset_counters();
-    ring_all_reduce(comm, buf);
+    ring_all_reduce(comm, std::span<float>(buf));
     const auto& c = comm.counters();
     // Definition: per phase a rank sends N − 1 chunks, every chunk but one: in the
     // reduce-scatter all but its own (r), in the all-gather all but its successor's (r + 1).

@@ -1,7 +1,8 @@
 // zero3_desync: chapter 08 with one test-only fault, for tests/chapters/ch08_zero3.sh. One rank
 // runs a layer once more than the others just before step 2, as a branch on its own data would;
-// ZeRO-3's desync check (chapters/08_zero3/desync.hpp) must stop every rank within seconds with
-// a message naming the collective, instead of letting the ranks pair mismatched collectives.
+// ZeRO-3's desync check (chapters/08_zero3/layer_collectives.hpp) must stop every rank within
+// seconds with a message naming the collective, instead of letting the ranks pair mismatched
+// collectives.
 //
 //   mpirun -np 3 build/bin/zero3_desync --debug-desync-rank 2 --debug-desync-layer 2 ...
 //

@@ -92,8 +92,7 @@ TEST_CASE("a peer wait on another thread is claimed where the step's thread wait
           "[attribution]") {
   using Clock = StepClock::Clock;
   using std::chrono::milliseconds;
-  PeerWaits::set_enabled(true);
-  ClocksOn on;
+  ClocksOn on;  // and so the peer waits (PeerWaits::enabled)
   StepClock& clock = StepClock::this_thread();
   clock.start();
   const Clock::time_point t0 = Clock::now();
@@ -117,7 +116,7 @@ TEST_CASE("a peer wait on another thread is claimed where the step's thread wait
   REQUIRE(parts[StepPart::peer_wait] == 15);
   REQUIRE(parts[StepPart::communication] >= 5);  // 20 ms slept, 15 moved
   REQUIRE(parts[StepPart::forward] == 0);
-  PeerWaits::set_enabled(false);
+  StepClock::set_enabled(false);                 // --attribute off: the peer waits with the clocks
   PeerWaits::record(t0, t0 + milliseconds(30));  // off: not recorded
   REQUIRE(PeerWaits::overlap_ms(t0, t0 + milliseconds(30)) == 0);
 }

@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""Proves the graders against plausible wrong solutions (tests/exercises/wrong_solutions.json).
+
+    wrong_solutions.py COPY ID...    in the repository copy COPY (prove_graders.sh's scratch
+                                     copy, its build configured), for every wrong solution of
+                                     each ID: apply its patch, run `scripts/exercise check ID`,
+                                     require a failure whose output matches every `expect`
+                                     regex (the grader names where), restore the file.
+
+Prints one line per wrong solution; exit status: the number that were not caught as required.
+"""
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def prove(copy, w):
+    """'' when the grader fails on `w` with every expected message, else why not."""
+    originals = {}
+    try:
+        for p in w["patch"]:
+            path = copy / p["file"]
+            originals.setdefault(path, path.read_text())
+            current = path.read_text()
+            if current.count(p["find"]) != 1:
+                return f"its patch text occurs {current.count(p['find'])} times in {p['file']}"
+            path.write_text(current.replace(p["find"], p["replace"]))
+        r = subprocess.run([str(copy / "scripts/exercise"), "check", w["id"]], text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+        out = r.stdout
+        if r.returncode == 0:
+            return "the grader PASSES it"
+        if "BUILD FAILED" in out:
+            return "it does not compile:\n" + out[-1500:]
+        missing = [e for e in w["expect"] if not re.search(e, out)]
+        if missing:
+            return f"the grader fails, but its output lacks {missing}:\n" + out[-2500:]
+        return ""
+    finally:
+        for path, text in originals.items():
+            path.write_text(text)
+
+
+def main(copy, ids):
+    copy = Path(copy)
+    catalogue = json.loads((Path(__file__).parent / "wrong_solutions.json").read_text())
+    bad = 0
+    for w in catalogue["wrong"]:
+        if w["id"] not in ids:
+            continue
+        t0 = time.time()
+        why = prove(copy, w)
+        if why:
+            bad += 1
+            print(f"FAIL: {w['id']} wrong solution '{w['name']}': {why}")
+        else:
+            print(f"   {w['id']} catches '{w['name']}' ({time.time() - t0:.0f} s)", flush=True)
+    return bad
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], set(sys.argv[2:])))
