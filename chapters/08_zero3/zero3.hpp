@@ -46,6 +46,7 @@
 #include "common/report/dist.hpp"
 #include "common/zero/padded_buffer.hpp"
 #include "common/zero/shard_state.hpp"
+#include "common/zero/zero_lesson.hpp"  // explain_layer_shards
 #include "common/zero/zero_memory.hpp"
 
 namespace ringzero {

@@ -48,7 +48,7 @@ void StepClock::start() {
   current_ = StepPart::other;
   last_ = Clock::now();
   armed_ = true;
-  if (PeerWaits::enabled()) {  // a wait that ended before this step can overlap none of its waits
+  {  // a peer wait that ended before this step can overlap none of its waits
     std::lock_guard<std::mutex> lock(peer_waits_mutex);
     std::erase_if(peer_waits, [&](const auto& w) { return w.second < last_; });
   }

@@ -28,7 +28,8 @@ struct ShardUnit {
 /// What a data-parallel engine is, as data. The driver's banner, the cost model's schedule,
 /// the summary record's shared fields (engine_lesson.hpp), a checkpoint's pieces
 /// (shard_state.hpp) and the GPU planner's plan (device_ext.cpp) are derived from it, the same
-/// way for chapters 05-08 (chapters 03-04 describe their reduction for the GPU planner only).
+/// way for chapters 05-08 (chapters 03-04 describe their reduction: the GPU planner reads it,
+/// and replicated_lesson.hpp derives chapter 04's banner and summary field from it).
 struct EngineDescription {
   /// 0: no sharding, every rank holds every model state (chapters 03-05); 1, 2, 3: the ZeRO
   /// paper's P_os, P_os+g, P_os+g+p (Rajbhandari et al. 2020, §5).

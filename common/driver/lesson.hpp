@@ -86,7 +86,7 @@ class Lesson {
   /// default (communicate, then compute).
   virtual CommSchedule comm_schedule() const { return {}; }
   /// What the lesson's data-parallel engine is, as data (chapters 03-04: their reduction, for
-  /// the GPU planner; 05-08: EngineLesson); nullopt in chapters 01-02.
+  /// the GPU planner and ReplicatedLesson's banner; 05-08: EngineLesson); nullopt in 01-02.
   virtual std::optional<EngineDescription> description() const { return std::nullopt; }
   /// The chapter's own fields of the summary record ("collectives", "buckets", "zero_stage"...).
   virtual nlohmann::json summary_fields() const { return nlohmann::json::object(); }

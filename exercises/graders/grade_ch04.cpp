@@ -46,6 +46,7 @@ class WatchedComm {
   explicit WatchedComm(const Communicator& comm) : rank_(comm.rank()), size_(comm.world_size()) {
     const char* s = std::getenv("GRADE_HANG_SECONDS");
     hang_seconds_ = s != nullptr ? std::atof(s) : 10.0;
+    if (!(hang_seconds_ >= 1)) hang_seconds_ = 10.0;  // unset, not a number, or below 1 s
   }
   int rank() const { return rank_; }
   int world_size() const { return size_; }
@@ -58,6 +59,7 @@ class WatchedComm {
     n_ = n;
     element_bytes_ = element_bytes;
     hop_ = 0;
+    ++tag_;  // each check its own tag: a stray message of one never matches the next
     bytes_sent = bytes_received = 0;
     op_ = "(no collective yet)";
     MPI_Barrier(MPI_COMM_WORLD);
@@ -66,23 +68,27 @@ class WatchedComm {
   }
   /// Ends a check: waits, under the same deadline, for every rank to end it too.
   void end() {
-    MPI_Request request;
-    MPI_Ibarrier(MPI_COMM_WORLD, &request);
-    watch(&request, 1, "finished " + op_ + ", waiting for the other ranks to finish it");
+    MPI_Request request = MPI_REQUEST_NULL;
+    const std::string where = "finished " + op_ + ", waiting for the other ranks to finish it";
+    report_error(MPI_Ibarrier(MPI_COMM_WORLD, &request), where);
+    watch(&request, 1, where);
   }
 
   template <class T>
   void sendrecv(std::span<const T> send, int dest, std::span<T> recv, int src) {
     ++hop_;
-    MPI_Request requests[2];
-    MPI_Irecv(recv.data(), static_cast<int>(recv.size_bytes()), MPI_BYTE, src, kTag, MPI_COMM_WORLD,
-              &requests[0]);
-    MPI_Isend(send.data(), static_cast<int>(send.size_bytes()), MPI_BYTE, dest, kTag,
-              MPI_COMM_WORLD, &requests[1]);
-    watch(requests, 2,
-          op_ + ", step " + std::to_string(hop_) + ": sending " + span_name(send) + " to rank " +
-              std::to_string(dest) + ", awaiting " + span_name(std::span<const T>(recv)) +
-              " from rank " + std::to_string(src));
+    const std::string where = op_ + ", step " + std::to_string(hop_) + ": sending " +
+                              span_name(send) + " to rank " + std::to_string(dest) + ", awaiting " +
+                              span_name(std::span<const T>(recv)) + " from rank " +
+                              std::to_string(src);
+    MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    report_error(MPI_Irecv(recv.data(), static_cast<int>(recv.size_bytes()), MPI_BYTE, src, tag_,
+                           MPI_COMM_WORLD, &requests[0]),
+                 where);
+    report_error(MPI_Isend(send.data(), static_cast<int>(send.size_bytes()), MPI_BYTE, dest, tag_,
+                           MPI_COMM_WORLD, &requests[1]),
+                 where);
+    watch(requests, 2, where);
     bytes_sent += static_cast<int64_t>(send.size_bytes());
     bytes_received += static_cast<int64_t>(recv.size_bytes());
   }
@@ -91,7 +97,6 @@ class WatchedComm {
 
  private:
   using Clock = std::chrono::steady_clock;
-  static constexpr int kTag = 404;
 
   // "4 elements, chunk 1 ([4, 8))" when the span lies in the check's buffer, else "3 elements
   // (into the scratch)".
@@ -110,22 +115,43 @@ class WatchedComm {
   // (every stuck rank reaches the same deadline and prints before the first abort lands).
   void watch(MPI_Request* requests, int count, const std::string& where) {
     int done = 0;
-    while (MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE) == MPI_SUCCESS && !done) {
-      if (Clock::now() > deadline_) {
-        std::fprintf(stderr,
-                     "[rank %d/%d] no answer within %.0f s: n = %lld, %s (the ranks' ring steps "
-                     "do not pair up: each rank sends to r + 1 and receives from r − 1, N − 1 "
-                     "steps per phase)\n",
-                     rank_, size_, hang_seconds_, static_cast<long long>(n_), where.c_str());
-        std::fflush(stderr);
-        std::this_thread::sleep_for(std::chrono::seconds(1));  // let the other ranks print
-        MPI_Abort(MPI_COMM_WORLD, 3);
-      }
+    MPI_Status statuses[2];
+    while (!done) {
+      const int rc = MPI_Testall(count, requests, &done, statuses);
+      if (rc == MPI_ERR_IN_STATUS)
+        for (int i = 0; i < count; ++i) report_error(statuses[i].MPI_ERROR, where);
+      report_error(rc, where);
+      if (done) break;
+      if (Clock::now() > deadline_)
+        stop("no answer within " + std::to_string(static_cast<int>(hang_seconds_)) + " s", where,
+             "(the ranks' ring steps do not pair up: each rank sends to r + 1 and receives "
+             "from r − 1, N − 1 steps per phase)");
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
+  // An MPI call that failed (the communicator returns errors: common/comm/comm.cpp): a message
+  // longer than the chunk awaited (MPI_ERR_TRUNCATE), a rank out of range. Stops, located.
+  void report_error(int rc, const std::string& where) {
+    if (rc == MPI_SUCCESS || rc == MPI_ERR_PENDING) return;
+    char text[MPI_MAX_ERROR_STRING];
+    int length = 0;
+    MPI_Error_string(rc, text, &length);
+    stop(std::string("MPI error (") + text + ")", where,
+         "(the ranks disagree on which chunk moves at this step: the sender's chunk is not the "
+         "one the receiver awaits)");
+  }
+  [[noreturn]] void stop(const std::string& what, const std::string& where,
+                         const std::string& why) {
+    std::fprintf(stderr, "[rank %d/%d] %s: n = %lld, %s %s\n", rank_, size_, what.c_str(),
+                 static_cast<long long>(n_), where.c_str(), why.c_str());
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::seconds(1));  // let the other ranks print
+    MPI_Abort(MPI_COMM_WORLD, 3);
+    std::abort();
+  }
 
   int rank_, size_;
+  int tag_ = 404;
   double hang_seconds_;
   std::string op_ = "(no collective yet)";
   int hop_ = 0;
@@ -161,7 +187,11 @@ void check_bytes(grade::Report& report, const WatchedComm& comm, int64_t n, int6
 }
 
 // The hop's add of ring.hpp's host overload (add_into), for the template over WatchedComm.
-const auto kAdd = [](auto dst, auto src) { add_into(dst, src); };
+// A source of T converts to one of const T, as in the host overload's (T, const T) signature.
+const auto kAdd = [](auto dst, auto src) {
+  using T = typename decltype(dst)::element_type;
+  add_into(dst, std::span<const T>(src));
+};
 
 int reduce_scatter_grader(WatchedComm& comm) {
   grade::Report report("04.1 ring reduce-scatter");

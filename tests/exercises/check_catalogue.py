@@ -7,8 +7,9 @@ them: every file named exists, every exercise ID has a BEGIN/END region pair in 
 files and in no other source file (each exercise exists once: no later chapter holds a copy of
 its answer), and every bug-hunt patch's `find` text occurs exactly once in its file (so the
 patch applies to one place only) and lies outside every exercise's region (a student who solves
-the exercise must not overwrite the bug, nor find it in the answer), and README.md's counts of
-exercises and bug hunts are the catalogue's. Exit 1 naming each broken entry.
+the exercise must not overwrite the bug, nor find it in the answer), every wrong solution of
+tests/exercises/wrong_solutions.json patches its own exercise's region once, and README.md's
+counts of exercises and bug hunts are the catalogue's. Exit 1 naming each broken entry.
 """
 import json
 import pathlib
@@ -51,9 +52,29 @@ for bug in catalogue["bugs"]:
             continue
         at = text.index(patch["find"])
         for m in re.finditer(r"BEGIN EXERCISE (\S+) .*?END EXERCISE \1\n", text, re.S):
-            if m.start() <= at < m.end():
+            if m.start() < at + len(patch["find"]) and at < m.end():
                 broken.append(f"bug hunt {bug['id']}: planted inside exercise {m[1]}'s region "
                               f"in {patch['file']}; plant it outside every solution region")
+# The graders' wrong solutions (absent from a student copy): each patch applies once, inside its
+# exercise's region, so that prove_graders.sh breaks the solution and nothing else.
+wrong_path = root / "tests/exercises/wrong_solutions.json"
+wrong = json.loads(wrong_path.read_text(encoding="utf-8"))["wrong"] if wrong_path.exists() else []
+for w in wrong:
+    for patch in w["patch"]:
+        path = root / patch["file"]
+        text = path.read_text(encoding="utf-8") if path.is_file() else ""
+        if text.count(patch["find"]) != 1:
+            broken.append(f"wrong solution {w['id']} '{w['name']}': its patch text occurs "
+                          f"{text.count(patch['find'])} times in {patch['file']} (must be once)")
+            continue
+        at = text.index(patch["find"])
+        region = (r"[^\n]*BEGIN EXERCISE " + re.escape(w["id"]) + r" .*?END EXERCISE " +
+                  re.escape(w["id"]) + r"\n")
+        inside = any(m.start() <= at and at + len(patch["find"]) <= m.end()
+                     for m in re.finditer(region, text, re.S))
+        if not inside:
+            broken.append(f"wrong solution {w['id']} '{w['name']}': its patch is not inside "
+                          f"exercise {w['id']}'s region in {patch['file']}")
 n_ex, n_bug = len(catalogue["exercises"]), len(catalogue["bugs"])
 # README's counts are `scripts/exercise list`'s (the catalogue's).
 said = re.search(r"(\d+) implementation exercises[^.]*?(\d+) bug\s+hunts",

@@ -24,8 +24,9 @@ set -euo pipefail
 # The default subset: one C++ grader without MPI (05.1, a one-file Catch2 target; 01.1 would
 # rebuild most of common/, ~10 min on 2 cores, since its regions are in kernels.hpp), one MPI
 # grader at N = 1 and 3
-# (04.1, a chapter header), one script grader that runs two chapters (02.1) and one ctest-based
-# bug hunt (04.b1: the equivalence chain's own MPI test must catch it).
+# (04.1, a chapter header; 04.2 too: with 04.1, the ring's seven wrong solutions of step 3b),
+# one script grader that runs two chapters (02.1) and one ctest-based bug hunt (04.b1: the
+# equivalence chain's own MPI test must catch it).
 # 05.b1 too: with 04.b1, bug hunts the emulated device must break as the CPU (DEVICE_BUGS).
 # The ZeRO ones, 06.b1 and 07.b1, cost minutes each (06.b1's patch is in
 # common/zero/sharded_clip.hpp, which most of the library includes; 07.b1's grader takes ~160 s):

@@ -29,8 +29,8 @@
 
 namespace ringzero {
 
-/// Chapter 04's ring hop add on device buffers (ring.hpp's add_into on float, as a CUDA kernel):
-/// dst += src in float32. With it ring_reduce_scatter runs on a DeviceComm.
+/// Chapter 04's ring hop add on device buffers (common/core/half.hpp's add_into on float, as a
+/// CUDA kernel): dst += src in float32. With it ring_reduce_scatter runs on a DeviceComm.
 struct DeviceAdd {
   void operator()(std::span<float> dst, std::span<const float> src) const {
     gpu::add(dst.data(), src.data(), static_cast<int64_t>(dst.size()));
