@@ -5,7 +5,8 @@ Code moves (a file renamed, a line reworded) silently break `scripts/exercise st
 the default `exercises` proof (a subset) still passes. This check is cheap and covers all of
 them: every file named exists, every exercise ID has a BEGIN/END region pair in each of its
 files and in no other source file (each exercise exists once: no later chapter holds a copy of
-its answer), and every bug-hunt patch's `find` text occurs exactly once in its file (so the
+its answer), every answer note that `release` takes out of a student copy is there once, and
+every bug-hunt patch's `find` text occurs exactly once in its file (so the
 patch applies to one place only) and lies outside every exercise's region (a student who solves
 the exercise must not overwrite the bug, nor find it in the answer), every wrong solution of
 tests/exercises/wrong_solutions.json patches its own exercise's region once, and README.md's
@@ -30,6 +31,12 @@ for ex in catalogue["exercises"]:
         ends = text.count(f"END EXERCISE {ex['id']}\n")
         if begins == 0 or begins != ends:
             broken.append(f"exercise {ex['id']}: {f} has {begins} BEGIN and {ends} END markers")
+    for note in ex.get("answer_notes", []):  # what `release` takes out of a student copy
+        path = root / note["file"]
+        n = path.read_text(encoding="utf-8").count(note["find"]) if path.is_file() else 0
+        if n != 1:
+            broken.append(f"exercise {ex['id']}: an answer note's text occurs {n} times in "
+                          f"{note['file']} (must be exactly once): {note['find'][:80]!r}")
 listed = {(ex["id"], f) for ex in catalogue["exercises"] for f in ex["files"]}
 for path in sorted(p for d in ("chapters", "common", "tests") for p in (root / d).rglob("*")
                    if p.suffix in (".hpp", ".cpp", ".cu", ".cuh")):

@@ -85,9 +85,9 @@ TEST_CASE("ring counters equal the theory exactly", "[ring]") {
     const int64_t rs_sent = N == 1 ? 0 : n - size(r), rs_recv = N == 1 ? 0 : n - size(r - 1);
     const int64_t ag_sent = N == 1 ? 0 : n - size(r + 1), ag_recv = N == 1 ? 0 : n - size(r);
     int64_t rs_msgs = 0, ag_msgs = 0;  // sendrecv counts a message only for a non-empty piece
-    for (int k = 0; k < N - 1; ++k) {
-      rs_msgs += size(r - k - 1) > 0;
-      ag_msgs += size(r - k) > 0;
+    for (int chunk = 0; chunk < N; ++chunk) {  // every chunk but r, and every chunk but r + 1
+      rs_msgs += chunk != r && size(chunk) > 0;
+      ag_msgs += chunk != (r + 1) % N && size(chunk) > 0;
     }
     REQUIRE(c.at("ring_reduce_scatter").calls == 1);
     REQUIRE(c.at("ring_all_gather").calls == 1);
