@@ -23,7 +23,7 @@ inline double train_step(Precision& precision, const Step& step) {
     Tape tape;
     Var loss = forward_loss(tape, model, batch);  // mean over the B/K samples
     loss_sum += loss->value[0];
-    // BEGIN EXERCISE 02.1 (the 1/K scaling of accumulation)
+    // BEGIN EXERCISE 02.1 (accumulation that equals the full batch)
     tape.backward(loss, 1.0f / K * precision.loss_scale());  // (loss / K).backward()
     // END EXERCISE 02.1
   }

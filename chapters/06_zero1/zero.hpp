@@ -156,6 +156,10 @@ class Zero1 {
   /// true: the next backward reduce-scatters (chapter 05's readiness.hpp).
   void set_require_sync(bool sync) { readiness_->set_require_sync(sync); }
 
+  /// After finalize_backward(): this rank's reduced gradient of bucket b, the mean over ranks of
+  /// the real elements of its shard (layout().buckets[b].real of them), what step() updates from.
+  std::span<R> reduced_shard(size_t b) { return shard_grads(b); }
+
   /// Sets every gradient (and the partial sums a reduce-scatter left outside the shard) to zero.
   virtual void zero_grad() { zero_elements(grads_.span()); }
 

@@ -76,7 +76,7 @@ class Tape {
   void record(std::function<void()> backward, std::vector<Parameter*> params = {});
 
   /// Runs every recorded backward in reverse order, seeding d(loss) = seed (so
-  /// backward(loss, 1/K) equals PyTorch's (loss / K).backward()), firing gradient-ready hooks
+  /// backward(loss, s) equals PyTorch's (s * loss).backward()), firing gradient-ready hooks
   /// as parameters complete, then clears the tape (activations are freed as it goes).
   /// Errors: loss must be a scalar that requires grad.
   void backward(const Var& loss, float seed = 1.0f);

@@ -69,8 +69,8 @@ class ReplicatedPrecision : public Precision {
   /// ÷N: chapter 02's numbers at N = 1); loss_scale/(N·K) in 16 bits (pre-divided, so the
   /// 16-bit sum is the mean and cannot overflow by a factor N).
   float seed(int64_t grad_accum_steps) const override;
-  /// What backward's seed is multiplied by: the GradScaler's scale in fp16, else 1 (exactly, so
-  /// `1.0f / K * loss_scale()` is 1/K's bits).
+  /// What backward's seed is multiplied by: the GradScaler's scale in fp16, else exactly 1 (so
+  /// multiplying a seed by it changes no bit).
   float loss_scale() const override { return mixed_ ? mixed_->loss_scale() : 1.0f; }
   /// fp16: a non-finite loss at step 1 (no update yet) is the forward overflowing fp16's range;
   /// stops with a message naming the fix. Does nothing otherwise. Call on every rank.

@@ -55,6 +55,11 @@ TEST_CASE("the padded layout: equal shards, every real element owned once", "[ze
   }
 }
 
+TEST_CASE("ZeRO-1's reduced gradient shard is the mean over ranks: chapter 05's gradient",
+          "[zero1]") {
+  require_gradient_shards_equal_to_ddp<Zero1<>>();
+}
+
 TEST_CASE("ZeRO-1 equals chapter 05's DDP bit for bit: parameters, losses, AdamW state",
           "[zero1]") {
   require_bitwise_equal_to_ddp<Zero1Training<>>();

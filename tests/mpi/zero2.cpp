@@ -17,6 +17,11 @@
 using namespace ringzero;
 using namespace ringzero::test;
 
+TEST_CASE("ZeRO-2's reduced gradient shard is the mean over ranks: chapter 05's gradient",
+          "[zero2]") {
+  require_gradient_shards_equal_to_ddp<Zero2<>>();
+}
+
 TEST_CASE("ZeRO-2 equals chapter 05's DDP bit for bit: parameters, losses, AdamW state",
           "[zero2]") {
   require_bitwise_equal_to_ddp<Zero2Training<>>();

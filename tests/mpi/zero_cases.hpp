@@ -25,6 +25,57 @@ inline const std::vector<std::pair<std::vector<int64_t>, double>> kModels = {
     {{6, 3, 2}, 1e-6}, {{9, 4, 4, 2}, 1e-4}, {{45, 31, 7}, 2e-3},
     {{1, 1}, 25.0},    {{2, 1}, 1e-6}};  // last two: Ψ < N
 
+/// Every model with K in {1, 3}: after one backward and finalize_backward(), before any step,
+/// this rank's reduced gradient shard of every bucket equals chapter 05's DDP's averaged
+/// gradient at the same elements, bit for bit. Checked before the optimizer on purpose: AdamW's
+/// m/√v is scale-free, so a shard that is the SUM rather than the mean changes the parameters
+/// by an ulp only; here it reads "every differing element is got = 3 × expected" at N = 3.
+/// E: the chapter's engine (Zero1<>, Zero2<>).
+template <class E>
+void require_gradient_shards_equal_to_ddp() {
+  Communicator& comm = test_comm();
+  const int N = comm.world_size(), r = comm.rank();
+  for (const auto& [sizes, cap] : kModels) {
+    for (int64_t K : {1, 3}) {
+      ZeroCase c;
+      c.sizes = sizes;
+      c.grad_accum_steps = K;
+      INFO("sizes[1] = " << sizes[1] << ", cap " << cap << " MiB, K = " << K << ", N = " << N
+                         << ", rank " << r);
+      const TrainConfig config = zero_test_config(c);
+      RunResult unused;
+      Model ddp_model(sizes, /*seed=*/5), zero_model(sizes, /*seed=*/5);
+      DDP::Options ddp_options;
+      ddp_options.bucket_cap_mb = cap;
+      DDP ddp(comm, ddp_model, config, ddp_options);
+      ddp.zero_grad();
+      zero_test_backward(c, ddp_model, ddp, r, 0, unused);
+      ZeroOptions options;
+      options.bucket_cap_mb = cap;
+      E zero(comm, zero_model, config, options);
+      zero.zero_grad();
+      zero_test_backward(c, zero_model, zero, r, 0, unused);
+      const std::span<const float> mean = ddp_model.grads_memory.span();
+      std::vector<double> compared = {0.0};  // real elements compared, summed over ranks: Ψ
+      for (size_t b = 0; b < zero.layout().buckets.size(); ++b) {
+        const BucketShard& s = zero.layout().buckets[b];
+        // Rank r's real elements of bucket b are [r s, r s + real) of its unpadded elements.
+        const int64_t first = s.offset + r * s.shard_size;
+        REQUIRE_SAME_BITS("the reduced gradient shard of bucket " + std::to_string(b) +
+                              " after backward, before the step (expected: the mean over ranks, "
+                              "chapter 05's DDP's gradient)",
+                          mean.subspan(first, s.real), zero.reduced_shard(b), [&](size_t j) {
+                            return "element " + std::to_string(r * s.shard_size + j) +
+                                   " of the bucket's " + std::to_string(s.size);
+                          });
+        compared[0] += static_cast<double>(s.real);
+      }
+      comm.all_reduce_metrics(compared);
+      REQUIRE(compared[0] == static_cast<double>(zero_model.num_parameters()));
+    }
+  }
+}
+
 /// Every model with K in {1, 3} and clipping off/on: parameters, losses and AdamW state
 /// (exp_avg, exp_avg_sq, per-parameter step) bit for bit equal to chapter 05's DDP with one
 /// unsharded optimizer, and the padding exactly zero. L: the chapter's lesson (Zero1Training).

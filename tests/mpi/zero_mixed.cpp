@@ -225,12 +225,12 @@ void require_equal_to_reenactment() {
 }  // namespace
 
 TEST_CASE("ZeRO-1 in 16 bits: two steps equal the serial re-enactment bit for bit",
-          "[zero][mixed]") {
+          "[zero][mixed][zero1_16bit]") {
   require_equal_to_reenactment<Zero1Training>();
 }
 
 TEST_CASE("ZeRO-2 in 16 bits: two steps equal the serial re-enactment bit for bit",
-          "[zero][mixed]") {
+          "[zero][mixed][zero2_16bit]") {
   require_equal_to_reenactment<Zero2Training>();
 }
 
@@ -285,11 +285,13 @@ void require_overflow_skipped_everywhere() {
 
 }  // namespace
 
-TEST_CASE("ZeRO-1 in fp16: an overflow on one rank skips the step on every rank", "[zero][mixed]") {
+TEST_CASE("ZeRO-1 in fp16: an overflow on one rank skips the step on every rank",
+          "[zero][mixed][zero1_16bit]") {
   require_overflow_skipped_everywhere<Zero1Training>();
 }
 
-TEST_CASE("ZeRO-2 in fp16: an overflow on one rank skips the step on every rank", "[zero][mixed]") {
+TEST_CASE("ZeRO-2 in fp16: an overflow on one rank skips the step on every rank",
+          "[zero][mixed][zero2_16bit]") {
   require_overflow_skipped_everywhere<Zero2Training>();
 }
 
@@ -353,12 +355,12 @@ void require_ledger_equals_calculator(int zero_stage) {
 }  // namespace
 
 TEST_CASE("ZeRO-1 in bf16: the ledger equals the calculator's mixed-precision row",
-          "[zero][mixed]") {
+          "[zero][mixed][zero1_16bit]") {
   require_ledger_equals_calculator<Zero1Training>(1);
 }
 
 TEST_CASE("ZeRO-2 in bf16: the ledger equals the calculator's mixed-precision row",
-          "[zero][mixed]") {
+          "[zero][mixed][zero2_16bit]") {
   require_ledger_equals_calculator<Zero2Training>(2);
 }
 
@@ -409,10 +411,12 @@ void require_fp32_reduce_equal_to_ddp() {
 
 }  // namespace
 
-TEST_CASE("ZeRO-1 with --reduce-dtype fp32 equals chapter 05's DDP bit for bit", "[zero][mixed]") {
+TEST_CASE("ZeRO-1 with --reduce-dtype fp32 equals chapter 05's DDP bit for bit",
+          "[zero][mixed][zero1_16bit]") {
   require_fp32_reduce_equal_to_ddp<Zero1Training>();
 }
 
-TEST_CASE("ZeRO-2 with --reduce-dtype fp32 equals chapter 05's DDP bit for bit", "[zero][mixed]") {
+TEST_CASE("ZeRO-2 with --reduce-dtype fp32 equals chapter 05's DDP bit for bit",
+          "[zero][mixed][zero2_16bit]") {
   require_fp32_reduce_equal_to_ddp<Zero2Training>();
 }

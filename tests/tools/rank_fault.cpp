@@ -44,25 +44,18 @@
 
 namespace ringzero {
 
-// Named friend of DDP and of chapters 06-07's ZeRO: replaces the hooks of every parameter by
-// chapter 05's mark_ready with one change, the launch order.
+// Named friend of DDP and of chapters 06-07's ZeRO: chapter 05's mark_ready, unchanged, but
+// its launches held back until backward has completed every bucket, then issued in `order`.
 struct BucketOrderFault {
   // order[k]: the bucket this rank launches k-th (a permutation of the plan's buckets).
   template <class D>
-  static void install(D& d, Model& model, std::vector<int> order) {
+  static void install(D& d, Model&, std::vector<int> order) {
     BucketReadiness& r = readiness(d.readiness_);
-    const auto& params = model.parameters();
-    for (size_t i = 0; i < params.size(); ++i) {
-      params[i]->clear_grad_ready_hooks();
-      params[i]->add_grad_ready_hook([&r, i, order](Parameter&) {
-        if (!r.require_sync_) return;
-        r.ready_[i] = 1;
-        --r.pending_[r.bucket_of_[i]];
-        while (r.next_bucket_ < static_cast<int>(order.size()) &&
-               r.pending_[order[r.next_bucket_]] == 0)
-          r.launch_(order[r.next_bucket_++]);
-      });
-    }
+    r.launch_ = [launch = r.launch_, order, held = std::make_shared<size_t>(0)](int) {
+      if (++*held < order.size()) return;  // every bucket is complete only after the last
+      *held = 0;
+      for (int b : order) launch(b);
+    };
   }
   template <class D>
   static std::vector<int64_t> sizes(const D& d) {
