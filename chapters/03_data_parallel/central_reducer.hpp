@@ -41,11 +41,12 @@ namespace ringzero {
 /// Sum of every rank's `grads` into rank 0's `grads`, in rank order (((g0 + g1) + g2) + ...:
 /// the order chapter 02 accumulates its micro-batches in). Rank 0 receives each rank's Ψ
 /// elements into `scratch` (at least grads.size() elements) and adds them; ranks 1..N−1 send and
-/// keep their `grads` unchanged. T: float, bf16 or fp16. Counted as "central_reduce".
-template <class T>
-void reduce_to_rank0(Communicator& comm, std::span<T> grads, std::span<T> scratch) {
+/// keep their `grads` unchanged. T: float, bf16 or fp16. Counted as "central_reduce". Comm: the
+/// Communicator (a grader passes its own, with the same members, as for chapter 04's ring).
+template <class Comm, class T>
+void reduce_to_rank0(Comm& comm, std::span<T> grads, std::span<T> scratch) {
   comm.count_call("central_reduce");
-  Communicator::Scope scope(comm, "central_reduce");
+  typename Comm::Scope scope(comm, "central_reduce");
   // BEGIN EXERCISE 03.1 (central reducer: gather and sum on rank 0)
   if (comm.rank() != 0) {
     comm.send(grads, /*dest=*/0);
@@ -62,11 +63,11 @@ void reduce_to_rank0(Communicator& comm, std::span<T> grads, std::span<T> scratc
 
 /// Rank 0's `params` copied to every other rank: rank 0 sends Ψ elements to ranks 1..N−1 in
 /// turn, each of them receives into its `params`. T: float, bf16 or fp16. Counted as
-/// "central_broadcast".
-template <class T>
-void broadcast_from_rank0(Communicator& comm, std::span<T> params) {
+/// "central_broadcast". Comm: as reduce_to_rank0's.
+template <class Comm, class T>
+void broadcast_from_rank0(Comm& comm, std::span<T> params) {
   comm.count_call("central_broadcast");
-  Communicator::Scope scope(comm, "central_broadcast");
+  typename Comm::Scope scope(comm, "central_broadcast");
   // BEGIN EXERCISE 03.2 (central reducer: broadcast from rank 0)
   if (comm.rank() != 0) {
     comm.recv(params, /*src=*/0);

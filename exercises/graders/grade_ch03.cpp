@@ -7,26 +7,32 @@
 // difference is a missing rank or a misplaced element, never rounding (compared bit for bit).
 // The traffic counters are checked against the star's definition: rank 0 receives (N-1)·n
 // floats, every other rank sends n (reduce), and the mirror image for the broadcast.
+// The star runs over grade::WatchedComm (watched_comm.hpp): a message that never comes (a
+// send without its receive, rank 0 sending to itself) stops every rank within
+// GRADE_HANG_SECONDS (default 10), each naming its collective, n and the message it waits on.
 #include <string>
 #include <vector>
 
 #include "chapters/03_data_parallel/central_reducer.hpp"
 #include "exercises/graders/grade.hpp"
+#include "exercises/graders/watched_comm.hpp"
 
 using namespace ringzero;
+using grade::WatchedComm;
 
 namespace {
 
 const std::vector<int64_t> kCounts = {0, 1, 7, 10, 1000};
 
-int reduce_grader(Communicator& comm) {
+int reduce_grader(WatchedComm& comm) {
   grade::Report report("03.1 central reducer (gather and sum on rank 0)");
   const int N = comm.world_size(), r = comm.rank();
   for (int64_t n : kCounts) {
     std::vector<float> grads(n), scratch(n, -1.0f);
     for (int64_t i = 0; i < n; ++i) grads[i] = grade::tag_value(r, i);
-    comm.reset_counters();
+    comm.begin(grads.data(), n, 4);
     reduce_to_rank0(comm, std::span<float>(grads), std::span<float>(scratch));
+    comm.end();
     const std::string where = "n = " + std::to_string(n) + ", element ";
     for (int64_t i = 0; i < n; ++i) {
       float expected = grade::tag_value(r, i);  // ranks 1..N-1 keep their own gradients
@@ -40,7 +46,7 @@ int reduce_grader(Communicator& comm) {
                                  : "ranks other than 0 send and leave their gradients alone"))
         break;  // the first wrong element of each n tells the story
     }
-    const auto c = comm.training_traffic();
+    const WatchedComm& c = comm;
     const int64_t want_in = r == 0 ? (N - 1) * n * 4 : 0, want_out = r == 0 ? 0 : n * 4;
     if (c.bytes_received != want_in || c.bytes_sent != want_out)
       report.fail("n = " + std::to_string(n) + ": sent " + std::to_string(c.bytes_sent) +
@@ -51,20 +57,21 @@ int reduce_grader(Communicator& comm) {
   return report.finish();
 }
 
-int broadcast_grader(Communicator& comm) {
+int broadcast_grader(WatchedComm& comm) {
   grade::Report report("03.2 central reducer (broadcast from rank 0)");
   const int N = comm.world_size(), r = comm.rank();
   for (int64_t n : kCounts) {
     std::vector<float> params(n);
     for (int64_t i = 0; i < n; ++i) params[i] = grade::tag_value(r, i);
-    comm.reset_counters();
+    comm.begin(params.data(), n, 4);
     broadcast_from_rank0(comm, std::span<float>(params));
+    comm.end();
     for (int64_t i = 0; i < n; ++i)
       if (!report.bitwise("n = " + std::to_string(n) + ", element " + std::to_string(i),
                           grade::tag_value(0, i), params[i],
                           "every rank continues from rank 0's parameters"))
         break;
-    const auto c = comm.training_traffic();
+    const WatchedComm& c = comm;
     const int64_t want_out = r == 0 ? (N - 1) * n * 4 : 0, want_in = r == 0 ? 0 : n * 4;
     if (c.bytes_received != want_in || c.bytes_sent != want_out)
       report.fail("n = " + std::to_string(n) + ": sent " + std::to_string(c.bytes_sent) +
@@ -78,7 +85,11 @@ int broadcast_grader(Communicator& comm) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Communicator comm(argc, argv);
+  Communicator world(argc, argv);
+  WatchedComm comm(world, {.hang = "(every send needs exactly one matching receive on the other "
+                                   "rank: rank 0 receives from each of ranks 1..N−1 in turn, or "
+                                   "sends to each of them)",
+                           .mismatch = "(the message's length is not the one awaited)"});
   const std::string which = argc > 1 ? argv[1] : "";
   return grade::run_grader([&] {
     if (which == "reduce") return reduce_grader(comm);

@@ -26,139 +26,15 @@
 
 #include "chapters/04_ring_allreduce/ring.hpp"
 #include "exercises/graders/grade.hpp"
+#include "exercises/graders/watched_comm.hpp"
 
 using namespace ringzero;
+using grade::WatchedComm;
 
 namespace {
 
 // The ragged case first, so that a ring that hangs does so where its chunks have names.
 const std::vector<int64_t> kCounts = {10, 0, 2, 9, 1001};
-
-/// The communicator the ring runs over in this grader: Communicator's rank, world_size,
-/// count_call, Scope and sendrecv (ring.hpp's template), on MPI_COMM_WORLD, with a deadline.
-/// A check starts with begin() (every rank, a barrier: the deadline is the same on all) and
-/// ends with end(); a hop still waiting at the deadline prints this rank's place and aborts.
-class WatchedComm {
- public:
-  struct Scope {
-    Scope(WatchedComm&, const char*) {}
-  };
-  explicit WatchedComm(const Communicator& comm) : rank_(comm.rank()), size_(comm.world_size()) {
-    const char* s = std::getenv("GRADE_HANG_SECONDS");
-    hang_seconds_ = s != nullptr ? std::atof(s) : 10.0;
-    if (!(hang_seconds_ >= 1)) hang_seconds_ = 10.0;  // unset, not a number, or below 1 s
-  }
-  int rank() const { return rank_; }
-  int world_size() const { return size_; }
-  void count_call(const char* op) { op_ = op; }
-
-  /// Starts a check on the buffer `base` of n elements of `element_bytes` each (a hop's chunk
-  /// is named by its place in it); resets the byte counts.
-  void begin(const void* base, int64_t n, int64_t element_bytes) {
-    base_ = static_cast<const char*>(base);
-    n_ = n;
-    element_bytes_ = element_bytes;
-    hop_ = 0;
-    ++tag_;  // each check its own tag: a stray message of one never matches the next
-    bytes_sent = bytes_received = 0;
-    op_ = "(no collective yet)";
-    MPI_Barrier(MPI_COMM_WORLD);
-    deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                   std::chrono::duration<double>(hang_seconds_));
-  }
-  /// Ends a check: waits, under the same deadline, for every rank to end it too.
-  void end() {
-    MPI_Request request = MPI_REQUEST_NULL;
-    const std::string where = "finished " + op_ + ", waiting for the other ranks to finish it";
-    report_error(MPI_Ibarrier(MPI_COMM_WORLD, &request), where);
-    watch(&request, 1, where);
-  }
-
-  template <class T>
-  void sendrecv(std::span<const T> send, int dest, std::span<T> recv, int src) {
-    ++hop_;
-    const std::string where = op_ + ", step " + std::to_string(hop_) + ": sending " +
-                              span_name(send) + " to rank " + std::to_string(dest) + ", awaiting " +
-                              span_name(std::span<const T>(recv)) + " from rank " +
-                              std::to_string(src);
-    MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-    report_error(MPI_Irecv(recv.data(), static_cast<int>(recv.size_bytes()), MPI_BYTE, src, tag_,
-                           MPI_COMM_WORLD, &requests[0]),
-                 where);
-    report_error(MPI_Isend(send.data(), static_cast<int>(send.size_bytes()), MPI_BYTE, dest, tag_,
-                           MPI_COMM_WORLD, &requests[1]),
-                 where);
-    watch(requests, 2, where);
-    bytes_sent += static_cast<int64_t>(send.size_bytes());
-    bytes_received += static_cast<int64_t>(recv.size_bytes());
-  }
-
-  int64_t bytes_sent = 0, bytes_received = 0;
-
- private:
-  using Clock = std::chrono::steady_clock;
-
-  // "4 elements, chunk 1 ([4, 8))" when the span lies in the check's buffer, else "3 elements
-  // (into the scratch)".
-  template <class T>
-  std::string span_name(std::span<const T> s) const {
-    const std::string count = std::to_string(s.size()) + " elements";
-    const auto at = reinterpret_cast<const char*>(s.data()) - base_;
-    if (base_ == nullptr || at < 0 || at >= n_ * element_bytes_ || s.empty())
-      return count + (s.empty() ? "" : " (into the scratch)");
-    const int64_t first = at / element_bytes_, chunk = (n_ + size_ - 1) / size_;
-    return count + ", chunk " + std::to_string(first / chunk) + " ([" + std::to_string(first) +
-           ", " + std::to_string(first + static_cast<int64_t>(s.size())) + "))";
-  }
-
-  // Waits for `requests` until the deadline; past it, prints where this rank is and aborts
-  // (every stuck rank reaches the same deadline and prints before the first abort lands).
-  void watch(MPI_Request* requests, int count, const std::string& where) {
-    int done = 0;
-    MPI_Status statuses[2];
-    while (!done) {
-      const int rc = MPI_Testall(count, requests, &done, statuses);
-      if (rc == MPI_ERR_IN_STATUS)
-        for (int i = 0; i < count; ++i) report_error(statuses[i].MPI_ERROR, where);
-      report_error(rc, where);
-      if (done) break;
-      if (Clock::now() > deadline_)
-        stop("no answer within " + std::to_string(static_cast<int>(hang_seconds_)) + " s", where,
-             "(the ranks' ring steps do not pair up: each rank sends to r + 1 and receives "
-             "from r − 1, N − 1 steps per phase)");
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-  }
-  // An MPI call that failed (the communicator returns errors: common/comm/comm.cpp): a message
-  // longer than the chunk awaited (MPI_ERR_TRUNCATE), a rank out of range. Stops, located.
-  void report_error(int rc, const std::string& where) {
-    if (rc == MPI_SUCCESS || rc == MPI_ERR_PENDING) return;
-    char text[MPI_MAX_ERROR_STRING];
-    int length = 0;
-    MPI_Error_string(rc, text, &length);
-    stop(std::string("MPI error (") + text + ")", where,
-         "(the ranks disagree on which chunk moves at this step: the sender's chunk is not the "
-         "one the receiver awaits)");
-  }
-  [[noreturn]] void stop(const std::string& what, const std::string& where,
-                         const std::string& why) {
-    std::fprintf(stderr, "[rank %d/%d] %s: n = %lld, %s %s\n", rank_, size_, what.c_str(),
-                 static_cast<long long>(n_), where.c_str(), why.c_str());
-    std::fflush(stderr);
-    std::this_thread::sleep_for(std::chrono::seconds(1));  // let the other ranks print
-    MPI_Abort(MPI_COMM_WORLD, 3);
-    std::abort();
-  }
-
-  int rank_, size_;
-  int tag_ = 404;
-  double hang_seconds_;
-  std::string op_ = "(no collective yet)";
-  int hop_ = 0;
-  const char* base_ = nullptr;
-  int64_t n_ = 0, element_bytes_ = 4;
-  Clock::time_point deadline_{};
-};
 
 // A 16-bit test value: a small integer, exact in bf16 (8 significant bits), and so is the sum
 // over up to 4 ranks (at most 16·10 + 4·15 = 220).
@@ -225,8 +101,7 @@ int reduce_scatter_grader(WatchedComm& comm) {
     for (int64_t i = mine.offset; i < mine.offset + mine.size; ++i) {
       float expected = 0;
       for (int q = 0; q < N; ++q) expected += small_value(q, i);
-      if (!report.bitwise("bf16 path, " + where(n, N, i), expected,
-                          static_cast<float>(buf[i]),
+      if (!report.bitwise("bf16 path, " + where(n, N, i), expected, static_cast<float>(buf[i]),
                           "the bf16 ring (the same code, T = bf16) adds in T's arithmetic: "
                           "widen, add in fp32, round once (bf16's += or the hop's `add`)"))
         break;
@@ -281,7 +156,11 @@ int all_gather_grader(WatchedComm& comm) {
 
 int main(int argc, char** argv) {
   Communicator world(argc, argv);
-  WatchedComm comm(world);
+  WatchedComm comm(world, {.hang = "(the ranks' ring steps do not pair up: each rank sends to "
+                                   "r + 1 and receives from r − 1, N − 1 steps per phase)",
+                           .mismatch = "(the ranks disagree on which chunk moves at this step: "
+                                       "the sender's chunk is not the one the receiver awaits)",
+                           .chunks = true});
   const std::string which = argc > 1 ? argv[1] : "";
   return grade::run_grader([&] {
     if (which == "reduce_scatter") return reduce_scatter_grader(comm);
