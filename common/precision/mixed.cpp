@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "common/core/check.hpp"
+#include "common/core/kernels.hpp"
 #include "common/core/ops.hpp"
 
 namespace ringzero {
@@ -164,14 +165,9 @@ void MasterWeights::step_with(std::span<uint16_t> params16, int64_t n_grads, flo
   int64_t begin = 0;
   for (size_t s = 0; s < sizes_.size(); ++s) {
     const int64_t t = ++steps_[s];
-    // Exactly AdamW::step's arithmetic (bias corrections in double), on the fp32 master.
-    const double bias_correction1 =
-        1.0 - std::pow(static_cast<double>(o.beta1), static_cast<double>(t));
-    const double bias_correction2 =
-        1.0 - std::pow(static_cast<double>(o.beta2), static_cast<double>(t));
-    const auto step_size = static_cast<float>(o.lr / bias_correction1);
-    const auto bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
-    const float decay = 1.0f - o.lr * o.weight_decay;
+    // AdamW::step's constants and its one element formula (kernels.hpp), on the fp32 master:
+    // the same bits as fp32 training's update of the same gradient.
+    const kernels::AdamWStep k = adamw_step_constants(o, t);
     for (int64_t b = begin, end = begin + sizes_[s]; b < end; b += kBlock) {
       const auto n = static_cast<size_t>(std::min<int64_t>(kBlock, end - b));
       load(static_cast<size_t>(b), n, g);
@@ -179,11 +175,7 @@ void MasterWeights::step_with(std::span<uint16_t> params16, int64_t n_grads, flo
         for (size_t j = 0; j < n; ++j) g[j] *= grad_factor;
       for (size_t j = 0; j < n; ++j) {
         const size_t i = static_cast<size_t>(b) + j;
-        p[i] *= decay;
-        m[i] = m[i] * o.beta1 + (1.0f - o.beta1) * g[j];
-        v[i] = v[i] * o.beta2 + (1.0f - o.beta2) * g[j] * g[j];
-        const float denom = std::sqrt(v[i]) / bias_correction2_sqrt + o.eps;
-        p[i] -= step_size * (m[i] / denom);
+        kernels::adamw_update(p[i], m[i], v[i], g[j], k);
       }
       convert_to_half(dtype_, {p + b, n}, params16.subspan(static_cast<size_t>(b), n));
     }

@@ -29,6 +29,7 @@
 
 #include "chapters/06_zero1/step.hpp"
 #include "chapters/07_zero2/step.hpp"
+#include "mpi/difference_report.hpp"
 #include "mpi/zero_harness.hpp"
 
 using namespace ringzero;
@@ -204,10 +205,14 @@ void require_equal_to_reenactment_in(Dtype d) {
     run_steps(c, model, config, lesson, out);
     REQUIRE(out.nonzero_padding == 0);
     REQUIRE(bits_differ16(unpadded_params16(lesson, model), ref.params16) == 0);
-    REQUIRE(bit_differences(flat(lesson.model_state_dict(model), model, ""), ref.master) == 0);
+    REQUIRE_SAME_BITS("the fp32 master weights after the steps (expected: the serial re-enactment)",
+                      ref.master, flat(lesson.model_state_dict(model), model, ""),
+                      parameter_element(model));
     const auto opt = *lesson.saved_optimizer_state();
-    REQUIRE(bit_differences(flat(opt, model, ".exp_avg"), ref.exp_avg) == 0);
-    REQUIRE(bit_differences(flat(opt, model, ".exp_avg_sq"), ref.exp_avg_sq) == 0);
+    REQUIRE_SAME_BITS("AdamW's exp_avg (expected: the serial re-enactment)", ref.exp_avg,
+                      flat(opt, model, ".exp_avg"), parameter_element(model));
+    REQUIRE_SAME_BITS("AdamW's exp_avg_sq (expected: the serial re-enactment)", ref.exp_avg_sq,
+                      flat(opt, model, ".exp_avg_sq"), parameter_element(model));
     for (float t : flat(opt, model, ".step")) REQUIRE(t == static_cast<float>(ref.steps));
   }
 }
@@ -275,7 +280,9 @@ void require_overflow_skipped_everywhere() {
   REQUIRE(lesson.engine.optimizer().summary()["skipped_steps"] == 1);
   for (float t : steps_of()) REQUIRE(t == 1.0f);  // no shard's step count advanced
   REQUIRE(bits_differ16(unpadded_params16(lesson, model), params_after_1) == 0);
-  REQUIRE(bit_differences(flat(lesson.model_state_dict(model), model, ""), master_after_1) == 0);
+  REQUIRE_SAME_BITS("the master weights after the skipped step (expected: as after step 1)",
+                    master_after_1, flat(lesson.model_state_dict(model), model, ""),
+                    parameter_element(model));
 
   train_step(lesson.engine, Step{model, K, 3, batch(2, false)});  // taken again
   REQUIRE(lesson.engine.optimizer().loss_scale() == 32768.0f);
@@ -397,13 +404,15 @@ void require_fp32_reduce_equal_to_ddp() {
       if (d == Dtype::bf16) {
         Lesson<bf16, float> zero(zero_setup, zero_flags);
         const auto [losses, master] = run(zero, zero_model);
-        REQUIRE(bit_differences(losses, ddp_losses) == 0);
-        REQUIRE(bit_differences(master, ddp_master) == 0);
+        REQUIRE_SAME_BITS("every step's loss (expected: chapter 05's)", ddp_losses, losses, {});
+        REQUIRE_SAME_BITS("the master weights (expected: chapter 05's)", ddp_master, master,
+                          parameter_element(zero_model));
       } else {
         Lesson<fp16, float> zero(zero_setup, zero_flags);
         const auto [losses, master] = run(zero, zero_model);
-        REQUIRE(bit_differences(losses, ddp_losses) == 0);
-        REQUIRE(bit_differences(master, ddp_master) == 0);
+        REQUIRE_SAME_BITS("every step's loss (expected: chapter 05's)", ddp_losses, losses, {});
+        REQUIRE_SAME_BITS("the master weights (expected: chapter 05's)", ddp_master, master,
+                          parameter_element(zero_model));
       }
     }
   }
