@@ -109,6 +109,12 @@ inline float tag_value(int rank, int64_t element) {
   return static_cast<float>((rank + 1) * 1000 + element % 1000);
 }
 
+/// A 16-bit test value: a small integer, exact in bf16 (8 significant bits), and so is every
+/// partial sum over up to 4 ranks (at most 31 + 47 + 63 + 79 = 220 < 256).
+inline float small_value(int rank, int64_t element) {
+  return static_cast<float>((rank + 1) * 16 + element % 16);
+}
+
 /// Runs a grader body under ringzero::run_main: a stub's or a check's Error becomes one line
 /// on stderr and MPI_Abort (exit 1 on every rank within seconds).
 inline int run_grader(const std::function<int()>& body) {

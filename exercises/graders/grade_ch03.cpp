@@ -7,6 +7,8 @@
 // difference is a missing rank or a misplaced element, never rounding (compared bit for bit).
 // The traffic counters are checked against the star's definition: rank 0 receives (N-1)·n
 // floats, every other rank sends n (reduce), and the mirror image for the broadcast.
+// Each check is repeated on bf16 values (grade::small_value: exact in bf16, and so are their
+// sums), the template chapter 03 runs with --precision bf16.
 // The star runs over grade::WatchedComm (watched_comm.hpp): a message that never comes (a
 // send without its receive, rank 0 sending to itself) stops every rank within
 // GRADE_HANG_SECONDS (default 10), each naming its collective, n and the message it waits on.
@@ -54,6 +56,25 @@ int reduce_grader(WatchedComm& comm) {
                   std::to_string(want_out) + " B out and " + std::to_string(want_in) +
                   " B in on this rank (rank 0 receives Ψ·4 from each other rank)");
   }
+  for (int64_t n : kCounts) {  // the same template on bf16 values (--precision bf16)
+    std::vector<bf16> grads(n), scratch(n, bf16::from_float(-1.0f));
+    for (int64_t i = 0; i < n; ++i) grads[i] = bf16::from_float(grade::small_value(r, i));
+    comm.begin(grads.data(), n, 2);
+    reduce_to_rank0(comm, std::span<bf16>(grads), std::span<bf16>(scratch));
+    comm.end();
+    for (int64_t i = 0; i < n; ++i) {
+      float expected = grade::small_value(r, i);
+      if (r == 0) {
+        expected = 0;
+        for (int q = 0; q < N; ++q) expected += grade::small_value(q, i);
+      }
+      if (!report.bitwise("bf16 path, n = " + std::to_string(n) + ", element " + std::to_string(i),
+                          expected, static_cast<float>(grads[i]),
+                          "the bf16 star (the same code, T = bf16): rank 0 adds each rank's "
+                          "gradient with add_into (widen, add in fp32, round once)"))
+        break;
+    }
+  }
   return report.finish();
 }
 
@@ -78,6 +99,18 @@ int broadcast_grader(WatchedComm& comm) {
                   " B, received " + std::to_string(c.bytes_received) + " B; expected " +
                   std::to_string(want_out) + " B out and " + std::to_string(want_in) +
                   " B in (rank 0 sends Ψ·4 to each other rank)");
+  }
+  for (int64_t n : kCounts) {  // the same template on bf16 values
+    std::vector<bf16> params(n);
+    for (int64_t i = 0; i < n; ++i) params[i] = bf16::from_float(grade::small_value(r, i));
+    comm.begin(params.data(), n, 2);
+    broadcast_from_rank0(comm, std::span<bf16>(params));
+    comm.end();
+    for (int64_t i = 0; i < n; ++i)
+      if (!report.bitwise("bf16 path, n = " + std::to_string(n) + ", element " + std::to_string(i),
+                          grade::small_value(0, i), static_cast<float>(params[i]),
+                          "every rank continues from rank 0's 16-bit parameters"))
+        break;
   }
   return report.finish();
 }

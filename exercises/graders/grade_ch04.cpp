@@ -36,12 +36,6 @@ namespace {
 // The ragged case first, so that a ring that hangs does so where its chunks have names.
 const std::vector<int64_t> kCounts = {10, 0, 2, 9, 1001};
 
-// A 16-bit test value: a small integer, exact in bf16 (8 significant bits), and so is the sum
-// over up to 4 ranks (at most 16·10 + 4·15 = 220).
-float small_value(int rank, int64_t element) {
-  return static_cast<float>((rank + 1) * 16 + element % 16);
-}
-
 // "n = 10, chunk 2 (elements [8, 10)), element 9"
 std::string where(int64_t n, int N, int64_t i) {
   const int64_t s = (n + N - 1) / N;
@@ -93,14 +87,14 @@ int reduce_scatter_grader(WatchedComm& comm) {
   }
   for (int64_t n : kCounts) {  // the same template on bf16 values (common/core/half.hpp)
     std::vector<bf16> buf(n);
-    for (int64_t i = 0; i < n; ++i) buf[i] = bf16::from_float(small_value(r, i));
+    for (int64_t i = 0; i < n; ++i) buf[i] = bf16::from_float(grade::small_value(r, i));
     comm.begin(buf.data(), n, 2);
     ring_reduce_scatter(comm, std::span<bf16>(buf), std::span<bf16>(), kAdd);
     comm.end();
     const Chunk mine = ring_chunk(n, N, r);
     for (int64_t i = mine.offset; i < mine.offset + mine.size; ++i) {
       float expected = 0;
-      for (int q = 0; q < N; ++q) expected += small_value(q, i);
+      for (int q = 0; q < N; ++q) expected += grade::small_value(q, i);
       if (!report.bitwise("bf16 path, " + where(n, N, i), expected, static_cast<float>(buf[i]),
                           "the bf16 ring (the same code, T = bf16) adds in T's arithmetic: "
                           "widen, add in fp32, round once (bf16's += or the hop's `add`)"))
@@ -136,13 +130,13 @@ int all_gather_grader(WatchedComm& comm) {
     std::vector<bf16> buf(n, bf16::from_float(-1.0f));
     const Chunk mine = ring_chunk(n, N, r);
     for (int64_t i = mine.offset; i < mine.offset + mine.size; ++i)
-      buf[i] = bf16::from_float(small_value(r, i));
+      buf[i] = bf16::from_float(grade::small_value(r, i));
     comm.begin(buf.data(), n, 2);
     ring_all_gather(comm, std::span<bf16>(buf));
     comm.end();
     for (int64_t i = 0; i < n; ++i) {
       const int owner = static_cast<int>(i / ((n + N - 1) / N));
-      if (!report.bitwise("bf16 path, " + where(n, N, i), small_value(owner, i),
+      if (!report.bitwise("bf16 path, " + where(n, N, i), grade::small_value(owner, i),
                           static_cast<float>(buf[i]),
                           "the bf16 all-gather (the same code, T = bf16) copies every "
                           "owner's chunk (-1 = never received)"))

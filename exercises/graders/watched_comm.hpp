@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <type_traits>
 
 #include "common/comm/comm.hpp"
 
@@ -25,7 +26,7 @@ namespace grade {
 /// central_reducer.hpp and chapter 04's ring.hpp), on MPI_COMM_WORLD, with a deadline. A check
 /// starts with begin() (every rank, a barrier: the deadline is the same on all) and ends with
 /// end(); a message still waited for at the deadline prints this rank's place and aborts.
-/// float only (the graders' values); counts the bytes itself.
+/// float and bf16 (the graders' values); counts the bytes itself.
 class WatchedComm {
  public:
   struct Scope {
@@ -70,10 +71,13 @@ class WatchedComm {
     watch(&request, 1, where);
   }
 
-  /// One message to `dest`, watched (a send may wait for its receiver).
-  void send(std::span<const float> buf, int dest) {
+  /// One message to `dest`, watched (a send may wait for its receiver). T: float or bf16.
+  template <class T>
+  void send(std::span<T> buf, int dest) {
+    using E = std::remove_const_t<T>;
     const std::string where = op_ + ", message " + std::to_string(++hop_) + ": sending " +
-                              span_name(buf) + " to rank " + std::to_string(dest);
+                              span_name(std::span<const E>(buf)) + " to rank " +
+                              std::to_string(dest);
     MPI_Request request = MPI_REQUEST_NULL;
     report_error(MPI_Isend(buf.data(), static_cast<int>(buf.size_bytes()), MPI_BYTE, dest, tag_,
                            MPI_COMM_WORLD, &request),
@@ -82,15 +86,16 @@ class WatchedComm {
     bytes_sent += static_cast<int64_t>(buf.size_bytes());
   }
   /// One message from `src` into `buf`, watched.
-  void recv(std::span<float> buf, int src) {
+  template <class T>
+  void recv(std::span<T> buf, int src) {
     const std::string where = op_ + ", message " + std::to_string(++hop_) + ": awaiting " +
-                              span_name(std::span<const float>(buf)) + " from rank " +
+                              span_name(std::span<const T>(buf)) + " from rank " +
                               std::to_string(src);
     MPI_Request request = MPI_REQUEST_NULL;
     report_error(MPI_Irecv(buf.data(), static_cast<int>(buf.size_bytes()), MPI_BYTE, src, tag_,
                            MPI_COMM_WORLD, &request),
                  where);
-    bytes_received += watch(&request, 1, where, buf.size_bytes(), sizeof(float));
+    bytes_received += watch(&request, 1, where, buf.size_bytes(), sizeof(T));
   }
 
   template <class T>

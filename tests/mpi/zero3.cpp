@@ -10,6 +10,8 @@
 //  - memory: model states 4Σs + 4Σs + 8·(real shard) at every moment of a step (never the
 //    full 16Ψ), and the full layers in flight (comm_buffers) peak at in_flight_peak_bytes();
 //  - traffic: the counters equal zero3_traffic_theory() exactly, and evaluation adds none;
+//  - bf16: the first forward equals chapter 01's bf16 forward bit for bit, and no gathered layer
+//    is left after a step;
 //  - prefetch: the all-gather of layer l+1 (l−1 in backward) is posted before layer l's
 //    compute ends, from the recorded events; without prefetch, only after.
 #include <array>
@@ -19,6 +21,7 @@
 #include "chapters/08_zero3/zero3.hpp"
 #include "common/core/rng.hpp"
 #include "common/driver/dist_eval.hpp"
+#include "common/precision/precision.hpp"
 #include "common/zero/shard_state.hpp"
 #include "mpi/difference_report.hpp"
 #include "mpi/test_comm.hpp"
@@ -243,6 +246,47 @@ TEST_CASE("ZeRO-3 equals the per-layer ring all-reduce bit for bit; prefetch cha
         }
         REQUIRE(zero3.optimizer.at("0.weight.step").values[0] == static_cast<float>(c.steps));
       }
+    }
+  }
+}
+
+TEST_CASE("ZeRO-3 in bf16: a layer computes with its gathered 16-bit parameters, widened",
+          "[zero3][bf16]") {
+  // The first forward of a bf16 run equals, bit for bit, chapter 01's bf16 forward of the same
+  // model (16-bit parameters, each Linear's inputs and outputs rounded to bf16, fp32 compute):
+  // each layer is all-gathered in 16 bits and widened to fp32 for its compute (08.1's
+  // use_gathered); then, after one step, every gathered or
+  // widened layer is gone again (08.1's release_parameters): model states back to the bytes
+  // the engine reports, with and without prefetch.
+  Communicator& comm = test_comm();
+  for (bool prefetch : {true, false}) {
+    for (const auto& sizes : kModels) {
+      Case c;
+      c.sizes = sizes;
+      c.prefetch = prefetch;
+      INFO("sizes[1] = " << sizes[1] << ", prefetch " << prefetch << ", N = " << comm.world_size()
+                         << ", rank " << comm.rank());
+      TrainConfig config = config_of(c);
+      config.precision = "bf16";
+      Model unsharded(sizes, /*seed=*/5);
+      ReplicatedPrecision replicated(unsharded, config, 1);  // chapter 01's bf16 model
+      Tape ref_tape;
+      const Batch batch = batch_of(c, comm.rank(), 0, 0);
+      const std::vector<float> expected = {forward_loss(ref_tape, unsharded, batch)->value[0]};
+      Ledger& ledger = Ledger::get();
+      const int64_t states_before = ledger.model_states_current();
+      Model model(sizes, /*seed=*/5);
+      Zero3Options options;
+      options.prefetch = prefetch;
+      Zero3<bf16> zero(comm, model, config, options);
+      zero.zero_grad();
+      const std::vector<float> got = {micro_step(c, model, comm.rank(), 0, 0)};
+      REQUIRE_SAME_BITS("the first loss in bf16 (expected: the unsharded bf16 forward)", expected,
+                        got, {});
+      zero.finalize_backward();
+      zero.step();
+      REQUIRE(ledger.model_states_current() - states_before ==
+              zero.model_states_bytes()[comm.rank()]);
     }
   }
 }
