@@ -7,11 +7,13 @@
                                      require a failure whose output matches every `expect`
                                      regex (the grader names where), restore the file.
 
-Prints one line per wrong solution; exit status: the number that were not caught as required
+With WRONG_SOLUTIONS_OUT=DIR each grader's output is also kept in DIR (one file per wrong
+solution), to write the `expect` regexes from. Prints one line per wrong solution; exit status: the number that were not caught as required
 (at most 100). Without the catalogue (a student copy: `scripts/exercise release` deletes it)
 there is nothing to prove: exit 0.
 """
 import json
+import os
 import re
 import subprocess
 import sys
@@ -36,6 +38,11 @@ def prove(copy, w):
         except subprocess.TimeoutExpired:
             return "its check ran past 600 s (a hang the grader did not stop)"
         out = r.stdout
+        keep = os.environ.get("WRONG_SOLUTIONS_OUT")  # a directory: each grader's output, kept
+        if keep:
+            name = re.sub(r"[^A-Za-z0-9]+", "_", f"{w['id']} {w['name']}").strip("_")
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            (Path(keep) / f"{name}.log").write_text(out)
         if r.returncode == 0:
             return "the grader PASSES it"
         if "BUILD FAILED" in out:

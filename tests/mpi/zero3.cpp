@@ -46,6 +46,19 @@ struct Case {
 const std::vector<std::vector<int64_t>> kModels = {
     {7, 5, 3}, {2, 1, 1}, {6, 3, 2}, {45, 31, 7}, {9, 4, 6, 2, 3}};
 
+// Calls f(c) for every model of kModels, with prefetch on and off.
+template <class F>
+void for_each_prefetch_case(F&& f) {
+  for (bool prefetch : {true, false}) {
+    for (const auto& sizes : kModels) {
+      Case c;
+      c.sizes = sizes;
+      c.prefetch = prefetch;
+      f(c);
+    }
+  }
+}
+
 struct Result {
   std::vector<float> params;                     // (Ψ) registration order
   std::vector<float> losses;                     // every micro-step's loss on this rank
@@ -255,84 +268,76 @@ TEST_CASE("ZeRO-3 in bf16: a layer computes with its gathered 16-bit parameters,
   // The first forward of a bf16 run equals, bit for bit, chapter 01's bf16 forward of the same
   // model (16-bit parameters, each Linear's inputs and outputs rounded to bf16, fp32 compute):
   // each layer is all-gathered in 16 bits and widened to fp32 for its compute (08.1's
-  // use_gathered); then, after one step, every gathered or
-  // widened layer is gone again (08.1's release_parameters): model states back to the bytes
-  // the engine reports, with and without prefetch.
+  // use_gathered); then, after one step, every gathered or widened layer is gone again (08.1's
+  // release_parameters): model states back to the bytes the engine reports, with and without
+  // prefetch.
   Communicator& comm = test_comm();
-  for (bool prefetch : {true, false}) {
-    for (const auto& sizes : kModels) {
-      Case c;
-      c.sizes = sizes;
-      c.prefetch = prefetch;
-      INFO("sizes[1] = " << sizes[1] << ", prefetch " << prefetch << ", N = " << comm.world_size()
-                         << ", rank " << comm.rank());
-      TrainConfig config = config_of(c);
-      config.precision = "bf16";
-      Model unsharded(sizes, /*seed=*/5);
-      ReplicatedPrecision replicated(unsharded, config, 1);  // chapter 01's bf16 model
-      Tape ref_tape;
-      const Batch batch = batch_of(c, comm.rank(), 0, 0);
-      const std::vector<float> expected = {forward_loss(ref_tape, unsharded, batch)->value[0]};
-      Ledger& ledger = Ledger::get();
-      const int64_t states_before = ledger.model_states_current();
-      Model model(sizes, /*seed=*/5);
-      Zero3Options options;
-      options.prefetch = prefetch;
-      Zero3<bf16> zero(comm, model, config, options);
-      zero.zero_grad();
-      const std::vector<float> got = {micro_step(c, model, comm.rank(), 0, 0)};
-      REQUIRE_SAME_BITS("the first loss in bf16 (expected: the unsharded bf16 forward)", expected,
-                        got, {});
-      zero.finalize_backward();
-      zero.step();
-      REQUIRE(ledger.model_states_current() - states_before ==
-              zero.model_states_bytes()[comm.rank()]);
-    }
-  }
+  for_each_prefetch_case([&](const Case& c) {
+    const std::vector<int64_t>& sizes = c.sizes;
+    INFO("sizes[1] = " << sizes[1] << ", prefetch " << c.prefetch << ", N = " << comm.world_size()
+                       << ", rank " << comm.rank());
+    TrainConfig config = config_of(c);
+    config.precision = "bf16";
+    Model unsharded(sizes, /*seed=*/5);
+    ReplicatedPrecision replicated(unsharded, config, 1);  // chapter 01's bf16 model
+    Tape ref_tape;
+    const Batch batch = batch_of(c, comm.rank(), 0, 0);
+    const std::vector<float> expected = {forward_loss(ref_tape, unsharded, batch)->value[0]};
+    Ledger& ledger = Ledger::get();
+    const int64_t states_before = ledger.model_states_current();
+    Model model(sizes, /*seed=*/5);
+    Zero3Options options;
+    options.prefetch = prefetch;
+    Zero3<bf16> zero(comm, model, config, options);
+    zero.zero_grad();
+    const std::vector<float> got = {micro_step(c, model, comm.rank(), 0, 0)};
+    REQUIRE_SAME_BITS("the first loss in bf16 (expected: the unsharded bf16 forward)", expected,
+                      got, {});
+    zero.finalize_backward();
+    zero.step();
+    REQUIRE(ledger.model_states_current() - states_before ==
+            zero.model_states_bytes()[comm.rank()]);
+  });
 }
 
 TEST_CASE("memory: model states (4 + 4 + 8)Ψ/N throughout, full layers in flight as the formula",
           "[zero3]") {
   Communicator& comm = test_comm();
-  for (bool prefetch : {true, false}) {
-    for (const auto& sizes : kModels) {
-      Case c;
-      c.sizes = sizes;
-      c.prefetch = prefetch;
-      Ledger& ledger = Ledger::get();
-      const int64_t states_before = ledger.model_states_current(),
-                    buffers_before = ledger.current(MemTag::comm_buffers);
-      Model model(sizes, 5);
-      const int64_t psi = model.num_parameters();
-      Zero3Options options;
-      options.prefetch = prefetch;
-      Zero3<> zero(comm, model, config_of(c), options);
-      const LayerLayout& layout = zero.layout();
-      const int64_t scratch =
-          4 * std::max_element(layout.buckets.begin(), layout.buckets.end(), [](auto& a, auto& b) {
-                return a.shard_size < b.shard_size;
-              })->shard_size;
-      INFO("Ψ = " << psi << ", N = " << comm.world_size() << ", prefetch " << prefetch);
-      const int64_t states = zero.model_states_bytes()[comm.rank()];
-      REQUIRE(ledger.model_states_current() - states_before == states);
-      REQUIRE(states == 8 * layout.shard_total + 8 * layout.shard_real);
-      ledger.reset_peaks();
-      for (int64_t step = 0; step < 2; ++step) {
-        zero.zero_grad();
-        micro_step(c, model, comm.rank(), step, 0);
-        zero.finalize_backward();
-        zero.step();
-      }
-      REQUIRE(ledger.model_states_peak() - states_before == states);  // never more
-      REQUIRE(ledger.peak(MemTag::comm_buffers) - buffers_before ==
-              scratch + zero.in_flight_peak_bytes());
-      REQUIRE(ledger.current(MemTag::comm_buffers) - buffers_before ==
-              scratch);  // every layer freed
-      std::vector<double> real = {static_cast<double>(layout.shard_real)};
-      comm.all_reduce_metrics(real);
-      REQUIRE(real[0] == static_cast<double>(psi));  // Σ over ranks: each element once
+  for_each_prefetch_case([&](const Case& c) {
+    const std::vector<int64_t>& sizes = c.sizes;
+    const bool prefetch = c.prefetch;
+    Ledger& ledger = Ledger::get();
+    const int64_t states_before = ledger.model_states_current(),
+                  buffers_before = ledger.current(MemTag::comm_buffers);
+    Model model(sizes, 5);
+    const int64_t psi = model.num_parameters();
+    Zero3Options options;
+    options.prefetch = prefetch;
+    Zero3<> zero(comm, model, config_of(c), options);
+    const LayerLayout& layout = zero.layout();
+    const int64_t scratch =
+        4 * std::max_element(layout.buckets.begin(), layout.buckets.end(), [](auto& a, auto& b) {
+              return a.shard_size < b.shard_size;
+            })->shard_size;
+    INFO("Ψ = " << psi << ", N = " << comm.world_size() << ", prefetch " << prefetch);
+    const int64_t states = zero.model_states_bytes()[comm.rank()];
+    REQUIRE(ledger.model_states_current() - states_before == states);
+    REQUIRE(states == 8 * layout.shard_total + 8 * layout.shard_real);
+    ledger.reset_peaks();
+    for (int64_t step = 0; step < 2; ++step) {
+      zero.zero_grad();
+      micro_step(c, model, comm.rank(), step, 0);
+      zero.finalize_backward();
+      zero.step();
     }
-  }
+    REQUIRE(ledger.model_states_peak() - states_before == states);  // never more
+    REQUIRE(ledger.peak(MemTag::comm_buffers) - buffers_before ==
+            scratch + zero.in_flight_peak_bytes());
+    REQUIRE(ledger.current(MemTag::comm_buffers) - buffers_before == scratch);  // every layer freed
+    std::vector<double> real = {static_cast<double>(layout.shard_real)};
+    comm.all_reduce_metrics(real);
+    REQUIRE(real[0] == static_cast<double>(psi));  // Σ over ranks: each element once
+  });
 }
 
 TEST_CASE("traffic: the counters equal the theory; evaluation is not counted as training",
