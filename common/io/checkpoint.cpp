@@ -10,6 +10,7 @@
 
 #include "common/comm/comm.hpp"
 #include "common/core/check.hpp"
+#include "common/core/device_memory.hpp"
 #include "common/io/checkpoint_format.hpp"
 #include "common/io/safetensors.hpp"
 
@@ -91,12 +92,11 @@ TrainPosition Checkpointer::load(const CheckpointData& ck, const std::string& mp
   for (StatePiece& piece : state.pieces) {
     if (piece.params.empty()) continue;  // a shard of padding only
     const auto g = static_cast<size_t>(piece.global_offset);
-    const auto& p = ck.fields.at("params");
-    std::copy_n(p.begin() + g, piece.params.size(), piece.params.begin());
-    for (auto& [field, span] : optimizer_fields(piece)) {
-      const auto& v = ck.fields.at(field);
-      std::copy_n(v.begin() + g, span.size(), span.begin());
-    }
+    // Into host or --device memory (copy_elements: PyTorch's Tensor.copy_).
+    copy_elements(std::span<const float>(ck.fields.at("params")).subspan(g, piece.params.size()),
+                  piece.params);
+    for (auto& [field, span] : optimizer_fields(piece))
+      copy_elements(std::span<const float>(ck.fields.at(field)).subspan(g, span.size()), span);
     if (std::vector<int64_t>* steps = segment_steps_of(piece))
       for (size_t k = 0; k < steps->size(); ++k)
         (*steps)[k] = tensors[piece.segment_params[k]].at("step").get<int64_t>();
@@ -112,8 +112,10 @@ TrainPosition Checkpointer::load(const CheckpointData& ck, const std::string& mp
     state.load_params(ck.fields.at("params"));
   else if (state.params_replicated)
     for (size_t i = 0; i < params.size(); ++i)
-      std::copy_n(ck.fields.at("params").begin() + model.offsets()[i], params[i]->numel(),
-                  params[i]->data.data());
+      copy_elements(std::span<const float>(ck.fields.at("params"))
+                        .subspan(static_cast<size_t>(model.offsets()[i]),
+                                 static_cast<size_t>(params[i]->numel())),
+                    params[i]->data.span());
   TrainPosition pos{m.at("global_step").get<int64_t>(), m.at("epoch").get<int64_t>(),
                     m.at("position_in_epoch").get<int64_t>()};
   RZ_CHECK(m.at("steps_per_epoch").get<int64_t>() == steps_per_epoch,

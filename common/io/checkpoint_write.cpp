@@ -6,6 +6,7 @@
 #include "common/io/checkpoint.hpp"
 #include "common/io/checkpoint_format.hpp"
 #include "common/core/check.hpp"
+#include "common/core/device_memory.hpp"
 #include "common/io/safetensors.hpp"
 
 namespace fs = std::filesystem;
@@ -30,8 +31,9 @@ std::map<std::string, NamedTensor> replicated_tensors(const TrainingState& state
     const auto off = static_cast<size_t>(model.offsets()[i]);
     for (const auto& f : fields) {
       RZ_CHECK(spans.count(f), "checkpoint: rank 0 holds no " << f << " to save");
-      const std::span<float> v = spans[f].subspan(off, params[i]->numel());
-      tensors[tensor_key(params[i]->name(), f)] = {params[i]->shape(), {v.begin(), v.end()}};
+      std::vector<float> v(static_cast<size_t>(params[i]->numel()));  // host or --device memory
+      copy_elements(spans[f].subspan(off, v.size()), std::span<float>(v));
+      tensors[tensor_key(params[i]->name(), f)] = {params[i]->shape(), std::move(v)};
     }
   }
   return tensors;
@@ -56,7 +58,9 @@ std::map<std::string, NamedTensor> shard_tensors(const TrainingState& state,
       RZ_CHECK(spans.count(f), "checkpoint: rank " << rank << "'s shard at global offset "
                                                    << piece.global_offset << " holds no " << f
                                                    << " to save");
-      tensors[f].values.insert(tensors[f].values.end(), spans[f].begin(), spans[f].end());
+      std::vector<float>& values = tensors[f].values;  // appended from host or --device memory
+      values.resize(values.size() + spans[f].size());
+      copy_elements(spans[f], std::span<float>(values).last(spans[f].size()));
     }
     if (!piece.params.empty())
       runs.push_back({piece.global_offset, local, static_cast<int64_t>(piece.params.size())});
