@@ -33,7 +33,8 @@ void DeviceExtension::add_flags(CommandLine& cli) {
           "--device " + device_ +
           " with --bench-allreduce: the benchmark measures host buffers (ours vs MPI_Allreduce); "
           "NCCL's bus bandwidth on the GPU is build-cuda/tests/gpu_nccl_check "
-          "(scripts/gpu-check). Drop --device " + device_);
+          "(scripts/gpu-check). Drop --device " +
+          device_);
   });
 }
 
@@ -47,8 +48,8 @@ void DeviceExtension::validate(const RunState& state) {
   // 16-bit storage (common/precision/mixed.hpp) has no device operations yet.
   RZ_CHECK(c.precision == "fp32",
            "--device " << device_ << " with --precision " << c.precision
-                        << ": the device path trains in fp32 only so far. Drop --precision (or "
-                           "use --precision fp32), or use --device cpu for 16-bit training");
+                       << ": the device path trains in fp32 only so far. Drop --precision (or "
+                          "use --precision fp32), or use --device cpu for 16-bit training");
 }
 
 void DeviceExtension::before_lesson(RunState& state) {

@@ -73,8 +73,9 @@ TrainPosition Checkpointer::resume(TrainingState& state, int64_t steps_per_epoch
     return load(ck, mpath, state, steps_per_epoch);
   } catch (const nlohmann::json::exception& e) {  // a field of a type this binary never writes
     RZ_CHECK(false, mpath << ": a field is missing or of another type than this binary writes ("
-                          << e.what() << "); the manifest is damaged. Resume from another "
-                                         "checkpoint");
+                          << e.what()
+                          << "); the manifest is damaged. Resume from another "
+                             "checkpoint");
   }
   return {};
 }
@@ -92,9 +93,8 @@ TrainPosition Checkpointer::load(const CheckpointData& ck, const std::string& mp
   for (StatePiece& piece : state.pieces) {
     if (piece.params.empty()) continue;  // a shard of padding only
     const auto g = static_cast<size_t>(piece.global_offset);
-    // Into host or --device memory (copy_elements: PyTorch's Tensor.copy_).
-    copy_elements(std::span<const float>(ck.fields.at("params")).subspan(g, piece.params.size()),
-                  piece.params);
+    const std::span<const float> saved = ck.fields.at("params");  // into host or device memory
+    copy_elements(saved.subspan(g, piece.params.size()), piece.params);
     for (auto& [field, span] : optimizer_fields(piece))
       copy_elements(std::span<const float>(ck.fields.at(field)).subspan(g, span.size()), span);
     if (std::vector<int64_t>* steps = segment_steps_of(piece))
@@ -112,10 +112,10 @@ TrainPosition Checkpointer::load(const CheckpointData& ck, const std::string& mp
     state.load_params(ck.fields.at("params"));
   else if (state.params_replicated)
     for (size_t i = 0; i < params.size(); ++i)
-      copy_elements(std::span<const float>(ck.fields.at("params"))
-                        .subspan(static_cast<size_t>(model.offsets()[i]),
-                                 static_cast<size_t>(params[i]->numel())),
-                    params[i]->data.span());
+      copy_elements(
+          std::span<const float>(ck.fields.at("params"))
+              .subspan(static_cast<size_t>(model.offsets()[i]), params[i]->data.span().size()),
+          params[i]->data.span());
   TrainPosition pos{m.at("global_step").get<int64_t>(), m.at("epoch").get<int64_t>(),
                     m.at("position_in_epoch").get<int64_t>()};
   RZ_CHECK(m.at("steps_per_epoch").get<int64_t>() == steps_per_epoch,

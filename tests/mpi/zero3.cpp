@@ -287,7 +287,7 @@ TEST_CASE("ZeRO-3 in bf16: a layer computes with its gathered 16-bit parameters,
     const int64_t states_before = ledger.model_states_current();
     Model model(sizes, /*seed=*/5);
     Zero3Options options;
-    options.prefetch = prefetch;
+    options.prefetch = c.prefetch;
     Zero3<bf16> zero(comm, model, config, options);
     zero.zero_grad();
     const std::vector<float> got = {micro_step(c, model, comm.rank(), 0, 0)};
