@@ -43,7 +43,7 @@ void DeviceExtension::validate(const RunState& state) {
   // Checked here, before before_lesson probes the GPU, so a build or machine without one gives
   // this message too. Checkpoints, --save-optimizer-state and --find-unused-parameters are the
   // CPU's code on the device as well: the checkpoint's writer and reader copy the state between
-  // the device and the host with copy_elements (tests/chapters/device_backend.sh).
+  // the device and the host with copy_elements (tests/chapters/device_state.sh).
   const TrainConfig& c = state.config;
   // 16-bit storage (common/precision/mixed.hpp) has no device operations yet.
   RZ_CHECK(c.precision == "fp32",

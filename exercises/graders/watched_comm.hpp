@@ -75,27 +75,14 @@ class WatchedComm {
   template <class T>
   void send(std::span<T> buf, int dest) {
     using E = std::remove_const_t<T>;
-    const std::string where = op_ + ", message " + std::to_string(++hop_) + ": sending " +
-                              span_name(std::span<const E>(buf)) + " to rank " +
-                              std::to_string(dest);
-    MPI_Request request = MPI_REQUEST_NULL;
-    report_error(MPI_Isend(buf.data(), static_cast<int>(buf.size_bytes()), MPI_BYTE, dest, tag_,
-                           MPI_COMM_WORLD, &request),
-                 where);
-    watch(&request, 1, where);
-    bytes_sent += static_cast<int64_t>(buf.size_bytes());
+    bytes_sent += message(true, const_cast<E*>(buf.data()), buf.size_bytes(), sizeof(E), dest,
+                          span_name(std::span<const E>(buf)));
   }
   /// One message from `src` into `buf`, watched.
   template <class T>
   void recv(std::span<T> buf, int src) {
-    const std::string where = op_ + ", message " + std::to_string(++hop_) + ": awaiting " +
-                              span_name(std::span<const T>(buf)) + " from rank " +
-                              std::to_string(src);
-    MPI_Request request = MPI_REQUEST_NULL;
-    report_error(MPI_Irecv(buf.data(), static_cast<int>(buf.size_bytes()), MPI_BYTE, src, tag_,
-                           MPI_COMM_WORLD, &request),
-                 where);
-    bytes_received += watch(&request, 1, where, buf.size_bytes(), sizeof(T));
+    bytes_received += message(false, buf.data(), buf.size_bytes(), sizeof(T), src,
+                              span_name(std::span<const T>(buf)));
   }
 
   template <class T>
@@ -135,6 +122,22 @@ class WatchedComm {
              std::to_string(first + static_cast<int64_t>(s.size())) + ") of the buffer)";
     return count + ", chunk " + std::to_string(first / chunk) + " ([" + std::to_string(first) +
            ", " + std::to_string(first + static_cast<int64_t>(s.size())) + "))";
+  }
+
+  // One watched message of `bytes` to (sending) or from `peer`, `what` naming the span; returns
+  // the bytes it moved.
+  int64_t message(bool sending, void* data, size_t bytes, size_t element_bytes, int peer,
+                  const std::string& what) {
+    const std::string where = op_ + ", message " + std::to_string(++hop_) +
+                              (sending ? ": sending " : ": awaiting ") + what +
+                              (sending ? " to rank " : " from rank ") + std::to_string(peer);
+    MPI_Request request = MPI_REQUEST_NULL;
+    const int n = static_cast<int>(bytes);
+    report_error(sending ? MPI_Isend(data, n, MPI_BYTE, peer, tag_, MPI_COMM_WORLD, &request)
+                         : MPI_Irecv(data, n, MPI_BYTE, peer, tag_, MPI_COMM_WORLD, &request),
+                 where);
+    const int64_t got = watch(&request, 1, where, sending ? 0 : bytes, element_bytes);
+    return sending ? static_cast<int64_t>(bytes) : got;
   }
 
   // Waits for `requests` until the deadline; past it, prints where this rank is and aborts
