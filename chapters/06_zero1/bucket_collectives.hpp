@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
-#include <string>
 
 #include "chapters/04_ring_allreduce/ring.hpp"
 #include "chapters/06_zero1/shard.hpp"
@@ -21,7 +20,6 @@
 #include "common/core/device_memory.hpp"
 #include "common/core/half.hpp"
 #include "common/report/dist.hpp"
-#include "common/report/metrics.hpp"
 
 namespace ringzero {
 
@@ -32,8 +30,9 @@ namespace ringzero {
 /// 4 with --reduce-dtype fp32) and `param_bytes` = 2 on the all-gather: 2(N−1)/N · 2(Ψ + padding)
 /// bytes, or (N−1)/N · (4 + 2)(Ψ + padding). With MPI's collectives the counters see only the
 /// payload handed to MPI: the bucket to reduce less our block, and our block to gather, N s
-/// per bucket (the wire traffic is MPI's); fp32 only.
-inline TrafficTheory zero_traffic_theory(const ShardLayout& layout, int world_size, int64_t psi,
+/// per bucket (the wire traffic is MPI's); fp32 only. The text line beside the bytes is
+/// derived from the engine's description (common/zero/zero_lesson.hpp's zero_traffic_formula).
+inline TrafficTheory zero_traffic_theory(const ShardLayout& layout, int world_size,
                                          Collectives collectives, int grad_bytes = 4,
                                          int param_bytes = 4) {
   TrafficTheory theory;
@@ -52,33 +51,6 @@ inline TrafficTheory zero_traffic_theory(const ShardLayout& layout, int world_si
     theory.bytes_sent.push_back(sent);
     theory.bytes_received.push_back(received);
   }
-  const double N = world_size;
-  const std::string counts = "; N = " + std::to_string(world_size) +
-                             ", Ψ = " + std::to_string(psi) +
-                             ", padding = " + std::to_string(layout.padding_total);
-  if (grad_bytes != 4 || param_bytes != 4) {  // 16 bits: ring only (the engines refuse mpi)
-    const std::string g = std::to_string(grad_bytes), p = std::to_string(param_bytes);
-    const std::string per_element = grad_bytes == param_bytes
-                                        ? "2(N-1)/N·" + g + "(Ψ + padding)"
-                                        : "(N-1)/N·(" + g + " + " + p + ")(Ψ + padding)";
-    theory.formula =
-        "theory (ring reduce-scatter of " + g + "-byte gradients + ring all-gather of " + p +
-        "-byte parameters, per bucket): every rank sends (N-1)/N·(" + g + " + " + p +
-        ")Ψ = " + human_bytes((N - 1) / N * (grad_bytes + param_bytes) * static_cast<double>(psi)) +
-        " per step; exactly " + per_element + " = " +
-        human_bytes(static_cast<double>(theory.bytes_sent[0])) + counts;
-    return theory;
-  }
-  theory.formula = ring ? "theory (ring reduce-scatter of gradients + ring all-gather of "
-                          "parameters, per bucket): every rank "
-                          "sends 2(N-1)/N·4Ψ = " +
-                              human_bytes(2 * (N - 1) / N * 4.0 * static_cast<double>(psi)) +
-                              " per step, as DDP; exactly 2(N-1)/N·4(Ψ + padding) = " +
-                              human_bytes(static_cast<double>(theory.bytes_sent[0])) + counts
-                        : "MPI_Reduce_scatter_block + MPI_Allgather: counters show the payload "
-                          "handed to MPI, 4(Ψ + padding) = " +
-                              human_bytes(static_cast<double>(theory.bytes_sent[0])) +
-                              " per step, not its wire traffic" + counts;
   return theory;
 }
 

@@ -49,6 +49,7 @@
 #include "common/report/dist.hpp"
 #include "common/zero/padded_buffer.hpp"
 #include "common/zero/shard_state.hpp"
+#include "common/zero/zero_lesson.hpp"
 #include "common/zero/zero_memory.hpp"
 
 namespace ringzero {
@@ -142,8 +143,11 @@ class Zero1 {
   /// What every rank should send and receive per optimizer step (bucket_collectives.hpp):
   /// sizeof(R) bytes per element on the reduce-scatter, sizeof(T) on the all-gather.
   TrafficTheory traffic_theory() const {
-    return zero_traffic_theory(layout_, comm_.world_size(), psi_, options_.collectives,
-                               element_bytes<R>(), element_bytes<T>());
+    TrafficTheory theory = zero_traffic_theory(layout_, comm_.world_size(), options_.collectives,
+                                               element_bytes<R>(), element_bytes<T>());
+    theory.formula = zero_traffic_formula(describe(), psi_, element_bytes<R>(), element_bytes<T>(),
+                                          theory.bytes_sent[0]);  // common/zero/zero_lesson.hpp
+    return theory;
   }
 
   /// The padded parameters, every bucket (tests; common/zero/shard_state.hpp saves and loads them).

@@ -22,7 +22,6 @@
 #include "common/comm/collectives.hpp"
 #include "common/core/nn.hpp"
 #include "common/report/dist.hpp"
-#include "common/report/metrics.hpp"
 
 namespace ringzero {
 
@@ -80,44 +79,24 @@ inline int64_t in_flight_peak_bytes(const LayerLayout& layout, bool prefetch,
 /// collectives the counters see the payload handed to MPI: s_l sent and (N − 1) s_l received
 /// per all-gather, the reverse per reduce-scatter. Bytes per element: gather_bytes for the
 /// all-gathers, reduce_bytes for the reduce-scatter: 4 and 4 in fp32; in 16 bits 2 and 2
-/// (3(N−1)/N·2(Ψ + padding)), or 2 and 4 with --reduce-dtype fp32.
-inline TrafficTheory zero3_traffic_theory(const LayerLayout& layout, int world_size, int64_t psi,
+/// (3(N−1)/N·2(Ψ + padding)), or 2 and 4 with --reduce-dtype fp32. The text line beside the
+/// bytes is derived from the engine's description (common/zero/zero_lesson.hpp).
+inline TrafficTheory zero3_traffic_theory(const LayerLayout& layout, int world_size,
                                           int64_t grad_accum_steps, Collectives collectives,
                                           int64_t gather_bytes = 4, int64_t reduce_bytes = 4) {
   const bool ring = collectives == Collectives::ring;
   const int64_t N = world_size, L = static_cast<int64_t>(layout.layers.size());
   const int64_t g = gather_bytes, r = reduce_bytes;
-  int64_t sent = 0,
-          received = 0;  // bytes per micro-step, the same on every rank (every chunk is s_l)
+  // Bytes per micro-step, the same on every rank (every chunk is s_l).
+  int64_t sent = 0, received = 0;
   for (const BucketShard& s : layout.buckets) {
     sent += ring ? (N - 1) * s.shard_size * (2 * g + r) : (2 * g + (N - 1) * r) * s.shard_size;
     received += ring ? (N - 1) * s.shard_size * (2 * g + r) : (2 * (N - 1) * g + r) * s.shard_size;
   }
-  const int64_t headers = N > 1 ? 3 * L * 16 : 0, bytes = grad_accum_steps * (sent + headers);
+  const int64_t headers = N > 1 ? 3 * L * 16 : 0;
   TrafficTheory theory;
-  theory.bytes_sent.assign(static_cast<size_t>(N), bytes);
+  theory.bytes_sent.assign(static_cast<size_t>(N), grad_accum_steps * (sent + headers));
   theory.bytes_received.assign(static_cast<size_t>(N), grad_accum_steps * (received + headers));
-  const double n = static_cast<double>(N), p = static_cast<double>(psi);
-  const std::string per_param =
-      g == r ? "3(N-1)/N·" + std::to_string(g) + "Ψ"
-             : "(N-1)/N·(2·" + std::to_string(g) + " + " + std::to_string(r) + ")Ψ";
-  theory.formula =
-      (ring
-           ? "theory (ZeRO-3: per micro-step and layer, all-gather forward + all-gather backward "
-             "+ reduce-scatter): every rank sends " +
-                 per_param + " = " + human_bytes((n - 1) / n * static_cast<double>(2 * g + r) * p) +
-                 " per micro-step" +
-                 (g == r ? ", 1.5x DDP's 2(N-1)/N·" + std::to_string(g) +
-                               "Ψ = " + human_bytes(2 * (n - 1) / n * static_cast<double>(g) * p)
-                         : std::string())
-           : std::string("MPI_Allgather x 2 + MPI_Reduce_scatter_block per layer: counters show "
-                         "the payload handed "
-                         "to MPI, not its wire traffic")) +
-      "; exactly (padding, 16-byte desync headers, K = " + std::to_string(grad_accum_steps) +
-      " micro-steps): " + human_bytes(static_cast<double>(bytes)) + "; N = " + std::to_string(N) +
-      ", Ψ = " + std::to_string(psi) +
-      ", padding = " + std::to_string(N * layout.shard_total - psi) + ", L = " + std::to_string(L) +
-      " layers";
   return theory;
 }
 

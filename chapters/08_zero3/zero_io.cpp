@@ -34,8 +34,12 @@ int64_t Zero3<T, R>::in_flight_peak_bytes() const {
 
 template <Element T, Element R>
 TrafficTheory Zero3<T, R>::traffic_theory() const {
-  return zero3_traffic_theory(layout_, comm_.world_size(), psi_, grad_accum_steps_,
-                              options_.collectives, element_bytes<T>(), element_bytes<R>());
+  TrafficTheory theory =
+      zero3_traffic_theory(layout_, comm_.world_size(), grad_accum_steps_, options_.collectives,
+                           element_bytes<T>(), element_bytes<R>());
+  theory.formula = zero_traffic_formula(describe(), psi_, element_bytes<R>(), element_bytes<T>(),
+                                        theory.bytes_sent[0], grad_accum_steps_);
+  return theory;
 }
 
 template <Element T, Element R>

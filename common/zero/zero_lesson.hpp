@@ -55,6 +55,60 @@ inline nlohmann::json zero_summary_fields(int zero_stage, Collectives collective
           {"theory_bytes_sent_per_rank_per_step", theory.bytes_sent}};
 }
 
+/// The traffic theory's text line of a ZeRO engine (the summary's and the report's "theory"),
+/// derived from its description `d` (stage, collectives, N, units and their shard sizes): the
+/// ZeRO paper's bytes per rank per step (Rajbhandari et al. 2020, §7: 2Ψ for stages 1-2, 3Ψ for
+/// stage 3, times (N − 1)/N and the element bytes), then the chapter's exact count
+/// `exact_sent` (bytes rank 0 sends per optimizer step, from the chapter's own formula) and the
+/// counts it is made of. psi: Ψ, real parameters; grad_bytes, param_bytes: bytes per element of
+/// the reduce-scatter (R) and of the all-gathers (T); grad_accum_steps: K (stage 3 gathers
+/// every micro-step). 16 bits: the ring only (the engines refuse --collectives mpi).
+inline std::string zero_traffic_formula(const EngineDescription& d, int64_t psi, int grad_bytes,
+                                        int param_bytes, int64_t exact_sent,
+                                        int64_t grad_accum_steps = 1) {
+  const bool ring = d.collectives == Collectives::ring;
+  int64_t padded = 0;  // Σ N·s over units: Ψ + padding
+  for (const ShardUnit& u : d.units) padded += d.world_size * u.shard_size;
+  const std::string N = std::to_string(d.world_size), g = std::to_string(grad_bytes),
+                    p = std::to_string(param_bytes), exact = human_bytes(exact_sent);
+  const std::string counts =
+      "; N = " + N + ", Ψ = " + std::to_string(psi) + ", padding = " + std::to_string(padded - psi);
+  const double n = d.world_size, psi_d = static_cast<double>(psi);
+  if (d.zero_stage == 3) {
+    const std::string per_param =
+        param_bytes == grad_bytes ? "3(N-1)/N·" + p + "Ψ" : "(N-1)/N·(2·" + p + " + " + g + ")Ψ";
+    const std::string versus_ddp =
+        ", 1.5x DDP's 2(N-1)/N·" + p +
+        "Ψ = " + human_bytes(2 * (n - 1) / n * static_cast<double>(param_bytes) * psi_d);
+    return (ring ? "theory (ZeRO-3: per micro-step and layer, all-gather forward + all-gather "
+                   "backward + reduce-scatter): every rank sends " +
+                       per_param + " = " +
+                       human_bytes((n - 1) / n * static_cast<double>(2 * param_bytes + grad_bytes) *
+                                   psi_d) +
+                       " per micro-step" + (param_bytes == grad_bytes ? versus_ddp : "")
+                 : std::string("MPI_Allgather x 2 + MPI_Reduce_scatter_block per layer: counters "
+                               "show the payload handed to MPI, not its wire traffic")) +
+           "; exactly (padding, 16-byte desync headers, K = " + std::to_string(grad_accum_steps) +
+           " micro-steps): " + exact + counts + ", L = " + std::to_string(d.units.size()) +
+           " layers";
+  }
+  if (grad_bytes != 4 || param_bytes != 4)  // 16 bits
+    return "theory (ring reduce-scatter of " + g + "-byte gradients + ring all-gather of " + p +
+           "-byte parameters, per bucket): every rank sends (N-1)/N·(" + g + " + " + p +
+           ")Ψ = " + human_bytes((n - 1) / n * (grad_bytes + param_bytes) * psi_d) +
+           " per step; exactly " +
+           (grad_bytes == param_bytes ? "2(N-1)/N·" + g + "(Ψ + padding)"
+                                      : "(N-1)/N·(" + g + " + " + p + ")(Ψ + padding)") +
+           " = " + exact + counts;
+  return ring ? "theory (ring reduce-scatter of gradients + ring all-gather of parameters, per "
+                "bucket): every rank sends 2(N-1)/N·4Ψ = " +
+                    human_bytes(2 * (n - 1) / n * 4.0 * psi_d) +
+                    " per step, as DDP; exactly 2(N-1)/N·4(Ψ + padding) = " + exact + counts
+              : "MPI_Reduce_scatter_block + MPI_Allgather: counters show the payload handed to "
+                "MPI, 4(Ψ + padding) = " +
+                    exact + " per step, not its wire traffic" + counts;
+}
+
 /// ZeRO-3's --explain-layers table (chapter 08): one line per layer of `layers`, in forward
 /// order, each beside its unit of `units` (the engine's description: Ψ_l elements, shard size
 /// s_l; padding N·s_l − Ψ_l) and its parameters' names.
