@@ -22,9 +22,7 @@
 #pragma once
 
 #include <algorithm>
-#include <span>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "chapters/04_ring_allreduce/ring.hpp"
@@ -68,10 +66,6 @@ class DDP {
 
   Communicator& comm() const { return comm_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
-  /// The --explain-buckets table of this plan (common/driver/bucket_tools.hpp).
-  std::string explain() const {
-    return explain_buckets(buckets_, model_, options_.bucket_cap_mb, options_.first_bucket_cap_mb);
-  }
   /// Every rank's optimizer, the same on each (common/precision/precision.hpp): the gradients,
   /// their mean and --reduce-dtype, the loss scale, the backward seed.
   ReplicatedPrecision& optimizer() { return precision_; }

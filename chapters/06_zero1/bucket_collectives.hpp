@@ -7,7 +7,6 @@
 // Leaves out: the layout (shard.hpp), chapter 08's per-layer queueing (layer_collectives.hpp).
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <span>
 

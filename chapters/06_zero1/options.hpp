@@ -4,22 +4,14 @@
 // Leaves out: the engines (zero.hpp).
 #pragma once
 
-#include "chapters/05_ddp_buckets/buckets.hpp"
-#include "common/comm/collectives.hpp"
-#include "common/report/trace.hpp"
+#include "chapters/05_ddp_buckets/options.hpp"
 #include "common/zero/zero_lesson.hpp"
 
 namespace ringzero {
 
-/// The options of chapters 06-07's engines.
-struct ZeroOptions {
-  double bucket_cap_mb = 25.0;       ///< PyTorch's default
-  double first_bucket_cap_mb = 1.0;  ///< PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES
-  bool find_unused_parameters = false;
-  Collectives collectives =
-      Collectives::ring;  ///< ring (chapter 04's) | mpi (MPI_Reduce_scatter_block, MPI_Allgather)
-  Tracer* tracer = nullptr;  ///< optional: launch, reduce-scatter and all-gather events
-};
+/// The options of chapters 06-07's engines: chapter 05's, unchanged (--collectives mpi:
+/// MPI_Reduce_scatter_block and MPI_Allgather in place of MPI_Allreduce).
+using ZeroOptions = DDPOptions;
 
 /// Chapters 06-07's flags: the engine's options, --explain-buckets, and ZeroFlags'
 /// (--collectives, the memory calculator).

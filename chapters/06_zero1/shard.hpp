@@ -49,11 +49,9 @@ struct BucketShard {
   int64_t padding = 0;        ///< (N − n mod N) mod N
   int64_t padded_offset = 0;  ///< first element in the padded flat buffer
   int64_t shard_size = 0;     ///< s = (n + padding) / N, the same on every rank
-  int64_t shard_offset =
-      0;             ///< this bucket's shard in a rank's shard buffer (Σ s of earlier buckets)
-  int64_t real = 0;  ///< real elements in this rank's shard: clamp(n − r s, 0, s)
-  std::vector<int64_t>
-      segments;  ///< sizes of the parameter pieces in [r s, r s + real), memory order
+  int64_t shard_offset = 0;   ///< in a rank's shard buffer: Σ s of earlier buckets
+  int64_t real = 0;           ///< real elements in this rank's shard: clamp(n − r s, 0, s)
+  std::vector<int64_t> segments;    ///< parameter pieces in [r s, r s + real), memory order
   std::vector<int> segment_params;  ///< the parameter index of each segment
   int64_t padded_size() const { return size + padding; }
 };
@@ -110,9 +108,7 @@ inline ShardLayout plan_shards(const Model& model, const std::vector<Bucket>& pl
     layout.shard_real += s.real;
     layout.buckets.push_back(std::move(s));
   }
-  int64_t psi = 0;
-  for (const Parameter* p : model.parameters()) psi += p->numel();
-  layout.padded_total = psi + layout.padding_total;
+  layout.padded_total = model.num_parameters() + layout.padding_total;
   return layout;
 }
 

@@ -32,7 +32,6 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "chapters/05_ddp_buckets/buckets.hpp"
@@ -60,7 +59,7 @@ namespace ringzero {
 /// fp16; common/precision/shard_precision.hpp). Collective: every rank constructs one and calls its
 /// methods in the same order. Chapter 07's ZeRO-2 extends it: the virtual members are where
 /// the gradients are kept, the rest is ZeRO-2's too except the reporting members (describe,
-/// model_states_bytes, ledger_formula, nonzero_padding), which Zero2 hides: not virtual, so
+/// model_states_bytes, ledger_formula, gradient_storage), which Zero2 hides: not virtual, so
 /// call them on the engine's own type.
 template <Element T = float, Element R = T>
 class Zero1 {
@@ -89,16 +88,11 @@ class Zero1 {
     check_collectives_for<T>(options.collectives, config.precision);  // mpi: fp32 only
     check_bucket_plans_match(comm, buckets_);
     const auto& params = model.parameters();
-    int64_t largest_chunk = 0, largest_bucket = 0;
-    for (const BucketShard& s : layout_.buckets) {
-      largest_chunk = std::max(largest_chunk, s.shard_size);
-      largest_bucket = std::max(largest_bucket, s.padded_size());
-    }
     // (s) the collective's incoming chunk; with R wider than T, the widened bucket and the
     // reduced shard of every bucket (kept until the step; ZeRO-2 keeps its own).
     // Every buffer lives where the model does (the host, or --device's memory).
-    reduce_ = ShardReduce<T, R>(comm.world_size(), largest_bucket, largest_chunk,
-                                full_gradients ? layout_.shard_total : 0, model.device());
+    reduce_ =
+        ShardReduce<T, R>(describe(), full_gradients ? layout_.shard_total : 0, model.device());
     const int64_t padding = layout_.padded_total - psi_;
     if (full_gradients)
       grads_ = PaddedBufferOf<T>(layout_.padded_total, padding, MemTag::gradients, model.device());
@@ -129,11 +123,6 @@ class Zero1 {
             .units = shard_units(layout_),
             .padding = layout_.padding_total};
   }
-  /// The --explain-buckets table (common/driver/bucket_tools.hpp).
-  std::string explain() const {
-    return explain_buckets(buckets_, model_, options_.bucket_cap_mb, options_.first_bucket_cap_mb,
-                           "reduce-scattered");
-  }
 
   /// Model-state bytes each rank should hold (zero_io.cpp).
   std::vector<int64_t> model_states_bytes() const;
@@ -150,8 +139,9 @@ class Zero1 {
     return theory;
   }
 
-  /// The padded parameters, every bucket (tests; common/zero/shard_state.hpp saves and loads them).
+  /// The padded parameters and gradients, every bucket (common/zero/shard_state.hpp).
   std::span<T> parameter_storage() { return params_.span(); }
+  std::span<T> gradient_storage() { return grads_.span(); }
   /// This rank's optimizer: its shard's state, the loss scale, the backward seed.
   ShardOptimizer& optimizer() { return optimizer_; }
   const ShardOptimizer& optimizer() const { return optimizer_; }
@@ -203,11 +193,6 @@ class Zero1 {
   /// Collective: one bucket's padded fp32 buffer all-gathered with the ring (rank r's shard at
   /// r·s; any --collectives), for the states common/zero/shard_state.hpp gathers whole.
   void gather_state(size_t, std::span<float> bucket) { ring_all_gather(comm_, bucket); }
-  /// Elements of the padding that are not zero: must be 0 (common/zero/shard_state.hpp).
-  int64_t nonzero_padding() const {
-    return count_nonzero_padding(describe(), comm_.rank(), params_.span(), false) +
-           count_nonzero_padding(describe(), comm_.rank(), grads_.span(), false);
-  }
 
  protected:
   // This rank's shard of bucket b in a padded buffer, and its real elements in ours.

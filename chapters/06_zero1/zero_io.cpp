@@ -35,10 +35,6 @@ std::string Zero1<T, R>::ledger_formula() const {
                               .exact = model_states_bytes(), .tail = zero_states_note<T>()});
 }
 
-template class Zero1<float, float>;
-template class Zero1<bf16, bf16>;
-template class Zero1<bf16, float>;
-template class Zero1<fp16, fp16>;
-template class Zero1<fp16, float>;
+RINGZERO_INSTANTIATE_PRECISIONS(Zero1);  // common/precision/with_precision.hpp
 
 }  // namespace ringzero

@@ -108,11 +108,8 @@ class Zero2 : public Zero1<T, R> {
     for (size_t b = 0; b < bucket_grads_.size(); ++b) free_bucket(b);
   }
 
-  /// Elements of the padding that are not zero: must be 0 (common/zero/shard_state.hpp).
-  int64_t nonzero_padding() const {
-    return count_nonzero_padding(describe(), comm_.rank(), params_.span(), false) +
-           count_nonzero_padding(describe(), comm_.rank(), grad_shard_.span(), true);
-  }
+  /// The gradient storage: the shard of every bucket, one after the other (shard_state.hpp).
+  std::span<R> gradient_storage() { return grad_shard_.span(); }
 
  private:
   // The reduced gradient of our shard of bucket b: what the reduce-scatter copied out.

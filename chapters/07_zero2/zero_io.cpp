@@ -68,10 +68,6 @@ EngineDescription Zero2<T, R>::describe() const {
   return d;
 }
 
-template class Zero2<float, float>;
-template class Zero2<bf16, bf16>;
-template class Zero2<bf16, float>;
-template class Zero2<fp16, fp16>;
-template class Zero2<fp16, float>;
+RINGZERO_INSTANTIATE_PRECISIONS(Zero2);  // common/precision/with_precision.hpp
 
 }  // namespace ringzero

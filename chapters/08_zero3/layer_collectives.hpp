@@ -5,65 +5,25 @@
 // shard, so micro-steps accumulate there, and the desync check runs before every collective.
 // The engine (zero3.hpp) decides when.
 //
-// The desync check is chapters 05-07's --check-collectives (common/checks/collective_check.hpp:
-// before its data, each collective swaps a 16-byte header, its sequence number, layer, kind and
-// size, with the ring neighbours), on always: ZeRO-3 makes a collective per layer, per forward
-// and backward, so a rank that runs one layer more than the others (a branch on its own data, a
-// layer called twice) posts one collective more; paired with another rank's collective of
-// another layer, that is a hang or, for two layers of the same size, silently wrong weights.
-// Its 16 bytes per collective are counted as "desync_check", part of this chapter's traffic.
-// Leaves out: prefetching decisions and buffer lifetimes (zero3.hpp); divergences that post the
-// same collectives (a rank that skips a layer's compute but not its hooks computes garbage, in
-// step).
+// The desync check is chapters 05-07's --check-collectives, on always: a collective per layer,
+// per forward and backward, is easy to post one too many on one rank (a branch on its own data,
+// a layer called twice), and its 16 bytes per collective are part of this chapter's traffic
+// (common/zero/layer_check.hpp, which also names the layers' collectives in the trace).
+// Leaves out: prefetching decisions and buffer lifetimes (zero3.hpp).
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
-#include <functional>
 #include <span>
-#include <string>
 #include <type_traits>
 
 #include "chapters/06_zero1/bucket_collectives.hpp"
 #include "chapters/08_zero3/layer_shard.hpp"
-#include "common/checks/collective_check.hpp"
+#include "common/zero/layer_check.hpp"
 #include "common/comm/comm_queue.hpp"
 #include "common/precision/shard_buffers.hpp"
 #include "common/zero/padded_buffer.hpp"
 
 namespace ringzero {
-
-/// What a ZeRO-3 collective is for; part of the desync header.
-enum LayerCollective : uint32_t { kForwardGather, kBackwardGather, kReduceScatter, kStateGather };
-
-/// A desync header in words, e.g. "ZeRO-3 collective #9 is the all-gather of layer 2 for its
-/// forward (1234 elements)". h.kind is a LayerCollective; h.id a layer of `layout`, named as
-/// state_dict() names it (another rank's header may hold any id: out of range, shown as "#id").
-inline std::string describe_layer_collective(const CollectiveHeader& h, const LayerLayout& layout) {
-  static const char* what[] = {
-      "the all-gather of layer %s for its forward", "the all-gather of layer %s for its backward",
-      "the reduce-scatter of layer %s's gradient", "the all-gather of layer %s for a checkpoint"};
-  const std::string layer =
-      h.id < layout.layers.size() ? layout.layers[h.id]->name() : "#" + std::to_string(h.id);
-  char out[192];
-  const int n = std::snprintf(out, sizeof out, "ZeRO-3 collective #%u is ", h.seq);
-  std::snprintf(out + n, sizeof out - n,
-                h.kind < 4 ? what[h.kind] : "an unknown collective on layer %s", layer.c_str());
-  return std::string(out) + " (" + std::to_string(h.size) + " elements)";
-}
-
-/// The desync check of a ZeRO-3 engine's queue (comm_queue.hpp runs it right before each
-/// collective): on, always, counted as "desync_check"; each header is (seq, layer,
-/// LayerCollective, P_l), described by describe_layer_collective. `layout` must outlive the
-/// queue. World size 1: nothing to check.
-inline CollectiveSequence desync_check(const LayerLayout& layout) {
-  return CollectiveSequence(
-      /*enabled=*/true, "desync_check",
-      [&layout](const CollectiveHeader& h) { return describe_layer_collective(h, layout); },
-      "Every rank must run the same layers in the same order: a layer run on some ranks only (a "
-      "branch on one rank's data, a layer called twice) pairs different collectives across "
-      "ranks, a hang or silently wrong weights");
-}
 
 /// The collectives of ZeRO-3 with element types T (parameters) and R (gradients), on the
 /// layers of `layout`. Collective: every rank posts the same collectives in the same order.
@@ -77,8 +37,7 @@ class LayerCollectives {
       : comm_(comm),
         layout_(layout),
         collectives_(collectives),
-        queue_(comm, tracer, {layer_collective_name(layout), "post", "zero3"},
-               desync_check(layout)) {
+        queue_(comm, tracer, layer_naming(layout.layers), layer_desync_check(layout.layers)) {
     int64_t largest_chunk = 0;
     for (const BucketShard& s : layout.buckets)
       largest_chunk = std::max(largest_chunk, s.shard_size);
@@ -122,17 +81,6 @@ class LayerCollectives {
     return queue_.submit(
         {.kind = kind, .unit = l, .elements = layout_.buckets[l].padded_size(), .bytes = bytes},
         job);
-  }
-  // The trace's names: "all_gather 2 (forward)", "reduce_scatter 4", ...
-  static std::function<std::string(uint32_t, int)> layer_collective_name(
-      const LayerLayout& layout) {
-    return [&layout](uint32_t kind, int l) {
-      static const char* labels[] = {"all_gather %s (forward)", "all_gather %s (backward)",
-                                     "reduce_scatter %s", "all_gather %s (state)"};
-      char label[96];
-      std::snprintf(label, sizeof label, labels[kind % 4], layout.layers[l]->name().c_str());
-      return std::string(label);
-    };
   }
   // The scratch as E (MPI's collectives want their input or output apart): ours when E is R;
   // empty otherwise (16-bit runs use the ring, which needs none for an all-gather).

@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "chapters/06_zero1/shard.hpp"

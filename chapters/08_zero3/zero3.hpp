@@ -27,9 +27,7 @@
 #pragma once
 
 #include <algorithm>
-#include <cstdio>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -118,10 +116,6 @@ class Zero3 {
   const LayerLayout& layout() const { return layout_; }
   /// What this engine is, as data: stage, layers, collectives, prefetch, padding (zero_io.cpp).
   EngineDescription describe() const;
-  /// The --explain-layers table (common/zero/zero_lesson.hpp).
-  std::string explain() const {
-    return explain_layer_shards(layout_.layers, shard_units(layout_), comm_.world_size());
-  }
 
   /// Model-state bytes each rank holds, at every moment: 4 per element of its parameter and
   /// gradient shards (Σ s_l each, padding included), 8 per real element (AdamW); in 16 bits
@@ -178,15 +172,9 @@ class Zero3 {
   /// Collective: layer l's padded fp32 buffer (P_l) all-gathered, rank r's shard at r·s_l, for
   /// the states common/zero/shard_state.hpp gathers whole (--save-final, --save-optimizer-state).
   void gather_state(size_t l, std::span<float> layer);
-  /// This rank's parameter shards, layer by layer (common/zero/shard_state.hpp saves, loads them).
+  /// This rank's parameter and gradient shards, layer by layer (common/zero/shard_state.hpp).
   std::span<T> parameter_storage() { return params_.span(); }
-
-  /// Elements of the padding of the parameter and gradient shards that are not zero: must be 0
-  /// (common/zero/shard_state.hpp).
-  int64_t nonzero_padding() const {
-    return count_nonzero_padding(describe(), comm_.rank(), params_.span(), false) +
-           count_nonzero_padding(describe(), comm_.rank(), grads_.span(), false);
-  }
+  std::span<R> gradient_storage() { return grads_.span(); }
 
  private:
   template <class Padded>

@@ -3,7 +3,6 @@
 // is gathered whole (gather_state: one layer at a time). zero3.hpp declares them.
 // Leaves out: everything the training step does (zero3.hpp); what it saves (--save-final,
 // --save-optimizer-state, checkpoints: derived from describe() in common/zero/shard_state.hpp).
-#include <algorithm>
 #include <span>
 #include <string>
 #include <utility>
@@ -85,10 +84,6 @@ void Zero3<T, R>::gather_state(size_t l, std::span<float> layer) {
   collectives_.wait(collectives_.all_gather(static_cast<int>(l), kStateGather, layer));
 }
 
-template class Zero3<float, float>;
-template class Zero3<bf16, bf16>;
-template class Zero3<bf16, float>;
-template class Zero3<fp16, fp16>;
-template class Zero3<fp16, float>;
+RINGZERO_INSTANTIATE_PRECISIONS(Zero3);  // common/precision/with_precision.hpp
 
 }  // namespace ringzero

@@ -70,4 +70,11 @@ struct EngineDescription {
   bool reset_ledger_peaks = true;
 };
 
+/// The largest shard size s over the units of `d` (0 without units): a collective's chunk.
+inline int64_t largest_shard(const EngineDescription& d) {
+  int64_t s = 0;
+  for (const ShardUnit& u : d.units) s = u.shard_size > s ? u.shard_size : s;
+  return s;
+}
+
 }  // namespace ringzero

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/comm/collectives.hpp"
+#include "common/driver/bucket_tools.hpp"
 #include "common/driver/engine_description.hpp"
 #include "common/driver/lesson.hpp"
 #include "common/precision/precision.hpp"
@@ -93,11 +94,23 @@ class EngineLesson : public Lesson {
   EngineLesson(SetUp& s, const Flags& flags)
       : engine(*s.comm, s.model, s.config, traced(flags.options, s.tracer)),
         model_(s.model),
+        options_(flags.options),
         explain_(flags.explain) {}
 
   std::optional<EngineDescription> description() const override { return engine.describe(); }
   std::string banner() const override { return engine_banner(engine.describe()); }
-  std::string explanation() const override { return explain_ ? engine.explain() : ""; }
+  /// --explain-buckets (bucket_tools.hpp: DDP's all-reduced, ZeRO-1/2's reduce-scattered
+  /// buckets) or --explain-layers (zero_lesson.hpp: ZeRO-3's layer shards), from the engine.
+  std::string explanation() const override {
+    if (!explain_) return "";
+    const EngineDescription d = engine.describe();
+    if constexpr (requires { engine.buckets(); })
+      return explain_buckets(engine.buckets(), model_, options_.bucket_cap_mb,
+                             options_.first_bucket_cap_mb,
+                             d.zero_stage == 0 ? "all-reduced" : "reduce-scattered");
+    else
+      return explain_layer_shards(engine.layout().layers, d.units, d.world_size);
+  }
   bool reset_ledger_peaks() const override { return engine.describe().reset_ledger_peaks; }
   /// --trace: each layer's forward and backward (inside the engine's own hooks: compute only)
   /// and the optimizer's steps; the collectives and the waits for them are the engine's
@@ -150,6 +163,7 @@ class EngineLesson : public Lesson {
     return options;
   }
   Model& model_;
+  typename Engine::Options options_;  // the engine's, as the flags set them
   bool explain_;
 };
 

@@ -26,6 +26,7 @@
 #include "common/core/ledger.hpp"
 #include "common/core/nn.hpp"
 #include "common/core/optim.hpp"
+#include "common/driver/engine_description.hpp"
 #include "common/precision/mixed.hpp"
 
 namespace ringzero {
@@ -103,6 +104,11 @@ class ShardReduce {
       wide_ = BufferOf<R>(largest_bucket, MemTag::comm_buffers, device);
       if (kept > 0) kept_ = BufferOf<R>(kept, MemTag::comm_buffers, device);
     }
+  }
+  /// The same, sized for the units of an engine's description `d`: the largest padded unit
+  /// (N·s) and the largest shard s.
+  ShardReduce(const EngineDescription& d, int64_t kept, Device device)
+      : ShardReduce(d.world_size, d.world_size * largest_shard(d), largest_shard(d), kept, device) {
   }
 
   /// Sums `bucket` over ranks with the chapter's collective, sum(std::span<R> bucket,

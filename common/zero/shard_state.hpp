@@ -220,7 +220,8 @@ std::map<std::string, NamedTensor> gather_weights(const EngineDescription& d, co
 
 /// A ZeRO engine (chapters 06-08's Zero1, Zero2, Zero3) as the exporters below use it:
 /// describe() (its units), comm(), optimizer() (its ShardOptimizer), parameter_storage() (the
-/// std::span<T> of its parameter buffer, laid out as unit_starts() says) and gather_state(u,
+/// std::span<T> of its parameter buffer, laid out as unit_starts() says), gradient_storage()
+/// (its gradients' buffer: nonzero_padding) and gather_state(u,
 /// buffer) (collective: unit u's padded fp32 buffer all-gathered, rank r's shard at r·shard_size;
 /// every rank calls it for the same units in the same order, as gather_units does).
 template <class Engine>
@@ -229,8 +230,20 @@ concept ShardedEngine = requires(Engine& e, std::span<float> buffer) {
   e.comm();
   e.optimizer();
   e.parameter_storage();
+  e.gradient_storage();
   e.gather_state(size_t{0}, buffer);
 };
+
+/// Elements of the padding of a ZeRO engine's parameter and gradient storage that are not zero:
+/// must be 0 (count_nonzero_padding; the tests check it after every step). The engine's
+/// gradient_storage() is laid out as its parameters (ZeRO-1), or as its shards (ZeRO-2, 3).
+template <ShardedEngine Engine>
+int64_t nonzero_padding(Engine& engine) {
+  const EngineDescription d = engine.describe();
+  return count_nonzero_padding(d, engine.comm().rank(), engine.parameter_storage(), false) +
+         count_nonzero_padding(d, engine.comm().rank(), engine.gradient_storage(),
+                               d.zero_stage == 2);
+}
 
 /// The training state a checkpoint saves and loads, of a ZeRO engine over `model` (the model the
 /// engine was built on): this rank's pieces, views into the engine's buffers, valid while the

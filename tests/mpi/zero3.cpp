@@ -152,7 +152,7 @@ Result run_zero3(const Case& c, Tracer* tracer = nullptr) {
       out.losses.push_back(micro_step(c, model, comm.rank(), step, k));
     zero.finalize_backward();
     zero.step();  // --clip-grad-norm (config_of) first
-    out.nonzero_padding += zero.nonzero_padding();
+    out.nonzero_padding += nonzero_padding(zero);
   }
   const auto state = sharded_model_state_dict(zero, model);
   for (const Parameter* p : model.parameters()) {

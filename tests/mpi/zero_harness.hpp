@@ -92,8 +92,8 @@ void run_steps(const ZeroCase& c, Model& model, const TrainConfig& config, L& le
         lesson.engine, Step{model, config.grad_accum_steps, step + 1,
                             [&](int64_t k) { return zero_test_batch(c, rank, step, k); }})));
     out.step_params.push_back(model_params(model));
-    if constexpr (requires { lesson.engine.nonzero_padding(); })
-      out.nonzero_padding += lesson.engine.nonzero_padding();
+    if constexpr (ShardedEngine<decltype(lesson.engine)>)  // common/zero/shard_state.hpp
+      out.nonzero_padding += nonzero_padding(lesson.engine);
   }
 }
 
