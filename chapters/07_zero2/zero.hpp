@@ -32,7 +32,6 @@
 #pragma once
 
 #include <algorithm>
-#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -58,7 +57,7 @@ class Zero2 : public Zero1<T, R> {
   /// Chapter 06's Zero1 without its gradients (Zero1's constructor: the buckets, the shards,
   /// this rank's optimizer, the padded parameters), plus a gradient shard of R and a hook on
   /// every Linear layer (pre-backward: allocate its buckets). comm and model must outlive the
-  /// Zero2; the layer hooks stay on the model but do nothing once it is gone. Errors: Zero1's.
+  /// Zero2; the layer hooks leave the model with it. Errors: Zero1's.
   Zero2(Communicator& comm, Model& model, const TrainConfig& config, ZeroOptions options)
       : Base(comm, model, config, options, /*full_gradients=*/false) {
     grad_shard_ = PaddedBufferOf<R>(layout_.shard_total, layout_.shard_total - layout_.shard_real,
@@ -71,19 +70,15 @@ class Zero2 : public Zero1<T, R> {
       for (Parameter* p : layer->parameters())
         mine.push_back(
             static_cast<int>(std::find(params.begin(), params.end(), p) - params.begin()));
-      layer->add_pre_backward_hook([alive = alive_, mine](Module&) {
-        if (*alive)
-          for (int i : mine) (*alive)->allocate_bucket((*alive)->readiness_->bucket_of(i));
+      hooks_.pre_backward(*layer, [this, mine](Module&) {
+        for (int i : mine) allocate_bucket(readiness_->bucket_of(i));
       });
     }
   }
 
   /// Stops the communication thread (its jobs write our buffers: Zero1's comm_queue_ would
-  /// stop only after our members are gone) and quiets the layer hooks.
-  ~Zero2() override {
-    *alive_ = nullptr;
-    comm_queue_.stop();
-  }
+  /// stop only after our members are gone).
+  ~Zero2() override { comm_queue_.stop(); }
 
   /// Model-state bytes each rank should hold between steps (zero_io.cpp).
   std::vector<int64_t> model_states_bytes() const;
@@ -167,9 +162,8 @@ class Zero2 : public Zero1<T, R> {
   PaddedBufferOf<R> grad_shard_;  // (Σ s) this rank's shard of every bucket's reduced gradient
   std::vector<PaddedBufferOf<T>> bucket_grads_;  // (buckets) a full gradient, while in flight
   std::vector<uint64_t> tickets_;  // (buckets) its reduce-scatter's comm-thread ticket; 0: none
-  std::shared_ptr<Zero2*> alive_ =
-      std::make_shared<Zero2*>(this);  // what the layer hooks reach us by
-  friend struct BucketOrderFault;      // tests/tools/rank_fault.cpp: a rank out of order
+  ModuleHooks hooks_;              // the layers' hooks, removed with us (common/core/nn.hpp)
+  friend struct BucketOrderFault;  // tests/tools/rank_fault.cpp: a rank out of order
 };
 
 }  // namespace ringzero

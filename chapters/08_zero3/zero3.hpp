@@ -27,7 +27,6 @@
 #pragma once
 
 #include <algorithm>
-#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -95,20 +94,14 @@ class Zero3 {
     for (Linear* m : layout_.layers)  // weight, bias: layer l's are 2l and 2l + 1
       for (Parameter* p : m->parameters()) layer_params_.push_back(p);
     received_.assign(layer_params_.size(), 0);
-    for (int l = 0; l < L; ++l) {  // through alive_, so the hooks go quiet once the Zero3 is gone
-      auto hook = [alive = alive_, l](void (Zero3::*method)(int)) {
-        return [alive, l, method](Module&) {
-          if (*alive) ((*alive)->*method)(l);
-        };
-      };
+    for (int l = 0; l < L; ++l) {  // removed from the model with the Zero3 (hooks_)
       Linear& m = *layout_.layers[l];
-      m.add_pre_forward_hook(hook(&Zero3::pre_forward));
-      m.add_post_forward_hook(hook(&Zero3::post_forward));
-      m.add_pre_backward_hook(hook(&Zero3::pre_backward));
-      m.add_post_backward_hook(hook(&Zero3::post_backward));
+      hooks_.pre_forward(m, [this, l](Module&) { pre_forward(l); });
+      hooks_.post_forward(m, [this, l](Module&) { post_forward(l); });
+      hooks_.pre_backward(m, [this, l](Module&) { pre_backward(l); });
+      hooks_.post_backward(m, [this, l](Module&) { post_backward(l); });
     }
   }
-  ~Zero3() { *alive_ = nullptr; }
   Zero3(const Zero3&) = delete;
   Zero3& operator=(const Zero3&) = delete;
 
@@ -266,8 +259,7 @@ class Zero3 {
   std::vector<char> received_;            // (2L) 1 once its layer's backward ran in this step
   uint64_t rs_ticket_ = 0;         // the reduce-scatter in flight (at most one), of layer rs_layer_
   int rs_layer_ = -1;
-  std::shared_ptr<Zero3*> alive_ =
-      std::make_shared<Zero3*>(this);  // what the layer hooks reach us by
+  ModuleHooks hooks_;  // the layers' hooks (common/core/nn.hpp)
   // Last: its communication thread drains first, while everything above lives.
   LayerCollectives<T, R> collectives_{comm_, layout_, options_.collectives, options_.tracer,
                                       model_.device()};

@@ -10,20 +10,25 @@
 namespace ringzero {
 
 Var Module::operator()(Tape& tape, const Var& inp) {
-  for (auto& h : pre_forward_) h(*this);
+  for (auto& h : pre_forward_) h.run(*this);
   // Recorded first, so replayed last: after this module's backward ops.
   if (!post_backward_.empty())
     tape.record([this] {
-      for (auto& h : post_backward_) h(*this);
+      for (auto& h : post_backward_) h.run(*this);
     });
   Var out = forward(tape, inp);
   // Recorded last, so replayed first: before this module's backward ops.
   if (!pre_backward_.empty())
     tape.record([this] {
-      for (auto& h : pre_backward_) h(*this);
+      for (auto& h : pre_backward_) h.run(*this);
     });
-  for (auto& h : post_forward_) h(*this);
+  for (auto& h : post_forward_) h.run(*this);
   return out;
+}
+
+void Module::remove_hook(uint64_t id) {
+  for (auto* hooks : {&pre_forward_, &post_forward_, &pre_backward_, &post_backward_})
+    std::erase_if(*hooks, [id](const Added& h) { return h.id == id; });
 }
 
 Linear::Linear(const std::string& name, int64_t in_features, int64_t out_features)

@@ -9,8 +9,10 @@
 // Leaves out: nested submodule trees beyond one Sequential, buffers (BatchNorm stats), dtypes.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/core/autograd.hpp"
@@ -35,23 +37,57 @@ class Module {
   /// This module's own parameters (none for ReLU), in registration order.
   virtual std::vector<Parameter*> parameters() { return {}; }
 
-  void add_pre_forward_hook(Hook h) { pre_forward_.push_back(std::move(h)); }
-  /// Post hooks: first = true runs `h` before the hooks added so far (a timer that brackets
-  /// the compute only, trace_layers), else after them.
-  void add_post_forward_hook(Hook h, bool first = false) {
-    post_forward_.insert(first ? post_forward_.begin() : post_forward_.end(), std::move(h));
+  /// Each returns the hook's id, for remove_hook (PyTorch's RemovableHandle). Post hooks:
+  /// first = true runs `h` before the hooks added so far (a timer that brackets the compute
+  /// only, trace_layers), else after them.
+  uint64_t add_pre_forward_hook(Hook h) { return add(pre_forward_, std::move(h), false); }
+  uint64_t add_post_forward_hook(Hook h, bool first = false) {
+    return add(post_forward_, std::move(h), first);
   }
-  void add_pre_backward_hook(Hook h) { pre_backward_.push_back(std::move(h)); }
-  void add_post_backward_hook(Hook h, bool first = false) {
-    post_backward_.insert(first ? post_backward_.begin() : post_backward_.end(), std::move(h));
+  uint64_t add_pre_backward_hook(Hook h) { return add(pre_backward_, std::move(h), false); }
+  uint64_t add_post_backward_hook(Hook h, bool first = false) {
+    return add(post_backward_, std::move(h), first);
   }
+  /// Removes the hook with id `id` (not during a call of this module's hooks); an unknown id
+  /// does nothing.
+  void remove_hook(uint64_t id);
 
  protected:
   virtual Var forward(Tape& tape, const Var& inp) = 0;
 
  private:
+  struct Added {
+    uint64_t id;
+    Hook run;
+  };
+  uint64_t add(std::vector<Added>& hooks, Hook h, bool first) {
+    hooks.insert(first ? hooks.begin() : hooks.end(), Added{++last_id_, std::move(h)});
+    return last_id_;
+  }
   std::string name_;
-  std::vector<Hook> pre_forward_, post_forward_, pre_backward_, post_backward_;
+  std::vector<Added> pre_forward_, post_forward_, pre_backward_, post_backward_;
+  uint64_t last_id_ = 0;
+};
+
+/// The hooks one owner (an engine) adds to modules, removed from them when it is destroyed
+/// (PyTorch's RemovableHandle.remove() for each): the hooks leave the model with their owner
+/// instead of calling into a destroyed object. The modules must outlive it.
+class ModuleHooks {
+ public:
+  ModuleHooks() = default;
+  ModuleHooks(const ModuleHooks&) = delete;
+  ModuleHooks& operator=(const ModuleHooks&) = delete;
+  ~ModuleHooks() {
+    for (auto& [module, id] : added_) module->remove_hook(id);
+  }
+  void pre_forward(Module& m, Module::Hook h) { keep(m, m.add_pre_forward_hook(std::move(h))); }
+  void post_forward(Module& m, Module::Hook h) { keep(m, m.add_post_forward_hook(std::move(h))); }
+  void pre_backward(Module& m, Module::Hook h) { keep(m, m.add_pre_backward_hook(std::move(h))); }
+  void post_backward(Module& m, Module::Hook h) { keep(m, m.add_post_backward_hook(std::move(h))); }
+
+ private:
+  void keep(Module& m, uint64_t id) { added_.emplace_back(&m, id); }
+  std::vector<std::pair<Module*, uint64_t>> added_;
 };
 
 /// y = x Wᵀ + b, W (out, in), b (out). Init (PyTorch nn.Linear.reset_parameters): W and b

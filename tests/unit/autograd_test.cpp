@@ -87,6 +87,39 @@ TEST_CASE("module hooks run in forward and reverse order around each layer", "[a
   REQUIRE(events == backward);
 }
 
+TEST_CASE("ModuleHooks removes its owner's hooks, and only those, when it goes",
+          "[autograd][hooks]") {
+  // An engine (chapters 07-08) hooks the layers through a ModuleHooks member: once the engine
+  // is gone its hooks must not run (they would call into a destroyed object), while hooks that
+  // others added (a tracer's) stay, in their order.
+  Model model({3, 4, 2}, 5);
+  Module& layer = *model.net.layers[0];
+  std::vector<std::string> events;
+  const uint64_t kept = layer.add_pre_forward_hook([&](Module&) { events.push_back("kept"); });
+  auto forward_and_backward = [&] {
+    events.clear();
+    Tape tape;
+    Var loss = mse_loss(tape, model.forward(tape, make_var(randn({2, 3}, 6))), randn({2, 2}, 7));
+    tape.backward(loss);
+  };
+  {
+    ModuleHooks hooks;
+    hooks.pre_forward(layer, [&](Module&) { events.push_back("pre_forward"); });
+    hooks.post_forward(layer, [&](Module&) { events.push_back("post_forward"); });
+    hooks.pre_backward(layer, [&](Module&) { events.push_back("pre_backward"); });
+    hooks.post_backward(layer, [&](Module&) { events.push_back("post_backward"); });
+    forward_and_backward();
+    REQUIRE(events == std::vector<std::string>{"kept", "pre_forward", "post_forward",
+                                               "pre_backward", "post_backward"});
+  }
+  forward_and_backward();
+  REQUIRE(events == std::vector<std::string>{"kept"});
+  layer.remove_hook(kept);
+  layer.remove_hook(12345);  // an unknown id does nothing
+  forward_and_backward();
+  REQUIRE(events.empty());
+}
+
 TEST_CASE("backward reads the parameter's current storage", "[autograd][hooks]") {
   // ZeRO-3 frees a layer's weights after forward and gathers them again, maybe elsewhere,
   // before backward. Re-point W.data at a buffer with OTHER values and poison the old one:
