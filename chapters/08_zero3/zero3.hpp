@@ -43,7 +43,6 @@
 #include "common/report/dist.hpp"
 #include "common/zero/padded_buffer.hpp"
 #include "common/zero/shard_state.hpp"
-#include "common/zero/zero_lesson.hpp"  // explain_layer_shards
 #include "common/zero/zero_memory.hpp"
 
 namespace ringzero {
@@ -56,7 +55,7 @@ template <Element T = float, Element R = T>
 class Zero3 {
  public:
   using Options = Zero3Options;  // options.hpp
-  using Kind = LayerCollective;  ///< what a collective is for (layer_collectives.hpp)
+  using Kind = LayerCollective;  ///< what a collective is for (common/zero/layer_check.hpp)
 
   /// Cuts every layer of `model` into shards and keeps this rank's, builds this rank's optimizer
   /// (--optimizer of `config` over its real shard elements, one unit per layer; in 16 bits the
@@ -110,10 +109,8 @@ class Zero3 {
   /// What this engine is, as data: stage, layers, collectives, prefetch, padding (zero_io.cpp).
   EngineDescription describe() const;
 
-  /// Model-state bytes each rank holds, at every moment: 4 per element of its parameter and
-  /// gradient shards (Σ s_l each, padding included), 8 per real element (AdamW); in 16 bits
-  /// 2 + 2 per shard element and 12 per real element (master weights, exp_avg, exp_avg_sq)
-  /// (zero_io.cpp).
+  /// Model-state bytes each rank holds, at every moment: its shards' and its optimizer's
+  /// (zero_io.cpp: the formula).
   std::vector<int64_t> model_states_bytes() const;
   /// The most bytes of full layers (parameters and gradients) alive at once: comm_buffers,
   /// not model states, since they are the collectives' buffers (layer_shard.hpp, zero_io.cpp).

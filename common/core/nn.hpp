@@ -1,12 +1,12 @@
 // nn: modules with named parameters, and the model with flat parameter/gradient buffers.
 //
-// Provides: Module (forward with pre/post forward and pre/post backward hooks), Linear
-// (PyTorch's default initialisation), ReLU, Sequential, and Model: a Sequential whose
-// parameters and gradients are views into ONE flat buffer each (llm.c's params_memory /
-// grads_memory), in registration order. Bucketing (chapter 05) and sharding (06-08) are then
-// just (offset, size) ranges of those buffers.
-// Names follow PyTorch's state_dict() for nn.Sequential: "0.weight", "0.bias", "2.weight", ...
-// Leaves out: nested submodule trees beyond one Sequential, buffers (BatchNorm stats), dtypes.
+// Provides: Module (forward with pre/post forward and pre/post backward hooks, removable;
+// ModuleHooks removes an owner's hooks with it), Linear (PyTorch's default initialisation),
+// ReLU, Sequential, and Model: a Sequential whose parameters and gradients are views into ONE
+// flat buffer each (llm.c's params_memory / grads_memory), in registration order. Bucketing
+// (chapter 05) and sharding (06-08) are then just (offset, size) ranges of those buffers. Names
+// follow PyTorch's state_dict() for nn.Sequential: "0.weight", "0.bias", "2.weight", ... Leaves
+// out: nested submodule trees beyond one Sequential, buffers (BatchNorm stats), dtypes.
 #pragma once
 
 #include <cstdint>

@@ -92,8 +92,8 @@ void HalfStorage::hook_layers() {
   for (size_t l = 0; l < layers.size(); ++l) {
     Linear& layer = *layers[l];
     layer.compute_dtype = dtype_;
-    layer.add_pre_forward_hook([this, l](Module&) { load_layer(l); });
-    layer.add_pre_backward_hook([this, l](Module& m) {
+    hooks_.pre_forward(layer, [this, l](Module&) { load_layer(l); });
+    hooks_.pre_backward(layer, [this, l](Module& m) {
       load_layer(l);
       auto& lin = static_cast<Linear&>(m);
       std::fill_n(grad_scratch_.data(), lin.weight.numel() + lin.bias.numel(), 0.0f);

@@ -94,6 +94,7 @@ class HalfStorage {
   Dtype dtype_;
   Buffer work_, grad_scratch_;  // largest layer's (weight + bias) elements; tag activations
   std::vector<std::span<uint16_t>> param16_of_, grad16_of_;  // (P) each parameter's 16 bits
+  ModuleHooks hooks_;  // the layers' module hooks, removed with this object (nn.hpp)
 };
 
 /// fp32 master weights and AdamW moments for a span of 16-bit parameters, cut into segments

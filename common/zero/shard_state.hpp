@@ -236,7 +236,8 @@ concept ShardedEngine = requires(Engine& e, std::span<float> buffer) {
 
 /// Elements of the padding of a ZeRO engine's parameter and gradient storage that are not zero:
 /// must be 0 (count_nonzero_padding; the tests check it after every step). The engine's
-/// gradient_storage() is laid out as its parameters (ZeRO-1), or as its shards (ZeRO-2, 3).
+/// gradient_storage() is laid out as its parameter_storage() (ZeRO-1's padded buckets, ZeRO-3's
+/// layer shards), or, in ZeRO-2, as the shard of every bucket one after the other.
 template <ShardedEngine Engine>
 int64_t nonzero_padding(Engine& engine) {
   const EngineDescription d = engine.describe();
