@@ -47,9 +47,7 @@
 #include "common/precision/shard_precision.hpp"
 #include "common/report/dist.hpp"
 #include "common/zero/padded_buffer.hpp"
-#include "common/zero/shard_state.hpp"
 #include "common/zero/zero_lesson.hpp"
-#include "common/zero/zero_memory.hpp"
 
 namespace ringzero {
 

@@ -14,6 +14,7 @@
 #include "common/core/rng.hpp"
 #include "common/driver/train.hpp"
 #include "common/io/safetensors.hpp"
+#include "common/zero/shard_state.hpp"  // nonzero_padding
 #include "mpi/test_comm.hpp"
 
 namespace ringzero::test {
