@@ -1,9 +1,8 @@
 // A padded bucket's collectives: the reduce-scatter of its gradient and the all-gather of its
 // parameters, with chapter 04's ring or MPI's (--collectives), and the bytes they move per step.
 //
-// On the padded bucket (shard.hpp) every ring chunk is exactly one shard, so rank r's chunk
-// after the reduce-scatter is its shard, summed in the same ring order as chapter 05's
-// all-reduce of the unpadded bucket. Chapters 06 and 07 call these once per bucket.
+// On the padded bucket every ring chunk is one shard (shard.hpp: "Why per bucket"), so rank r's
+// chunk after the reduce-scatter is its shard. Chapters 06 and 07 call these once per bucket.
 // Leaves out: the layout (shard.hpp), chapter 08's per-layer queueing (layer_collectives.hpp).
 #pragma once
 

@@ -24,11 +24,7 @@
 // zeros to zeros, an all-gather copies the owner's zeros), so it adds nothing to norms. A
 // bucket smaller than N leaves some ranks owning only padding; they still join every
 // collective, with an empty optimizer. Padding is counted under its own ledger tag.
-// Also in this chapter, one concept each: bucket_collectives.hpp (a padded bucket's
-// reduce-scatter and all-gather, and their bytes); below it, common/zero/padded_buffer.hpp (the
-// ledger's padding column), common/precision/shard_buffers.hpp (the reduce's scratch and the mean,
-// 16-bit widening), common/zero/sharded_clip.hpp (clip_grad_norm over the shards) and
-// common/zero/shard_state.hpp (the shards gathered whole, and a checkpoint's pieces).
+// What is built on the layout, file by file: this chapter's README.md.
 // Leaves out: parameter sharding (ZeRO-3 keeps only the shard of the parameters too).
 #pragma once
 

@@ -53,8 +53,7 @@ namespace ringzero {
 
 /// ZeRO stage 1 (the ZeRO paper's P_os) on chapter 05's buckets: every rank holds every
 /// parameter and gradient (padded per bucket) and the optimizer state of its shard only.
-/// T: the parameters' and gradients' element type, R: the reduced gradient's (float, bf16,
-/// fp16; common/precision/shard_precision.hpp). Collective: every rank constructs one and calls its
+/// T, R: the element types (above). Collective: every rank constructs one and calls its
 /// methods in the same order. Chapter 07's ZeRO-2 extends it: the virtual members are where
 /// the gradients are kept, the rest is ZeRO-2's too except the reporting members (describe,
 /// model_states_bytes, ledger_formula, gradient_storage), which Zero2 hides: not virtual, so
@@ -67,10 +66,9 @@ class Zero1 {
   /// Plans the buckets and their shards, checks the plan is the same on every rank
   /// (collective), builds this rank's optimizer for its shard (--optimizer of `config`; in 16
   /// bits the fp32 master weights, read from the model first), moves the parameters of `model`
-  /// into padded flat buffers of T (freeing the model's own; Model::num_parameters() still reads
-  /// Ψ, fixed at construction) and hooks every parameter. comm and model must outlive the Zero1.
-  /// full_gradients false (ZeRO-2): no gradient storage and reduce_ keeps no shard; the
-  /// subclass keeps its own, and its launch copies the reduced shard out.
+  /// into padded flat buffers of T (freeing the model's own) and hooks every parameter. comm and
+  /// model must outlive the Zero1. full_gradients false (ZeRO-2): no gradient storage and reduce_
+  /// keeps no shard; the subclass keeps its own, and its launch copies the reduced shard out.
   /// Errors: --collectives mpi in 16 bits (MPI has no bf16/fp16 sum).
   Zero1(Communicator& comm, Model& model, const TrainConfig& config, Options options,
         bool full_gradients = true)
@@ -86,8 +84,7 @@ class Zero1 {
     check_collectives_for<T>(options.collectives, config.precision);  // mpi: fp32 only
     check_bucket_plans_match(comm, buckets_);
     const auto& params = model.parameters();
-    // (s) the collective's incoming chunk; with R wider than T, the widened bucket and the
-    // reduced shard of every bucket (kept until the step; ZeRO-2 keeps its own).
+    // The reduce's scratch (common/precision/shard_buffers.hpp; ZeRO-2 keeps its own shard).
     // Every buffer lives where the model does (the host, or --device's memory).
     reduce_ =
         ShardReduce<T, R>(describe(), full_gradients ? layout_.shard_total : 0, model.device());
@@ -127,8 +124,7 @@ class Zero1 {
   /// The ledger's formula line: ZeRO-1's formula, and the exact bytes of every rank (zero_io.cpp).
   std::string ledger_formula() const;
 
-  /// What every rank should send and receive per optimizer step (bucket_collectives.hpp):
-  /// sizeof(R) bytes per element on the reduce-scatter, sizeof(T) on the all-gather.
+  /// What every rank should send and receive per optimizer step (bucket_collectives.hpp).
   TrafficTheory traffic_theory() const {
     TrafficTheory theory = zero_traffic_theory(layout_, comm_.world_size(), options_.collectives,
                                                element_bytes<R>(), element_bytes<T>());

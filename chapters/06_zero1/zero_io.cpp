@@ -1,6 +1,5 @@
 // ZeRO-1's members that are not the lesson: what it reports (the exact model-state bytes and
-// the ledger's formula line). zero.hpp declares them; the engine is instantiated here for the
-// element types with_precision builds.
+// the ledger's formula line), declared in zero.hpp; the engine's instantiations.
 // Leaves out: everything the training step does (zero.hpp); what it saves (--save-final,
 // --save-optimizer-state, checkpoints: derived from describe() in common/zero/shard_state.hpp).
 #include <string>
