@@ -18,9 +18,10 @@
 
 #include "chapters/06_zero1/bucket_collectives.hpp"
 #include "chapters/08_zero3/layer_shard.hpp"
-#include "common/zero/layer_check.hpp"
 #include "common/comm/comm_queue.hpp"
+#include "common/driver/engine_description.hpp"
 #include "common/precision/shard_buffers.hpp"
+#include "common/zero/layer_check.hpp"
 #include "common/zero/padded_buffer.hpp"
 
 namespace ringzero {
@@ -38,10 +39,8 @@ class LayerCollectives {
         layout_(layout),
         collectives_(collectives),
         queue_(comm, tracer, layer_naming(layout.layers), layer_desync_check(layout.layers)) {
-    int64_t largest_chunk = 0;
-    for (const BucketShard& s : layout.buckets)
-      largest_chunk = std::max(largest_chunk, s.shard_size);
-    scratch_ = BufferOf<R>(largest_chunk, MemTag::comm_buffers, device);  // (max s_l) a chunk
+    scratch_ = BufferOf<R>(largest_shard(shard_units(layout)), MemTag::comm_buffers,
+                           device);  // (max s_l) a chunk
   }
 
   /// Queues layer l's all-gather: `layer` (P_l elements of E: the parameters' T, or fp32

@@ -7,6 +7,7 @@
 // Leaves out: what is derived from it (engine_lesson.hpp); the chapter's theory (its formulas).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -70,10 +71,10 @@ struct EngineDescription {
   bool reset_ledger_peaks = true;
 };
 
-/// The largest shard size s over the units of `d` (0 without units): a collective's chunk.
-inline int64_t largest_shard(const EngineDescription& d) {
+/// The largest shard size s over `units` (0 without units): a collective's largest chunk.
+inline int64_t largest_shard(const std::vector<ShardUnit>& units) {
   int64_t s = 0;
-  for (const ShardUnit& u : d.units) s = u.shard_size > s ? u.shard_size : s;
+  for (const ShardUnit& u : units) s = std::max(s, u.shard_size);
   return s;
 }
 

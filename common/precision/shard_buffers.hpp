@@ -108,8 +108,8 @@ class ShardReduce {
   /// The same, sized for the units of an engine's description `d`: the largest padded unit
   /// (N·s) and the largest shard s.
   ShardReduce(const EngineDescription& d, int64_t kept, Device device)
-      : ShardReduce(d.world_size, d.world_size * largest_shard(d), largest_shard(d), kept, device) {
-  }
+      : ShardReduce(d.world_size, d.world_size * largest_shard(d.units), largest_shard(d.units),
+                    kept, device) {}
 
   /// Sums `bucket` over ranks with the chapter's collective, sum(std::span<R> bucket,
   /// std::span<R> scratch) -> this rank's shard of it, and makes that shard the mean (fp32

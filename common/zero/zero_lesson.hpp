@@ -75,19 +75,24 @@ inline std::string zero_traffic_formula(const EngineDescription& d, int64_t psi,
       "; N = " + N + ", Ψ = " + std::to_string(psi) + ", padding = " + std::to_string(padded - psi);
   const double n = d.world_size, psi_d = static_cast<double>(psi);
   if (d.zero_stage == 3) {
-    const std::string per_param =
-        param_bytes == grad_bytes ? "3(N-1)/N·" + p + "Ψ" : "(N-1)/N·(2·" + p + " + " + g + ")Ψ";
-    const std::string versus_ddp =
-        ", 1.5x DDP's 2(N-1)/N·" + p +
-        "Ψ = " + human_bytes(2 * (n - 1) / n * static_cast<double>(param_bytes) * psi_d);
-    return (ring ? "theory (ZeRO-3: per micro-step and layer, all-gather forward + all-gather "
-                   "backward + reduce-scatter): every rank sends " +
-                       per_param + " = " +
-                       human_bytes((n - 1) / n * static_cast<double>(2 * param_bytes + grad_bytes) *
-                                   psi_d) +
-                       " per micro-step" + (param_bytes == grad_bytes ? versus_ddp : "")
-                 : std::string("MPI_Allgather x 2 + MPI_Reduce_scatter_block per layer: counters "
-                               "show the payload handed to MPI, not its wire traffic")) +
+    std::string theory =
+        "MPI_Allgather x 2 + MPI_Reduce_scatter_block per layer: counters show "
+        "the payload handed to MPI, not its wire traffic";
+    if (ring) {
+      theory =
+          "theory (ZeRO-3: per micro-step and layer, all-gather forward + all-gather "
+          "backward + reduce-scatter): every rank sends ";
+      theory +=
+          param_bytes == grad_bytes ? "3(N-1)/N·" + p + "Ψ" : "(N-1)/N·(2·" + p + " + " + g + ")Ψ";
+      theory +=
+          " = " +
+          human_bytes((n - 1) / n * static_cast<double>(2 * param_bytes + grad_bytes) * psi_d) +
+          " per micro-step";
+      if (param_bytes == grad_bytes)
+        theory += ", 1.5x DDP's 2(N-1)/N·" + p +
+                  "Ψ = " + human_bytes(2 * (n - 1) / n * static_cast<double>(param_bytes) * psi_d);
+    }
+    return theory +
            "; exactly (padding, 16-byte desync headers, K = " + std::to_string(grad_accum_steps) +
            " micro-steps): " + exact + counts + ", L = " + std::to_string(d.units.size()) +
            " layers";
