@@ -3,13 +3,11 @@
 // bucket of N chunks of s_l, so the ring or MPI work is chapter 06's (bucket_collectives.hpp);
 // what is ZeRO-3's here: a reduce-scatter adds this rank's chunk of the mean into its gradient
 // shard, so micro-steps accumulate there, and the desync check runs before every collective.
-// The engine (zero3.hpp) decides when.
-//
-// The desync check is chapters 05-07's --check-collectives, on always: a collective per layer,
-// per forward and backward, is easy to post one too many on one rank (a branch on its own data,
-// a layer called twice), and its 16 bytes per collective are part of this chapter's traffic
+// That check is chapters 05-07's --check-collectives, on always: a collective per layer, per
+// forward and backward, is easy to post one too many on one rank (a branch on its own data, a
+// layer called twice); its 16 bytes per collective are part of this chapter's traffic
 // (common/zero/layer_check.hpp, which also names the layers' collectives in the trace).
-// Leaves out: prefetching decisions and buffer lifetimes (zero3.hpp).
+// Leaves out: when each collective is posted, and the buffers' lifetimes (zero3.hpp).
 #pragma once
 
 #include <cstdint>

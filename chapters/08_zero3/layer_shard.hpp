@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "chapters/06_zero1/bucket_collectives.hpp"
 #include "chapters/06_zero1/shard.hpp"
 #include "common/comm/collectives.hpp"
 #include "common/core/nn.hpp"
@@ -24,11 +25,8 @@
 
 namespace ringzero {
 
-/// ZeRO-3's layout: chapter 06's padded layout (shard.hpp) with one bucket per Linear layer, in
-/// forward order, so `buckets[l]` is layer l's range and this rank's shard of it (size Ψ_l,
-/// padded_size() P_l, shard_size s_l, shard_offset, real, segments); and the layers themselves.
-/// (param_offset, padded_offset and padded_total place chapter 06's whole padded buffer, which
-/// ZeRO-3 never allocates: it keeps only the shards.)
+/// ZeRO-3's layout: chapter 06's (shard.hpp) with one bucket per Linear layer, in forward order
+/// (`buckets[l]`: layer l's range, Ψ_l, P_l, s_l, this rank's shard); and the layers themselves.
 struct LayerLayout : ShardLayout {
   std::vector<Linear*> layers;  ///< (L) layer l owns buckets[l]
 };
@@ -61,9 +59,8 @@ inline LayerLayout plan_layer_shards(const Model& model, int rank, int world_siz
 inline int64_t in_flight_peak_bytes(const LayerLayout& layout, bool prefetch,
                                     int64_t gather_bytes = 4, int64_t reduce_bytes = 4) {
   const auto& L = layout.buckets;
-  auto P = [&](size_t l) {
-    return l < L.size() ? L[l].padded_size() : int64_t{0};
-  };  // l = −1 wraps: 0
+  // P_l, and 0 past either end (l = −1 wraps)
+  auto P = [&](size_t l) { return l < L.size() ? L[l].padded_size() : int64_t{0}; };
   int64_t peak = 0;
   for (size_t l = 0; l < L.size(); ++l)
     peak = std::max(
@@ -71,31 +68,27 @@ inline int64_t in_flight_peak_bytes(const LayerLayout& layout, bool prefetch,
   return peak;
 }
 
-/// Bytes each rank sends and receives per optimizer step: per micro-step, per layer, two ring
-/// all-gathers of its parameters (forward and backward) and one ring reduce-scatter of its
-/// gradient, (N − 1) s_l elements each, plus a 16-byte desync header per collective (zero3.hpp):
-/// 3(N−1)/N·4(Ψ + padding) + 48 L bytes per micro-step, 1.5× DDP's 2(N−1)/N·4Ψ. With MPI's
-/// collectives the counters see the payload handed to MPI: s_l sent and (N − 1) s_l received
-/// per all-gather, the reverse per reduce-scatter. Bytes per element: gather_bytes for the
-/// all-gathers, reduce_bytes for the reduce-scatter: 4 and 4 in fp32; in 16 bits 2 and 2
-/// (3(N−1)/N·2(Ψ + padding)), or 2 and 4 with --reduce-dtype fp32. The text line beside the
-/// bytes is derived from the engine's description (common/zero/zero_lesson.hpp).
+/// Bytes each rank sends and receives per optimizer step: per micro-step, per layer, chapter
+/// 06's reduce-scatter and all-gather (zero_traffic_theory, bucket_collectives.hpp) and one more
+/// all-gather, since forward and backward each gather the layer: 3(N−1)/N·4(Ψ + padding) bytes
+/// in fp32, 1.5× DDP's 2(N−1)/N·4Ψ; plus a 16-byte desync header per collective (zero3.hpp),
+/// 48 L bytes. Bytes per element: gather_bytes for the all-gathers, reduce_bytes for the
+/// reduce-scatter: 4 and 4 in fp32; in 16 bits 2 and 2, or 2 and 4 with --reduce-dtype fp32.
+/// With MPI's collectives the counters see the payload handed to MPI, as in chapter 06. The
+/// text line beside the bytes is derived from the engine's description (zero_lesson.hpp).
 inline TrafficTheory zero3_traffic_theory(const LayerLayout& layout, int world_size,
                                           int64_t grad_accum_steps, Collectives collectives,
-                                          int64_t gather_bytes = 4, int64_t reduce_bytes = 4) {
-  const bool ring = collectives == Collectives::ring;
-  const int64_t N = world_size, L = static_cast<int64_t>(layout.layers.size());
-  const int64_t g = gather_bytes, r = reduce_bytes;
-  // Bytes per micro-step, the same on every rank (every chunk is s_l).
-  int64_t sent = 0, received = 0;
-  for (const BucketShard& s : layout.buckets) {
-    sent += ring ? (N - 1) * s.shard_size * (2 * g + r) : (2 * g + (N - 1) * r) * s.shard_size;
-    received += ring ? (N - 1) * s.shard_size * (2 * g + r) : (2 * (N - 1) * g + r) * s.shard_size;
+                                          int gather_bytes = 4, int reduce_bytes = 4) {
+  TrafficTheory theory =
+      zero_traffic_theory(layout, world_size, collectives, reduce_bytes, gather_bytes);
+  const TrafficTheory again = zero_traffic_theory(layout, world_size, collectives, 0, gather_bytes);
+  const int64_t headers = world_size > 1 ? 3 * 16 * std::ssize(layout.layers) : 0;
+  for (int r = 0; r < world_size; ++r) {
+    theory.bytes_sent[r] =
+        grad_accum_steps * (theory.bytes_sent[r] + again.bytes_sent[r] + headers);
+    theory.bytes_received[r] =
+        grad_accum_steps * (theory.bytes_received[r] + again.bytes_received[r] + headers);
   }
-  const int64_t headers = N > 1 ? 3 * L * 16 : 0;
-  TrafficTheory theory;
-  theory.bytes_sent.assign(static_cast<size_t>(N), grad_accum_steps * (sent + headers));
-  theory.bytes_received.assign(static_cast<size_t>(N), grad_accum_steps * (received + headers));
   return theory;
 }
 

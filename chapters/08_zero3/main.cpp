@@ -5,12 +5,10 @@
 //   mpirun -np 2 build/bin/ch08_zero3 --model toy --no-prefetch    # no overlap: wait for each
 //
 // Same training as chapter 07, the same numbers (bit for bit where the ring sums in the same
-// order, layer_shard.hpp). What changes is that no rank holds the whole model any more
-// (zero3.hpp): each layer's parameters are all-gathered just before its forward and again
-// before its backward, and freed after each; its gradient is reduce-scattered as soon as its
-// backward ends; no all-gather after the step. The next layer's gather is posted while this
-// one computes (prefetch). Model states fall to (4 + 4 + 8)Ψ/N per rank; the traffic grows
-// to 3(N−1)/N·4Ψ per step, 1.5× chapter 07's: the parameters travel twice.
+// order, layer_shard.hpp). What changes is that no rank holds the whole model (zero3.hpp): a
+// layer's parameters are all-gathered before its forward and again before its backward, and
+// freed after each; its gradient is reduce-scattered as its backward ends. Model states fall to
+// (4 + 4 + 8)Ψ/N per rank; the traffic grows to 3(N−1)/N·4Ψ per step, 1.5× chapter 07's.
 #include "chapters/08_zero3/step.hpp"
 #include "common/driver/run.hpp"
 

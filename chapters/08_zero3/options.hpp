@@ -1,6 +1,4 @@
-// The options and flags of chapter 08's ZeRO-3 engine: --collectives and the memory calculator
-// (common/zero/zero_lesson.hpp's ZeroFlags), --no-prefetch, --find-unused-parameters and
-// --explain-layers.
+// The options and flags of chapter 08's ZeRO-3 engine.
 // Leaves out: the engine (zero3.hpp).
 #pragma once
 

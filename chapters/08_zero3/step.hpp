@@ -1,10 +1,9 @@
-// Chapter 08's step: training with ZeRO-3 (zero3.hpp), optimizer state, gradients and
-// parameters sharded over ranks.
+// Chapter 08's step: training with ZeRO-3 (zero3.hpp), parameters sharded over ranks too.
 //
 // Provides: train_step() over the Zero3 engine, one for every precision (the engine is built
 // over the element types --precision and --reduce-dtype pick:
 // common/precision/shard_precision.hpp), and Zero3Training, the lesson the driver runs: the engine
-// and its description (common/driver/engine_lesson.hpp); its flags are Zero3Flags (options.hpp).
+// and its description (common/driver/engine_lesson.hpp).
 // Leaves out: the layer shards and their collectives (zero3.hpp, layer_shard.hpp).
 #pragma once
 
@@ -43,8 +42,8 @@ double train_step(Zero3<T, R>& zero, const Step& step) {
 }
 
 /// Chapter 08's lesson: the ZeRO-3 engine, which owns this rank's shards of the parameters, the
-/// gradients and the optimizer state, and gathers each layer when it is used; over element
-/// types T and R.
+/// gradients and the optimizer state, over element types T and R; its flags are Zero3Flags
+/// (options.hpp).
 template <class T = float, class R = T>
 using Zero3Training = EngineLesson<Zero3<T, R>>;
 

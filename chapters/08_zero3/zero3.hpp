@@ -16,12 +16,9 @@
 //   reduce-scatter per bucket, no_sync → per layer and micro-step, into the gradient shard
 //   all-gather after the step          → before each forward and backward, prefetched
 //   full parameters on every rank      → a layer's, only while it computes
-// Written once over the element types (common/precision/shard_precision.hpp): T, the shards' and
-// the collectives' (float, or bf16/fp16 with --precision), and R, the gradient shard's and its
-// reduce-scatter's (--reduce-dtype). A layer computes in fp32 either way (in 16 bits its
-// gathered values are widened, its gradient rounded to T once); each rank's optimizer is the
-// fp32 master weights of its shard in 16 bits: model states (2 + 2 + 12)Ψ/N (the ZeRO paper's
-// §3.1 with K = 12; docs/mixed-precision.md).
+// Written once over T, the shards' and collectives' element type (--precision), and R, the
+// gradient shard's (--reduce-dtype): common/precision/shard_precision.hpp. A layer computes in
+// fp32 either way; in 16 bits, model states (2 + 2 + 12)Ψ/N (docs/mixed-precision.md).
 // Leaves out: parameters outside Linear layers, CPU offload, prefetching more than one layer,
 // keeping the last layer gathered from forward to backward (FSDP's root unit).
 #pragma once
@@ -53,13 +50,11 @@ template <Element T = float, Element R = T>
 class Zero3 {
  public:
   using Options = Zero3Options;  // options.hpp
-  using Kind = LayerCollective;  ///< what a collective is for (common/zero/layer_check.hpp)
 
   /// Cuts every layer of `model` into shards and keeps this rank's, builds this rank's optimizer
-  /// (--optimizer of `config` over its real shard elements, one unit per layer; in 16 bits the
-  /// fp32 master weights), frees the model's full parameters and gradients
-  /// (Model::num_parameters() still reads Ψ) and hooks every Linear. The model keeps no
-  /// parameters of its own: it runs only through its Zero3. Errors: --collectives mpi in 16 bits.
+  /// over its real shard elements, one unit per layer (in 16 bits the fp32 master weights), frees
+  /// the model's parameters and gradients (it runs only through its Zero3; num_parameters() still
+  /// reads Ψ) and hooks every Linear. Errors: --collectives mpi in 16 bits.
   Zero3(Communicator& comm, Model& model, const TrainConfig& config, Options options)
       : comm_(comm),
         model_(model),
@@ -104,20 +99,19 @@ class Zero3 {
 
   Communicator& comm() const { return comm_; }
   const LayerLayout& layout() const { return layout_; }
-  /// What this engine is, as data: stage, layers, collectives, prefetch, padding (zero_io.cpp).
-  EngineDescription describe() const;
 
-  /// Model-state bytes each rank holds, at every moment: its shards' and its optimizer's
-  /// (zero_io.cpp: the formula).
+  /// Model-state bytes each rank holds, at every moment (zero_io.cpp).
   std::vector<int64_t> model_states_bytes() const;
-  /// The most bytes of full layers (parameters and gradients) alive at once: comm_buffers,
-  /// not model states, since they are the collectives' buffers (layer_shard.hpp, zero_io.cpp).
-  int64_t in_flight_peak_bytes() const;
-  /// The ledger's formula line: ZeRO-3's formula, the exact bytes of every rank, the layers in
-  /// flight (zero_io.cpp).
+  /// Bytes of full layers alive at the peak: comm_buffers, not model states (layer_shard.hpp).
+  int64_t in_flight_peak_bytes() const {
+    return ringzero::in_flight_peak_bytes(layout_, options_.prefetch, element_bytes<T>(),
+                                          element_bytes<R>());
+  }
+  /// The ledger's formula line: ZeRO-3's formula, and the exact bytes of every rank (zero_io.cpp).
   std::string ledger_formula() const;
-  /// What every rank should send and receive per optimizer step of K micro-steps
-  /// (layer_shard.hpp, zero_io.cpp).
+  /// What this engine is, as data: stage 3, layers, prefetch, padding (zero_io.cpp).
+  EngineDescription describe() const;
+  /// What every rank should send and receive per optimizer step (layer_shard.hpp, zero_io.cpp).
   TrafficTheory traffic_theory() const;
   /// This rank's optimizer: its shard's state, the loss scale, the backward seed.
   ShardOptimizer& optimizer() { return optimizer_; }
@@ -126,13 +120,11 @@ class Zero3 {
   /// Sets this rank's gradient shard to zero.
   void zero_grad() { zero_elements(grads_.span()); }
 
-  /// After the last micro-step's backward: every reduce-scatter has finished (the first
-  /// layer's is waited for in its hook) and no layer is left gathered. A layer whose backward
-  /// ran in no micro-step of this step holds unused parameters, as in chapters 05-07
-  /// (common/checks/unused_parameters.hpp): its gradient shard got nothing, so it is a zero
-  /// gradient with find_unused_parameters, else every rank fails naming its parameters. A layer
-  /// gathered ahead (prefetch) that then did not run is released: every rank posted that
-  /// all-gather (the desync check makes sure), so it is one more collective, not an error.
+  /// After the last micro-step's backward: waits for every reduce-scatter and releases a layer
+  /// gathered ahead that then did not run (every rank posted that all-gather, the desync check
+  /// makes sure: one more collective, not an error). A layer whose backward ran in no micro-step
+  /// holds unused parameters (chapters 05-07, common/checks/unused_parameters.hpp): a zero
+  /// gradient with find_unused_parameters, else every rank fails naming them.
   void finalize_backward() {
     finish_reduce_scatter();
     collectives_.wait_all();
@@ -176,9 +168,7 @@ class Zero3 {
     if (options_.prefetch && l + 1 < static_cast<int>(tickets_.size()) && !tickets_[l + 1])
       post_all_gather(l + 1, kForwardGather);  // moves while this layer computes
   }
-  void post_forward(int l) {
-    release_parameters(l);
-  }
+  void post_forward(int l) { release_parameters(l); }
   void pre_backward(int l) {
     use_gathered(l, kBackwardGather);
     if (options_.prefetch && l > 0 && !tickets_[l - 1]) post_all_gather(l - 1, kBackwardGather);
@@ -203,7 +193,7 @@ class Zero3 {
 
   // Waits for layer l's all-gather (posting it first unless prefetched) and points its
   // parameters at the gathered buffer.
-  void use_gathered(int l, Kind kind) {
+  void use_gathered(int l, LayerCollective kind) {
     // BEGIN EXERCISE 08.1 (ZeRO-3: gather a layer before it computes)
     if (!tickets_[l]) post_all_gather(l, kind);
     collectives_.wait(tickets_[l]);
@@ -213,7 +203,7 @@ class Zero3 {
     m.bias.data = Tensor(computing_[l].data() + m.weight.numel(), m.bias.shape());
     // END EXERCISE 08.1
   }
-  void post_all_gather(int l, Kind kind) {
+  void post_all_gather(int l, LayerCollective kind) {
     const BucketShard& s = layout_.buckets[l];
     gathered_[l] = BufferOf<T>::uninitialized(  // (P_l) the layer: all written by the gather
         s.padded_size(), MemTag::comm_buffers, model_.device());

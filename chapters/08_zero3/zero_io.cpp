@@ -1,6 +1,6 @@
-// ZeRO-3's members that are not the lesson: what it is (describe()), what it reports
-// (model-state and in-flight bytes, the traffic theory, the ledger's formula line), how a state
-// is gathered whole (gather_state: one layer at a time). zero3.hpp declares them.
+// ZeRO-3's members that are not the lesson: what it is (describe()), what it reports (the
+// model-state bytes, the traffic theory and the ledger's formula line) and how a state is
+// gathered whole (one layer at a time). zero3.hpp declares them.
 // Leaves out: everything the training step does (zero3.hpp); what it saves (--save-final,
 // --save-optimizer-state, checkpoints: derived from describe() in common/zero/shard_state.hpp).
 #include <span>
@@ -17,18 +17,13 @@ namespace ringzero {
 /// (4 with --reduce-dtype fp32) + 12 (master weights, exp_avg, exp_avg_sq).
 template <Element T, Element R>
 std::vector<int64_t> Zero3<T, R>::model_states_bytes() const {
-  const StateBytes states = optimizer_.state_bytes();
+  const StateBytes b = optimizer_.state_bytes();
   std::vector<int64_t> bytes;
   for (int r = 0; r < comm_.world_size(); ++r)
-    bytes.push_back(static_cast<int64_t>(states.param + element_bytes<R>()) * layout_.shard_total +
-                    static_cast<int64_t>(states.optimizer) * shard_real_of(layout_, r));
+    bytes.push_back(static_cast<int64_t>(b.param) * layout_.shard_total +
+                    static_cast<int64_t>(element_bytes<R>()) * layout_.shard_total +
+                    static_cast<int64_t>(b.optimizer) * shard_real_of(layout_, r));
   return bytes;
-}
-
-template <Element T, Element R>
-int64_t Zero3<T, R>::in_flight_peak_bytes() const {
-  return ringzero::in_flight_peak_bytes(layout_, options_.prefetch, element_bytes<T>(),
-                                        element_bytes<R>());
 }
 
 template <Element T, Element R>
