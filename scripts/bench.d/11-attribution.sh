@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Step-time attribution (--attribute, docs/attribution.md), measured: chapters 03-08 at N ranks
+# Step-time attribution (--attribute, docs/attribution.md), measured: CHAPTERS (default 03-08) at N ranks
 # (default 3; global batch 24 N), each run clean and with planted causes, REPEATS times (default 5), 30 steps of the
 # Fashion-MNIST MLP (synthetic data where the dataset is missing):
 #   - clean: rank 0's mean ms per step per part, and the parts' sum against the step the driver
@@ -9,10 +9,18 @@
 #   - planted causes, each against the clean run (mean over ranks): which part grew the most,
 #     and by how much: tiny buckets (--bucket-cap-mb TINY_MB, default 0.01, chapters 05-07), overlap off
 #     (--no-overlap, 05-08), oversubscribed cores (every rank on core 0: taskset -c 0, 03-08).
+#     Accumulation without no_sync (05 only; no flag plants it, it is a change to the chapter): a
+#     copy of the source as the working tree has it (tracked files with their uncommitted edits,
+#     and untracked ones git does not ignore) in $TMP/nosync-src, chapter 05 built there
+#     (Release, as the release preset; JOBS, default 2, through ccache where installed), then
+#     scripts/bench.d/no_sync.patch applied and chapter 05 rebuilt: both binaries from one copy,
+#     so the patch is the only difference. Both run at --grad-accum-steps GRAD_ACCUM_STEPS
+#     (default 4), the planted one against that clean one; also printed, and checked: the final
+#     losses (the same but for rounding) and bytes per step per rank (exactly K times).
 #     A slow link (ON_CLUSTER=1 only): node 1's link at SLOW_RATE (default 250mbit) both ways
 #     (scripts/cluster shape), restored after each run.
 # ONLY="clean slow": only these runs (the tables skip what was not run; clean is every
-# cause's reference).
+# cause's reference). CHAPTERS="05_ddp_buckets": only these chapters.
 # ON_CLUSTER=1: across the nodes of `scripts/cluster up` instead (N: the cluster's ranks; the
 # scripts/cluster-tour model, four hidden layers of 512, global batch 256 N, STEPS (default 20);
 # oversubscribed cores left out: `scripts/cluster run` places the ranks itself). There the nodes
@@ -33,8 +41,9 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 N=${N:-3} REPEATS=${REPEATS:-5} DELAY_MS=${DELAY_MS:-100} TINY_MB=${TINY_MB:-0.01}
-SLOW_RATE=${SLOW_RATE:-250mbit}
-ONLY=${ONLY:-clean late oversubscribed tiny serial slow}  # which runs (clean: needed by every table)
+SLOW_RATE=${SLOW_RATE:-250mbit} GRAD_ACCUM_STEPS=${GRAD_ACCUM_STEPS:-4}
+ONLY=${ONLY:-clean late oversubscribed tiny serial slow nosync}  # which runs (clean: needed by every table)
+read -ra chapters <<<"${CHAPTERS:-03_data_parallel 04_ring_allreduce 05_ddp_buckets 06_zero1 07_zero2 08_zero3}"
 want() { [[ " $ONLY " == *" $1 "* ]]; }
 want clean || { echo "ONLY=\"$ONLY\": add clean, every table's reference" >&2; exit 1; }
 data=()
@@ -51,15 +60,40 @@ if [ "${ON_CLUSTER:-0}" = 1 ]; then
   trap 'scripts/cluster shape 1 up >/dev/null; rm -rf "$TMP"' EXIT  # never leave a link slow
 fi
 
-run() {  # run TAG CHAPTER ARGS... (PIN=CPUS: every rank on those cores)
+run() {  # run TAG CHAPTER ARGS... (PIN=CPUS: every rank on those cores; BINDIR: the chapter's)
   local tag=$1 ch=$2; shift 2
   local pin=()
   [ -n "${PIN:-}" ] && pin=(taskset -c "$PIN")
-  timeout 600 "${pin[@]}" "${launch[@]}" "$BUILD/bin/ch$ch" "${common[@]}" "$@" \
+  timeout 600 "${pin[@]}" "${launch[@]}" "${BINDIR:-$BUILD/bin}/ch$ch" "${common[@]}" "$@" \
     --metrics "$TMP/$tag.jsonl" >"$TMP/$tag.log" 2>&1 || { echo "FAILED: $tag"; cat "$TMP/$tag.log"; exit 1; }
 }
 
-chapters=(03_data_parallel 04_ring_allreduce 05_ddp_buckets 06_zero1 07_zero2 08_zero3)
+# Accumulation without no_sync: chapter 05 clean and planted, built in one copy of the source
+# ($TMP/nosync/clean and planted), never touching the repository's chapter.
+plant_nosync() {
+  local src=$TMP/nosync-src log=$TMP/nosync-build.log launcher=()
+  mkdir -p "$src" "$TMP/nosync/clean" "$TMP/nosync/planted"
+  if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then  # a file deleted but not yet from git: left out
+    git ls-files -z --cached --others --exclude-standard | tar --null -T - --ignore-failed-read -cf - |
+      tar -xf - -C "$src"
+  else
+    tar --exclude=./build --exclude='./build-*' -cf - . | tar -xf - -C "$src"
+  fi
+  # ccache's paths relative to the copy, so that the next bench's copy (another $TMP) hits.
+  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$src}
+  echo "accumulation without no_sync: building chapter 05 clean and planted in $src (minutes)" >&2
+  build_ch05() {  # build_ch05 clean|planted
+    cmake --build "$src/build" -j"${JOBS:-2}" --target ch05_ddp_buckets >>"$log" 2>&1 &&
+      cp "$src/build/bin/ch05_ddp_buckets" "$TMP/nosync/$1/"
+  }
+  { cmake -S "$src" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF \
+      "${launcher[@]}" >"$log" 2>&1 && build_ch05 clean &&
+      GIT_CEILING_DIRECTORIES=$TMP git -C "$src" apply scripts/bench.d/no_sync.patch >>"$log" 2>&1 &&
+      build_ch05 planted; } || { tail -30 "$log"; echo "FAILED: planting no_sync (log above)"; exit 1; }
+}
+if want nosync && [[ " ${chapters[*]} " == *" 05_ddp_buckets "* ]]; then plant_nosync; fi
+
 for ch in "${chapters[@]}"; do
   for r in $(seq "$REPEATS"); do
     want clean && run "clean_${ch}_$r" "$ch"
@@ -71,6 +105,10 @@ for ch in "${chapters[@]}"; do
     if want serial; then
       case $ch in 05_* | 06_* | 07_* | 08_*) run "serial_${ch}_$r" "$ch" --no-overlap ;; esac
     fi
+    if want nosync && [ "$ch" = 05_ddp_buckets ]; then  # both at the same K
+      BINDIR=$TMP/nosync/clean run "nosyncref_${ch}_$r" "$ch" --grad-accum-steps "$GRAD_ACCUM_STEPS"
+      BINDIR=$TMP/nosync/planted run "nosync_${ch}_$r" "$ch" --grad-accum-steps "$GRAD_ACCUM_STEPS"
+    fi
     if want slow && [ "${ON_CLUSTER:-0}" = 1 ]; then  # node 1's link at SLOW_RATE, both ways
       scripts/cluster shape 1 "$SLOW_RATE" >/dev/null
       run "slow_${ch}_$r" "$ch"
@@ -79,9 +117,10 @@ for ch in "${chapters[@]}"; do
   done
 done
 
-python3 - "$TMP" "$N" "$REPEATS" "$DELAY_MS" "${chapters[@]}" <<'PY'
+python3 - "$TMP" "$N" "$REPEATS" "$DELAY_MS" "$GRAD_ACCUM_STEPS" "${chapters[@]}" <<'PY'
 import json, os, sys
-tmp, N, R, delay, chapters = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:]
+tmp, N, R, delay, K = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+chapters = sys.argv[6:]
 parts = ("forward", "backward", "optimizer", "communication", "peer_wait", "copies", "other")
 def load(tag):
     lines = [json.loads(l) for l in open(f"{tmp}/{tag}.jsonl")]
@@ -108,16 +147,37 @@ for ch in late_chapters:
     named = sum(1 for a in late if a["late_rank"] == 1)
     waits = [a["late_by_ms"] for a in late]
     print(f"| {ch} | {named}/{R} | {min(waits):.1f}-{max(waits):.1f} |")
-causes = (("tiny", "tiny buckets"), ("serial", "overlap off"), ("oversubscribed", "all ranks on one core"),
-          ("slow", "a slow link (node 1)"))
+causes = (("tiny", "tiny buckets", "clean"), ("serial", "overlap off", "clean"),
+          ("oversubscribed", "all ranks on one core", "clean"), ("slow", "a slow link (node 1)", "clean"),
+          ("nosync", "accumulation without no_sync", "nosyncref"))  # its reference: clean at its K
 print(f"\nPlanted causes against clean, N = {N}, mean over ranks and {R} runs:\n")
 print("| cause | chapter | part grown most | clean ms | with the cause ms | step clean -> with |")
 print("|---|---|---|---:|---:|---|")
-for tag, cause in causes:
+for tag, cause, ref in causes:
     for ch in [c for c in chapters if os.path.exists(f"{tmp}/{tag}_{c}_1.jsonl")]:
-        runs = {t: [load(f"{t}_{ch}_{r}")[0] for r in range(1, R + 1)] for t in ("clean", tag)}
-        c, t = ({p: mean([over_ranks(a, p) for a in runs[k]]) for p in parts} for k in ("clean", tag))
+        runs = {t: [load(f"{t}_{ch}_{r}")[0] for r in range(1, R + 1)] for t in (ref, tag)}
+        c, t = ({p: mean([over_ranks(a, p) for a in runs[k]]) for p in parts} for k in (ref, tag))
         top = max(parts, key=lambda p: t[p] - c[p])
         print(f"| {cause} | {ch} | {top} | {c[top]:.2f} | {t[top]:.2f} | "
               f"{sum(c.values()):.1f} -> {sum(t.values()):.1f} |")
+if os.path.exists(f"{tmp}/nosync_05_ddp_buckets_1.jsonl"):
+    # The plant must change what is sent, not what is learnt: every rank's bytes per step exactly
+    # K times (K all-reduces of the same buckets), the losses the same but for rounding (a sum of
+    # K means instead of the mean of one sum: float additions in another order).
+    def losses(tag): return [l["loss"] for l in map(json.loads, open(f"{tmp}/{tag}.jsonl")) if l["type"] == "step"]
+    def sent(tag):
+        s = [json.loads(l) for l in open(f"{tmp}/{tag}.jsonl") if '"summary"' in l][-1]
+        return [c["training"]["bytes_sent"] // s["steps"] for c in s["comm"]]
+    ref, planted = "nosyncref_05_ddp_buckets", "nosync_05_ddp_buckets"
+    worst = max(abs(p - c) / abs(c) for r in range(1, R + 1)
+                for c, p in zip(losses(f"{ref}_{r}"), losses(f"{planted}_{r}")))
+    b_ref, b_planted = sent(f"{ref}_1"), sent(f"{planted}_1")
+    times = "exactly K times on every rank" if b_planted == [K * b for b in b_ref] else "NOT K times"
+    print(f"\nAccumulation without no_sync (chapter 05, --grad-accum-steps {K}, against a clean run "
+          f"at the same K, both built from one copy of the source): final loss clean "
+          f"{losses(ref + '_1')[-1]:.9f}, planted {losses(planted + '_1')[-1]:.9f} (largest relative "
+          f"difference over every step of the {R} runs: {worst:.1e}); bytes sent per step per rank, "
+          f"clean {b_ref}, planted {b_planted}: {times}.")
+    if times != "exactly K times on every rank":
+        sys.exit("FAILED: the planted chapter does not send K times the bytes per step")
 PY
