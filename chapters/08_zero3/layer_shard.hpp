@@ -27,6 +27,7 @@ namespace ringzero {
 
 /// ZeRO-3's layout: chapter 06's (shard.hpp) with one bucket per Linear layer, in forward order
 /// (`buckets[l]`: layer l's range, Ψ_l, P_l, s_l, this rank's shard); and the layers themselves.
+/// (Its padded_total and offsets place a whole padded buffer, which ZeRO-3 never allocates.)
 struct LayerLayout : ShardLayout {
   std::vector<Linear*> layers;  ///< (L) layer l owns buckets[l]
 };
@@ -70,24 +71,24 @@ inline int64_t in_flight_peak_bytes(const LayerLayout& layout, bool prefetch,
 
 /// Bytes each rank sends and receives per optimizer step: per micro-step, per layer, chapter
 /// 06's reduce-scatter and all-gather (zero_traffic_theory, bucket_collectives.hpp) and one more
-/// all-gather, since forward and backward each gather the layer: 3(N−1)/N·4(Ψ + padding) bytes
-/// in fp32, 1.5× DDP's 2(N−1)/N·4Ψ; plus a 16-byte desync header per collective (zero3.hpp),
-/// 48 L bytes. Bytes per element: gather_bytes for the all-gathers, reduce_bytes for the
-/// reduce-scatter: 4 and 4 in fp32; in 16 bits 2 and 2, or 2 and 4 with --reduce-dtype fp32.
-/// With MPI's collectives the counters see the payload handed to MPI, as in chapter 06. The
-/// text line beside the bytes is derived from the engine's description (zero_lesson.hpp).
+/// all-gather (the same function with 0 gradient bytes), since forward and backward each gather
+/// the layer: 3(N−1)/N·4(Ψ + padding) bytes in fp32, 1.5× DDP's 2(N−1)/N·4Ψ; plus a 16-byte
+/// desync header per collective (zero3.hpp), 48 L. Bytes per element: gather_bytes for the
+/// all-gathers, reduce_bytes for the reduce-scatter: 4 and 4 in fp32; in 16 bits 2 and 2, or 2
+/// and 4 with --reduce-dtype fp32. With MPI's collectives the counters see the payload handed to
+/// MPI, as in chapter 06; the text line is derived from the description (zero_lesson.hpp).
 inline TrafficTheory zero3_traffic_theory(const LayerLayout& layout, int world_size,
                                           int64_t grad_accum_steps, Collectives collectives,
                                           int gather_bytes = 4, int reduce_bytes = 4) {
   TrafficTheory theory =
       zero_traffic_theory(layout, world_size, collectives, reduce_bytes, gather_bytes);
-  const TrafficTheory again = zero_traffic_theory(layout, world_size, collectives, 0, gather_bytes);
+  const TrafficTheory extra = zero_traffic_theory(layout, world_size, collectives, 0, gather_bytes);
   const int64_t headers = world_size > 1 ? 3 * 16 * std::ssize(layout.layers) : 0;
   for (int r = 0; r < world_size; ++r) {
     theory.bytes_sent[r] =
-        grad_accum_steps * (theory.bytes_sent[r] + again.bytes_sent[r] + headers);
+        grad_accum_steps * (theory.bytes_sent[r] + extra.bytes_sent[r] + headers);
     theory.bytes_received[r] =
-        grad_accum_steps * (theory.bytes_received[r] + again.bytes_received[r] + headers);
+        grad_accum_steps * (theory.bytes_received[r] + extra.bytes_received[r] + headers);
   }
   return theory;
 }

@@ -107,9 +107,9 @@ class Zero3 {
     return ringzero::in_flight_peak_bytes(layout_, options_.prefetch, element_bytes<T>(),
                                           element_bytes<R>());
   }
-  /// The ledger's formula line: ZeRO-3's formula, and the exact bytes of every rank (zero_io.cpp).
+  /// The ledger's line: ZeRO-3's formula, every rank's bytes, the layers in flight (zero_io.cpp).
   std::string ledger_formula() const;
-  /// What this engine is, as data: stage 3, layers, prefetch, padding (zero_io.cpp).
+  /// What this engine is, as data: stage 3, layers, collectives, prefetch, padding (zero_io.cpp).
   EngineDescription describe() const;
   /// What every rank should send and receive per optimizer step (layer_shard.hpp, zero_io.cpp).
   TrafficTheory traffic_theory() const;

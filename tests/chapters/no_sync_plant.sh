@@ -23,7 +23,7 @@ cp "$SRC/$STEP" "$WORK/plant/$STEP"
 # Outside any repository (a $TMPDIR inside one would make git apply take paths from its top).
 export GIT_CEILING_DIRECTORIES=$WORK
 git -C "$WORK/plant" apply --check "$PATCH" || {
-  echo "FAILED: $PATCH no longer applies to $STEP; remake it against the chapter as it is now"; exit 1; }
+  echo "FAILED: $PATCH no longer applies to $STEP; remake it against the chapter as it is now (or, if a bug hunt changed $STEP, undo it: scripts/exercise reset ID)"; exit 1; }
 git -C "$WORK/plant" apply "$PATCH"
 echo "ok: $PATCH applies to $STEP"
 
