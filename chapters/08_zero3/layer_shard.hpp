@@ -73,7 +73,7 @@ inline int64_t in_flight_peak_bytes(const LayerLayout& layout, bool prefetch,
 /// 06's reduce-scatter and all-gather (zero_traffic_theory, bucket_collectives.hpp) and one more
 /// all-gather (the same function with 0 gradient bytes), since forward and backward each gather
 /// the layer: 3(N−1)/N·4(Ψ + padding) bytes in fp32, 1.5× DDP's 2(N−1)/N·4Ψ; plus a 16-byte
-/// desync header per collective (zero3.hpp), 48 L. Bytes per element: gather_bytes for the
+/// desync header per collective (layer_check.hpp), 48 L. Bytes per element: gather_bytes for the
 /// all-gathers, reduce_bytes for the reduce-scatter: 4 and 4 in fp32; in 16 bits 2 and 2, or 2
 /// and 4 with --reduce-dtype fp32. With MPI's collectives the counters see the payload handed to
 /// MPI, as in chapter 06; the text line is derived from the description (zero_lesson.hpp).

@@ -18,7 +18,7 @@ namespace ringzero {
 /// One optimizer step on the global batch: K micro-steps on this rank's share, each gathering
 /// every layer twice and reduce-scattering its gradient, then each rank's step on its shard.
 /// Returns the global batch's mean loss (on every rank). Errors: a non-finite loss stops every
-/// rank; ranks whose collectives differ (the desync check).
+/// rank; ranks whose collectives differ (the desync check); a layer without a backward.
 template <class T, class R>
 double train_step(Zero3<T, R>& zero, const Step& step) {
   const int64_t K = step.grad_accum_steps;

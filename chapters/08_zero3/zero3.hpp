@@ -11,7 +11,7 @@
 // Prefetch: layer l+1's all-gather is posted while l runs forward (l−1's during backward).
 // Each collective first swaps a 16-byte header with its ring neighbours (layer_collectives.hpp).
 // What changed from chapter 07's zero.hpp (a new file, not a diff: the unit of sharding changed)
-//   buckets (buckets.hpp)              → layers (layer_shard.hpp), one shard per Linear layer
+//   buckets (chapter 05's buckets.hpp) → layers (layer_shard.hpp), one shard per Linear layer
 //   gradient-ready hooks               → module hooks: pre/post forward and backward per layer
 //   reduce-scatter per bucket, no_sync → per layer and micro-step, into the gradient shard
 //   all-gather after the step          → before each forward and backward, prefetched
@@ -188,7 +188,7 @@ class Zero3 {
     const BucketShard& s = layout_.buckets[l];
     rs_ticket_ = collectives_.reduce_scatter(l, reducing_[l].span(),
                                              grads_.span().subspan(s.shard_offset, s.shard_size));
-    if (!options_.prefetch || l == 0) finish_reduce_scatter();  // nothing left to overlap it with
+    if (!options_.prefetch || l == 0) finish_reduce_scatter();  // no prefetch, or nothing left
   }
 
   // Waits for layer l's all-gather (posting it first unless prefetched) and points its
@@ -213,7 +213,7 @@ class Zero3 {
   }
   void release_parameters(int l) {
     // BEGIN EXERCISE 08.1 (ZeRO-3: release a layer after it computed)
-    gathered_[l].release();  // a prefetched layer that did not run
+    gathered_[l].release();  // 16 bits, or prefetched and not run (fp32: moved into computing_)
     computing_[l].release();
     tickets_[l] = 0;
     layout_.layers[l]->weight.data = layout_.layers[l]->bias.data = Tensor();

@@ -13,8 +13,8 @@
 namespace ringzero {
 
 /// p per element of the parameter shard, sizeof(R) per element of the gradient shard (Σ s_l
-/// each, padding included), K per real element: fp32 4 + 4 + K of --optimizer; 16 bits 2 + 2
-/// (4 with --reduce-dtype fp32) + 12 (master weights, exp_avg, exp_avg_sq).
+/// each, padding included), the paper's K per real element (optimizer bytes): fp32 4 + 4 + K of
+/// --optimizer; 16 bits 2 + 2 (4 with --reduce-dtype fp32) + 12 (master, exp_avg, exp_avg_sq).
 template <Element T, Element R>
 std::vector<int64_t> Zero3<T, R>::model_states_bytes() const {
   const StateBytes b = optimizer_.state_bytes();

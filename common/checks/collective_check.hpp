@@ -22,9 +22,9 @@
 //
 // Provides: CollectiveHeader; check_collective (the header swap); CollectiveSequence, the
 // numbering and check a communication queue runs (comm_queue.hpp): chapters 05-07's by default,
-// on when collective_checks_enabled(), chapter 08's desync check always (layer_collectives.hpp's
-// desync_check); collective_check_extension(), the --check-collectives flag (environment:
-// RINGZERO_CHECK_COLLECTIVES=1, which the test suite sets).
+// on when collective_checks_enabled(), chapter 08's desync check always (layer_desync_check,
+// common/zero/layer_check.hpp); collective_check_extension(), the --check-collectives flag
+// (environment: RINGZERO_CHECK_COLLECTIVES=1, which the test suite sets).
 // Leaves out: the data's contents (two ranks that post the same collectives with different
 // values are not caught here; the start-up checks and the equivalence tests are for that).
 #pragma once
