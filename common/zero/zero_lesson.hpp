@@ -88,14 +88,15 @@ inline std::string zero_traffic_formula(const EngineDescription& d, int64_t psi,
           " = " +
           human_bytes((n - 1) / n * static_cast<double>(2 * param_bytes + grad_bytes) * psi_d) +
           " per micro-step";
-      if (param_bytes == grad_bytes)
+      if (param_bytes == grad_bytes) {
         theory += ", 1.5x DDP's 2(N-1)/N·" + p +
                   "Ψ = " + human_bytes(2 * (n - 1) / n * static_cast<double>(param_bytes) * psi_d);
-      // ZeRO-3 gathers and reduces every micro-step; chapters 05-07 reduce once a step (no_sync).
-      if (param_bytes == grad_bytes && grad_accum_steps > 1)
-        theory += " (per optimizer step K·1.5x = " + std::to_string(3 * grad_accum_steps / 2) +
-                  (grad_accum_steps % 2 ? ".5" : "") +
-                  "x chapters 05-07's, which reduce once: no_sync)";
+        // ZeRO-3 gathers and reduces every micro-step; chapters 05-07 reduce once a step.
+        if (grad_accum_steps > 1)
+          theory += " (per optimizer step K·1.5x = " + std::to_string(3 * grad_accum_steps / 2) +
+                    (grad_accum_steps % 2 ? ".5" : "") +
+                    "x chapters 05-07's, which reduce once: no_sync)";
+      }
     }
     return theory +
            "; exactly (padding, 16-byte desync headers, K = " + std::to_string(grad_accum_steps) +
