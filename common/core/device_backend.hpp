@@ -13,7 +13,9 @@
 // element functions of common/core/kernels.hpp, and cuBLAS SGEMM). The host is not a backend: null
 // from backend_of means "run the loop below". Communication needs no entry: the communicator stages
 // a device buffer through host memory (common/comm/comm.cpp; NCCL on a GPU is the next step).
-// Leaves out: 16-bit operations (bf16/fp16 storage stays on the host for now).
+// 16-bit storage needs two entries, the conversions: common/core/half.cpp and
+// common/precision/mixed.cpp build the rest (accumulation, rounding, the overflow test, the master
+// weights' update) from them and the float32 entries. Leaves out: fused 16-bit kernels.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +24,7 @@
 #include <string>
 
 #include "common/core/device_memory.hpp"
+#include "common/core/half.hpp"
 #include "common/core/tensor.hpp"
 
 namespace ringzero {
@@ -77,6 +80,13 @@ class DeviceBackend {
   virtual void divide(float* g, int64_t n, float divisor) = 0;
   /// dst += src on n elements (a reduction's add: common/core/half.hpp's add_into).
   virtual void add(float* dst, const float* src, int64_t n) = 0;
+
+  // 16-bit storage (common/core/half.hpp's convert_to_half and convert_to_float; dtype is bf16
+  // or fp16, never fp32). The same bits as the host's: one function per element, half_kernels.hpp.
+  /// out[i] = to_16(in[i]) on n elements, round to nearest even.
+  virtual void to_half(Dtype dtype, const float* in, uint16_t* out, int64_t n) = 0;
+  /// out[i] = to_32(in[i]) on n elements (exact).
+  virtual void to_float(Dtype dtype, const uint16_t* in, float* out, int64_t n) = 0;
 };
 
 /// The backend of `device` (not cpu), created on first use. Errors: cuda in a program built

@@ -67,4 +67,32 @@ void zero_elements(std::span<T> s) {
   zero_memory(s.data(), static_cast<int64_t>(s.size_bytes()));
 }
 
+/// n elements of T on `device`, uninitialised and NOT counted in the ledger: the device form of a
+/// host loop's stack block (a conversion's scratch, common/core/half.cpp), freed with it.
+/// Thread-safe, so the communication thread's 16-bit adds may make one. Move-free, copy-free.
+template <class T>
+class Scratch {
+ public:
+  Scratch(int64_t n, Device device) : device_(device), size_(n) {
+    if (n == 0) return;
+    data_ = device == Device::cpu ? new T[static_cast<size_t>(n)]
+                                  : static_cast<T*>(allocate_on(device, n * sizeof(T)));
+  }
+  ~Scratch() {
+    if (data_ == nullptr) return;
+    if (device_ == Device::cpu)
+      delete[] data_;
+    else
+      free_on(device_, data_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  std::span<T> span() { return {data_, static_cast<size_t>(size_)}; }
+
+ private:
+  Device device_;
+  int64_t size_;
+  T* data_ = nullptr;
+};
+
 }  // namespace ringzero

@@ -122,6 +122,14 @@ class EmulatedBackend : public DeviceBackend {
   void add(float* dst, const float* src, int64_t n) override {
     ringzero::add_into({side(dst), static_cast<size_t>(n)}, {side(src), static_cast<size_t>(n)});
   }
+  void to_half(Dtype dtype, const float* in, uint16_t* out, int64_t n) override {
+    ringzero::convert_to_half(dtype, {side(in), static_cast<size_t>(n)},
+                              {side(out), static_cast<size_t>(n)});
+  }
+  void to_float(Dtype dtype, const uint16_t* in, float* out, int64_t n) override {
+    ringzero::convert_to_float(dtype, {side(in), static_cast<size_t>(n)},
+                               {side(out), static_cast<size_t>(n)});
+  }
 
  private:
   struct Mapping {

@@ -36,47 +36,6 @@ const char* dtype_name(Dtype dtype) {
   return "?";
 }
 
-uint16_t float_to_fp16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const auto sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
-  u &= 0x7fffffffu;
-  if (u > 0x7f800000u)  // NaN: quiet bit set, the upper payload bits kept (as vcvtps2ph)
-    return static_cast<uint16_t>(sign | 0x7e00u | ((u >> 13) & 0x3ffu));
-  if (u >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520 (and inf): rounds to inf
-  if (u >= 0x38800000u) {                       // >= 2^-14: a normal fp16
-    u += 0xfffu + ((u >> 13) & 1u);             // round the 13 dropped bits, ties to even
-    return static_cast<uint16_t>(sign | ((u - 0x38000000u) >> 13));  // rebias 127 -> 15
-  }
-  if (u < 0x33000000u) return sign;  // below 2^-25: rounds to ±0
-  // A subnormal fp16: the value in units of 2^-24 is mant >> shift, rounded to nearest even.
-  const uint32_t exp = u >> 23;
-  const uint32_t mant = (u & 0x7fffffu) | 0x800000u;
-  const uint32_t shift = 126 - exp;  // 14..24
-  uint32_t r = mant >> shift;
-  const uint32_t rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1);
-  if (rem > half || (rem == half && (r & 1u))) ++r;  // r = 0x400 is the smallest normal
-  return static_cast<uint16_t>(sign | r);
-}
-
-float fp16_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-  uint32_t u;
-  if (exp == 0x1f) {
-    u = sign | 0x7f800000u | (mant << 13);
-  } else if (exp != 0) {
-    u = sign | ((exp + 112) << 23) | (mant << 13);
-  } else {
-    const float v = static_cast<float>(mant) * 0x1p-24f;  // exact: mant < 2^10
-    std::memcpy(&u, &v, 4);
-    u |= sign;
-  }
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 uint16_t float_to_half(Dtype dtype, float f) {
   RZ_CHECK(dtype != Dtype::fp32, "float_to_half: dtype fp32 has no 16-bit form");
   return dtype == Dtype::bf16 ? float_to_bf16(f) : float_to_fp16(f);
@@ -136,9 +95,23 @@ void check_half(Dtype dtype, size_t a, size_t b, const char* what) {
 
 }  // namespace
 
+// On a device, the conversions are the backend's two entries (device_backend.hpp) and every other
+// 16-bit loop below is built from them and the float32 ones, on a Scratch where the host loop
+// has a stack block: the same element functions in the same order, so the same bits. A
+// conversion between the host and a device (a checkpoint's 16-bit values read out) runs where
+// its input lives and copies the result over.
+
 void convert_to_half(Dtype dtype, std::span<const float> in, std::span<uint16_t> out) {
   check_half(dtype, in.size(), out.size(), "convert_to_half");
+  const Device from = device_of(in.data());
+  if (from != device_of(out.data())) {
+    Scratch<uint16_t> tmp(std::ssize(in), from);
+    convert_to_half(dtype, in, tmp.span());
+    return copy_elements(std::span<const uint16_t>(tmp.span()), out);
+  }
   const PartScope copies(StepPart::copies);  // --attribute
+  if (DeviceBackend* d = backend_of({in.data(), out.data()}))
+    return d->to_half(dtype, in.data(), out.data(), std::ssize(in));
   if (dtype == Dtype::bf16)
     floats_to_bf16(in.data(), out.data(), in.size());
   else
@@ -147,7 +120,15 @@ void convert_to_half(Dtype dtype, std::span<const float> in, std::span<uint16_t>
 
 void convert_to_float(Dtype dtype, std::span<const uint16_t> in, std::span<float> out) {
   check_half(dtype, in.size(), out.size(), "convert_to_float");
+  const Device from = device_of(in.data());
+  if (from != device_of(out.data())) {
+    Scratch<float> tmp(std::ssize(in), from);
+    convert_to_float(dtype, in, tmp.span());
+    return copy_elements(std::span<const float>(tmp.span()), out);
+  }
   const PartScope copies(StepPart::copies);  // --attribute
+  if (DeviceBackend* d = backend_of({in.data(), out.data()}))
+    return d->to_float(dtype, in.data(), out.data(), std::ssize(in));
   if (dtype == Dtype::bf16)
     bf16_to_floats(in.data(), out.data(), in.size());
   else
@@ -156,6 +137,11 @@ void convert_to_float(Dtype dtype, std::span<const uint16_t> in, std::span<float
 
 void round_in_place(Dtype dtype, std::span<float> x) {
   if (dtype == Dtype::fp32) return;
+  if (const Device device = device_of(x.data()); device != Device::cpu) {
+    Scratch<uint16_t> tmp(std::ssize(x), device);
+    convert_to_half(dtype, x, tmp.span());
+    return convert_to_float(dtype, tmp.span(), x);
+  }
   constexpr size_t kBlock = 512;  // on the stack: no allocation, stays in L1
   uint16_t tmp[kBlock];
   for (size_t i = 0; i < x.size(); i += kBlock) {
@@ -175,6 +161,11 @@ void add_into(std::span<float> dst, std::span<const float> src) {
 
 void accumulate_half(Dtype dtype, std::span<uint16_t> dst, std::span<const uint16_t> src) {
   check_half(dtype, dst.size(), src.size(), "accumulate_half");
+  if (const Device device = device_of(dst.data()); device != Device::cpu) {
+    Scratch<float> b(std::ssize(src), device);
+    convert_to_float(dtype, src, b.span());
+    return accumulate_half(dtype, dst, std::span<const float>(b.span()));
+  }
   constexpr size_t kBlock = 512;
   float a[kBlock], b[kBlock];
   for (size_t i = 0; i < dst.size(); i += kBlock) {
@@ -188,6 +179,12 @@ void accumulate_half(Dtype dtype, std::span<uint16_t> dst, std::span<const uint1
 
 void accumulate_half(Dtype dtype, std::span<uint16_t> dst, std::span<const float> src) {
   check_half(dtype, dst.size(), src.size(), "accumulate_half");
+  if (const Device device = device_of(dst.data()); device != Device::cpu) {
+    Scratch<float> a(std::ssize(dst), device);
+    convert_to_float(dtype, dst, a.span());
+    add_into(a.span(), src);  // the backend's float32 add
+    return convert_to_half(dtype, a.span(), dst);
+  }
   constexpr size_t kBlock = 512;
   float a[kBlock];
   for (size_t i = 0; i < dst.size(); i += kBlock) {

@@ -24,6 +24,7 @@
 #include <string>
 #include <type_traits>
 
+#include "common/core/half_kernels.hpp"
 #include "common/core/ledger.hpp"
 
 namespace ringzero {
@@ -37,31 +38,13 @@ enum class Dtype { fp32, bf16, fp16 };
 Dtype parse_dtype(const std::string& name, const std::string& flag);
 const char* dtype_name(Dtype dtype);
 
-/// float -> bf16 bits, round to nearest even; NaN -> quiet NaN with the same sign.
-inline uint16_t float_to_bf16(float f) {
-  uint32_t u;
-  __builtin_memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  // Adding 0x7fff plus the lowest kept bit rounds the upper half to nearest, ties to even;
-  // a carry out of the mantissa increments the exponent, which is the correct rounding
-  // (up to inf past the largest finite bf16).
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-/// bf16 bits -> float (exact: the bits become the upper half of a float32).
-inline float bf16_to_float(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  __builtin_memcpy(&f, &u, 4);
-  return f;
-}
-
-/// float -> fp16 bits, round to nearest even; |f| >= 65520 (halfway past 65504) -> ±inf;
-/// values below 2^-14 become subnormals (or ±0 below 2^-25); NaN -> quiet NaN, same sign.
-uint16_t float_to_fp16(float f);
-/// fp16 bits -> float (exact).
-float fp16_to_float(uint16_t h);
+/// The scalar conversions (common/core/half_kernels.hpp, the GPU's too): float -> bf16 or fp16
+/// bits, round to nearest even (fp16: |f| >= 65520 -> ±inf, subnormals below 2^-14); and back,
+/// exactly.
+using kernels::bf16_to_float;
+using kernels::float_to_bf16;
+using kernels::float_to_fp16;
+using kernels::fp16_to_float;
 
 /// Scalar dispatch on a 16-bit dtype. Errors: dtype fp32.
 uint16_t float_to_half(Dtype dtype, float f);

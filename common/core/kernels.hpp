@@ -1,7 +1,6 @@
 // kernels: the element math of every op and optimizer, written once for the CPU and the GPU.
 //
-// Provides: RZ_HD, which marks a function __host__ __device__ when nvcc compiles it and is
-// empty for the C++ compiler, and the per-element (or per-row, per-column) functions that
+// Provides: the per-element (or per-row, per-column) functions that
 // common/core/ops.cpp and common/core/optim.cpp loop over on the CPU and
 // common/device/gpu/kernels.cu launches one thread per element (row, column) on the GPU. So the CPU
 // unit tests exercise the very arithmetic the GPU runs; only the loop around it differs (llm.c
@@ -12,20 +11,15 @@
 // cuts into per-block partials and so adds in another order; (2) fused multiply-adds, which GCC
 // (-march=native) and nvcc each contract on their own; (3) exp/log in double, where CUDA's and
 // glibc's results may differ in the last bit. tests/tools/gpu_kernels_check.cpp measures all three.
-// Leaves out: bf16/fp16 casts (common/core/half.hpp, the mixed-precision work), matrix products
-// (Eigen on the CPU, cuBLAS on the GPU).
+// RZ_HD (__host__ __device__ under nvcc) and the bf16/fp16 conversions, the GPU's too, are
+// common/core/half_kernels.hpp's. Leaves out: matrix products (Eigen on the CPU, cuBLAS on the GPU).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
 #include "common/core/check.hpp"  // exercise_stub, for the starter stubs of exercises 01.1-01.3
-
-#if defined(__CUDACC__)
-#define RZ_HD __host__ __device__
-#else
-#define RZ_HD
-#endif
+#include "common/core/half_kernels.hpp"  // RZ_HD
 
 namespace ringzero::kernels {
 

@@ -168,30 +168,31 @@ Var cross_entropy(Tape& tape, const Var& logits, std::span<const int32_t> labels
   return loss;
 }
 
-// A copy of t rounded to dtype's 16-bit values (still float32), for linear_half.
+// A copy of t rounded to dtype's 16-bit values (still float32), where t lives, for linear_half.
 static Tensor rounded_copy(const Tensor& t, Dtype dtype) {
-  Tensor c = Tensor::zeros(t.shape(), MemTag::activations);
-  std::copy(t.data(), t.data() + t.numel(), c.data());
+  Tensor c = Tensor::zeros(t.shape(), MemTag::activations, t.device());
+  copy_elements(std::span<const float>(t.data(), static_cast<size_t>(t.numel())), c.span());
   round_in_place(dtype, c.span());
   return c;
 }
 
 Var linear_half(Tape& tape, const Var& inp, Parameter& weight, Parameter& bias, Dtype dtype) {
   RZ_CHECK(dtype != Dtype::fp32, "linear_half: dtype fp32; use linear()");
+  const Device device = inp->value.device();
   Tensor x16 = rounded_copy(inp->value, dtype);
-  auto out =
-      make_var(Tensor::zeros({inp->value.rows(), weight.shape()[0]}, MemTag::activations), true);
+  auto out = make_var(
+      Tensor::zeros({inp->value.rows(), weight.shape()[0]}, MemTag::activations, device), true);
   linear_forward(out->value, x16, weight.data, bias.data);  // 16-bit values, fp32 accumulation
   round_in_place(dtype, out->value.span());
   tape.record(
-      [out, inp, x16, &weight, &bias, dtype] {
+      [out, inp, x16, &weight, &bias, dtype, device] {
         Tensor dout16 = rounded_copy(out->grad_buffer(), dtype);
         Tensor dinp;
-        if (inp->requires_grad) dinp = Tensor::zeros(inp->value.shape(), MemTag::activations);
+        if (inp->requires_grad) dinp = Tensor::zeros(inp->value.shape(), MemTag::activations, device);
         linear_backward(dinp, weight.grad, bias.grad, dout16, x16, weight.data);
         if (inp->requires_grad) {
           round_in_place(dtype, dinp.span());
-          inp->grad_buffer().vec() += dinp.vec();
+          add_into(inp->grad_buffer().span(), dinp.span());
         }
       },
       {&weight, &bias});

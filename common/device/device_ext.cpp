@@ -38,20 +38,6 @@ void DeviceExtension::add_flags(CommandLine& cli) {
   });
 }
 
-void DeviceExtension::validate(const RunState& state) {
-  if (device_ == "cpu") return;
-  // Checked here, before before_lesson probes the GPU, so a build or machine without one gives
-  // this message too. Checkpoints, --save-optimizer-state and --find-unused-parameters are the
-  // CPU's code on the device as well: the checkpoint's writer and reader copy the state between
-  // the device and the host with copy_elements (tests/chapters/device_state.sh).
-  const TrainConfig& c = state.config;
-  // 16-bit storage (common/precision/mixed.hpp) has no device operations yet.
-  RZ_CHECK(c.precision == "fp32",
-           "--device " << device_ << " with --precision " << c.precision
-                       << ": the device path trains in fp32 only so far. Drop --precision (or "
-                          "use --precision fp32), or use --device cpu for 16-bit training");
-}
-
 void DeviceExtension::before_lesson(RunState& state) {
   // The chapter's own train_step on the device's backend: the model moves before the lesson
   // exists, so the lesson's buffers are allocated where the model lives.

@@ -9,12 +9,13 @@
 // state follows the parameters; the communicator stages a device buffer's messages through host
 // memory (common/comm/comm.cpp), so the counters and the ring's hops are the CPU run's. Evaluation
 // runs there too; the report and --save-final copy what they read to the host.
+// 16-bit precision (--precision bf16|fp16, --reduce-dtype), checkpoints, --save-optimizer-state
+// and --find-unused-parameters are the CPU's code there too: 16-bit storage converts through the
+// backend (common/core/half.cpp), the checkpoint's writer and reader copy with copy_elements.
 // Errors (at start-up, on every rank, naming the fix): a build without CUDA, no GPU visible,
-// and flags the device path does not carry yet (checkpoints, --precision bf16|fp16,
-// --find-unused-parameters, --save-optimizer-state, --bench-allreduce).
+// --bench-allreduce (it measures host buffers).
 // Leaves out: NCCL on device buffers and a communication stream (the queue's thread stages
-// through host memory), 16-bit storage on the device, the optimizer state's way back to the
-// host for checkpoints.
+// through host memory).
 #pragma once
 
 #include <string>
@@ -26,7 +27,6 @@ namespace ringzero {
 class DeviceExtension : public Extension {
  public:
   void add_flags(CommandLine& cli) override;
-  void validate(const RunState& state) override;
   void before_lesson(RunState& state) override;
   void after_setup(RunState& state) override;
   void report(RunState& state, nlohmann::json& summary) override;

@@ -17,6 +17,11 @@ constexpr size_t kBlock = 512;  // conversion blocks on the stack: no allocation
 // dst16[i] = to_16(to_32(dst16[i]) + to_32(to_16(src[i]))): the fp32 gradient is first rounded
 // to 16 bits (the dtype of a 16-bit op's output), then accumulated in 16 bits.
 void accumulate_rounded(Dtype dtype, std::span<uint16_t> dst16, std::span<const float> src) {
+  if (const Device device = device_of(src.data()); device != Device::cpu) {  // half.cpp's rule
+    Scratch<uint16_t> tmp(std::ssize(src), device);
+    convert_to_half(dtype, src, tmp.span());
+    return accumulate_half(dtype, dst16, std::span<const uint16_t>(tmp.span()));
+  }
   uint16_t tmp[kBlock];
   for (size_t i = 0; i < src.size(); i += kBlock) {
     const size_t n = std::min(kBlock, src.size() - i);
@@ -32,8 +37,8 @@ HalfStorage::HalfStorage(Model& model, Dtype dtype) : model_(model), dtype_(dtyp
   const int64_t psi = model.num_parameters();
   RZ_CHECK(model.params_memory.size() == psi && model.grads_memory.size() == psi,
            "HalfStorage: the model's flat buffers are already released (ZeRO?)");
-  params16 = Buffer16(psi, MemTag::parameters);
-  grads16 = Buffer16(psi, MemTag::gradients);
+  params16 = Buffer16(psi, MemTag::parameters, model.device());
+  grads16 = Buffer16(psi, MemTag::gradients, model.device());
   convert_to_half(dtype, model.params_memory.span(), params16.span());
   const auto& params = model.parameters();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -83,8 +88,8 @@ void HalfStorage::hook_layers() {
   const std::vector<Linear*> layers = model.linear_layers();
   int64_t largest = 0;
   for (Linear* l : layers) largest = std::max(largest, l->weight.numel() + l->bias.numel());
-  work_ = Buffer(largest, MemTag::activations);
-  grad_scratch_ = Buffer(largest, MemTag::activations);
+  work_ = Buffer(largest, MemTag::activations, model.device());
+  grad_scratch_ = Buffer(largest, MemTag::activations, model.device());
   model.params_memory.release();
   model.grads_memory.release();
 
@@ -96,7 +101,8 @@ void HalfStorage::hook_layers() {
     hooks_.pre_backward(layer, [this, l](Module& m) {
       load_layer(l);
       auto& lin = static_cast<Linear&>(m);
-      std::fill_n(grad_scratch_.data(), lin.weight.numel() + lin.bias.numel(), 0.0f);
+      zero_elements(grad_scratch_.span().first(
+          static_cast<size_t>(lin.weight.numel() + lin.bias.numel())));
     });
     for (Parameter* p : {&layer.weight, &layer.bias}) {
       const auto i =
@@ -128,7 +134,7 @@ void HalfStorage::load_layer(size_t l) {
 }
 
 void HalfStorage::zero_grad() {
-  std::fill_n(grads16.data(), grads16.size(), uint16_t{0});
+  zero_elements(grads16.span());
 }
 
 std::vector<float> HalfStorage::params_as_float() const {
@@ -145,10 +151,11 @@ MasterWeights::MasterWeights(Dtype dtype, std::span<const float> initial,
   RZ_CHECK(total == static_cast<int64_t>(initial.size()),
            "MasterWeights: segments sum to " << total << ", " << initial.size() << " values");
   AdamW check({}, options);  // AdamW's option checks and messages; allocates nothing
-  master_ = Buffer(total, MemTag::optimizer_state);
-  exp_avg_ = Buffer(total, MemTag::optimizer_state);
-  exp_avg_sq_ = Buffer(total, MemTag::optimizer_state);
-  std::copy(initial.begin(), initial.end(), master_.data());
+  const Device device = device_of(initial.data());  // where the state lives: the initial's place
+  master_ = Buffer(total, MemTag::optimizer_state, device);
+  exp_avg_ = Buffer(total, MemTag::optimizer_state, device);
+  exp_avg_sq_ = Buffer(total, MemTag::optimizer_state, device);
+  copy_elements(initial, master_.span());
 }
 
 template <class Load>
@@ -157,27 +164,28 @@ void MasterWeights::step_with(std::span<uint16_t> params16, int64_t n_grads, flo
   RZ_CHECK(static_cast<int64_t>(params16.size()) == n_grads && n_grads == master_.size(),
            "MasterWeights::step: " << params16.size() << " params, " << n_grads
                                    << " grads, state for " << master_.size());
-  const AdamWOptions& o = options_;
-  float* p = master_.data();
-  float* m = exp_avg_.data();
-  float* v = exp_avg_sq_.data();
-  float g[kBlock];
+  // Blocks of fp32 gradients: on the stack on the host; on a device one Scratch there, the
+  // whole state at once (the same element operations in the same order: the same bits).
+  const Device device = master_.device();
+  const int64_t block = device == Device::cpu ? static_cast<int64_t>(kBlock) : master_.size();
+  float stack[kBlock];
+  Scratch<float> scratch(device == Device::cpu ? 0 : block, device);
+  const std::span<float> g_block = device == Device::cpu ? std::span<float>(stack) : scratch.span();
   int64_t begin = 0;
   for (size_t s = 0; s < sizes_.size(); ++s) {
     const int64_t t = ++steps_[s];
     // AdamW::step's constants and its one element formula (kernels.hpp), on the fp32 master:
     // the same bits as fp32 training's update of the same gradient.
-    const kernels::AdamWStep k = adamw_step_constants(o, t);
-    for (int64_t b = begin, end = begin + sizes_[s]; b < end; b += kBlock) {
-      const auto n = static_cast<size_t>(std::min<int64_t>(kBlock, end - b));
-      load(static_cast<size_t>(b), n, g);
-      if (grad_factor != 1.0f)
-        for (size_t j = 0; j < n; ++j) g[j] *= grad_factor;
-      for (size_t j = 0; j < n; ++j) {
-        const size_t i = static_cast<size_t>(b) + j;
-        kernels::adamw_update(p[i], m[i], v[i], g[j], k);
-      }
-      convert_to_half(dtype_, {p + b, n}, params16.subspan(static_cast<size_t>(b), n));
+    const kernels::AdamWStep k = adamw_step_constants(options_, t);
+    for (int64_t b = begin, end = begin + sizes_[s]; b < end; b += block) {
+      const auto at = static_cast<size_t>(b);
+      const auto n = static_cast<size_t>(std::min<int64_t>(block, end - b));
+      const std::span<float> g = g_block.first(n);
+      load(at, g);
+      if (grad_factor != 1.0f) scale_in_place(g, grad_factor);
+      adamw_update(master_.data() + at, exp_avg_.data() + at, exp_avg_sq_.data() + at, g.data(),
+                   static_cast<int64_t>(n), k);  // common/core/optim.hpp: host or device
+      convert_to_half(dtype_, master_.span().subspan(at, n), params16.subspan(at, n));
     }
     begin += sizes_[s];
   }
@@ -186,19 +194,28 @@ void MasterWeights::step_with(std::span<uint16_t> params16, int64_t n_grads, flo
 void MasterWeights::step(std::span<uint16_t> params16, std::span<const uint16_t> grads16,
                          float grad_factor) {
   step_with(params16, static_cast<int64_t>(grads16.size()), grad_factor,
-            [&](size_t b, size_t n, float* g) {
-              convert_to_float(dtype_, grads16.subspan(b, n), {g, n});
+            [&](size_t b, std::span<float> g) {
+              convert_to_float(dtype_, grads16.subspan(b, g.size()), g);
             });
 }
 
 void MasterWeights::step(std::span<uint16_t> params16, std::span<const float> grads32,
                          float grad_factor) {
   step_with(params16, static_cast<int64_t>(grads32.size()), grad_factor,
-            [&](size_t b, size_t n, float* g) { std::copy_n(grads32.data() + b, n, g); });
+            [&](size_t b, std::span<float> g) { copy_elements(grads32.subspan(b, g.size()), g); });
 }
+
+// On a device, the overflow test and the norms below are the backend's float64 Σ g² (a square of
+// any finite float32 is below 1.2e77, so the sum is finite unless an element is inf or NaN) over
+// the converted (and scaled) values: the host loops' numbers.
 
 bool has_non_finite(Dtype dtype, std::span<const uint16_t> values) {
   RZ_CHECK(dtype != Dtype::fp32, "has_non_finite: dtype fp32 has no 16-bit form");
+  if (const Device device = device_of(values.data()); device != Device::cpu) {
+    Scratch<float> f(std::ssize(values), device);
+    convert_to_float(dtype, values, f.span());
+    return has_non_finite(std::span<const float>(f.span()));
+  }
   const uint16_t exp_mask = dtype == Dtype::bf16 ? 0x7f80u : 0x7c00u;
   bool any = false;
   for (uint16_t h : values) any |= (h & exp_mask) == exp_mask;
@@ -206,12 +223,20 @@ bool has_non_finite(Dtype dtype, std::span<const uint16_t> values) {
 }
 
 bool has_non_finite(std::span<const float> values) {
+  if (device_of(values.data()) != Device::cpu) return !std::isfinite(sum_of_squares(values));
   bool any = false;
   for (float x : values) any |= !std::isfinite(x);
   return any;
 }
 
 double sum_of_squares(std::span<const float> grads, float factor) {
+  if (const Device device = device_of(grads.data()); device != Device::cpu) {
+    if (factor == 1.0f) return sum_of_squares(grads);  // g * 1 is g
+    Scratch<float> scaled(std::ssize(grads), device);
+    copy_elements(grads, scaled.span());
+    scale_in_place(scaled.span(), factor);
+    return sum_of_squares(std::span<const float>(scaled.span()));
+  }
   double s = 0.0;
   for (float g : grads) {
     const double x = static_cast<double>(g * factor);
@@ -221,6 +246,11 @@ double sum_of_squares(std::span<const float> grads, float factor) {
 }
 
 double sum_of_squares_half(Dtype dtype, std::span<const uint16_t> grads, float factor) {
+  if (const Device device = device_of(grads.data()); device != Device::cpu) {
+    Scratch<float> g(std::ssize(grads), device);
+    convert_to_float(dtype, grads, g.span());
+    return sum_of_squares(std::span<const float>(g.span()), factor);
+  }
   float g[kBlock];
   double s = 0.0;
   for (size_t i = 0; i < grads.size(); i += kBlock) {

@@ -57,8 +57,9 @@ namespace ringzero {
 /// gradient-ready hook adds the scratch, rounded to 16 bits, into grads16 (16-bit
 /// accumulation, as PyTorch's AccumulateGrad does on a bf16 .grad). Construct it BEFORE any
 /// object that adds gradient-ready hooks reading grads16 (buckets), so it runs first.
-/// Memory: params16 2Ψ (parameters), grads16 2Ψ (gradients), working copy + gradient scratch
-/// 2 × 4 × (largest layer's weight + bias) bytes (activations).
+/// Memory, where the model lives (the host or its device): params16 2Ψ (parameters), grads16 2Ψ
+/// (gradients), working copy + gradient scratch 2 × 4 × (largest layer's weight + bias) bytes
+/// (activations).
 /// Errors: dtype fp32; the model's buffers already released.
 class HalfStorage {
  public:
@@ -99,7 +100,8 @@ class HalfStorage {
 
 /// fp32 master weights and AdamW moments for a span of 16-bit parameters, cut into segments
 /// with their own step counts exactly like AdamW. K = 12: master, exp_avg, exp_avg_sq, each
-/// 4 bytes per element, tag optimizer_state. A ZeRO shard passes its own part.
+/// 4 bytes per element, tag optimizer_state. A ZeRO shard passes its own part. The state lives
+/// where `initial` does (the host, or the model's device: every update runs there).
 class MasterWeights {
  public:
   /// master = initial (the fp32 values the 16-bit parameters were rounded from).
@@ -127,7 +129,7 @@ class MasterWeights {
   std::vector<int64_t>& segment_steps() { return steps_; }
 
  private:
-  // The update, with load(begin, n, g) filling g[0, n) with the fp32 gradients of [begin, +n).
+  // The update, with load(begin, g) filling g with the fp32 gradients of [begin, + g.size()).
   template <class Load>
   void step_with(std::span<uint16_t> params16, int64_t n_grads, float grad_factor, Load load);
   Dtype dtype_;

@@ -97,8 +97,10 @@ std::map<std::string, NamedTensor> MixedPrecision::master_state_dict(const Model
   std::map<std::string, NamedTensor> out;
   const auto& params = model.parameters();
   for (size_t i = 0; i < params.size(); ++i) {
-    const auto begin = master().master().begin() + model.offsets()[i];
-    out[params[i]->name()] = {params[i]->shape(), {begin, begin + params[i]->numel()}};
+    std::vector<float> values(static_cast<size_t>(params[i]->numel()));  // to the host
+    copy_elements(master().master().subspan(static_cast<size_t>(model.offsets()[i]), values.size()),
+                  std::span<float>(values));
+    out[params[i]->name()] = {params[i]->shape(), std::move(values)};
   }
   return out;
 }

@@ -32,7 +32,7 @@
 namespace ringzero {
 
 /// in[i] as T, into out (the same size): a copy for float (on the host or a device:
-/// copy_elements); bf16/fp16 rounded to nearest even (convert_to_half, host). Errors: sizes
+/// copy_elements); bf16/fp16 rounded to nearest even (convert_to_half, host or device). Errors: sizes
 /// differ.
 template <Element T>
 void narrow_into(std::span<const float> in, std::span<T> out) {
@@ -44,14 +44,14 @@ void narrow_into(std::span<const float> in, std::span<T> out) {
 }
 
 /// The fp32 values a gathered layer computes with (ZeRO-3; autocast's fp32 copy): `gathered`
-/// itself in fp32 (moved out); in bf16/fp16 a new fp32 buffer (tag comm_buffers) of the values
-/// widened (exactly), and `gathered` is freed.
+/// itself in fp32 (moved out); in bf16/fp16 a new fp32 buffer (tag comm_buffers, where `gathered`
+/// lives) of the values widened (exactly), and `gathered` is freed.
 template <Element T>
 Buffer widen_for_compute(BufferOf<T>& gathered) {
   if constexpr (std::is_same_v<T, float>) {
     return std::move(gathered);
   } else {
-    Buffer out = Buffer::uninitialized(gathered.size(), MemTag::comm_buffers);
+    Buffer out = Buffer::uninitialized(gathered.size(), MemTag::comm_buffers, gathered.device());
     convert_to_float(T::dtype, as_bits(gathered.span()), out.span());
     gathered.release();
     return out;
@@ -68,7 +68,7 @@ BufferOf<R> narrow_for_reduce(Buffer& grad) {
     if constexpr (!std::is_same_v<T, float>) round_in_place(T::dtype, grad.span());
     return std::move(grad);
   } else {
-    BufferOf<R> out = BufferOf<R>::uninitialized(grad.size(), MemTag::comm_buffers);
+    BufferOf<R> out = BufferOf<R>::uninitialized(grad.size(), MemTag::comm_buffers, grad.device());
     narrow_into<R>(grad.span(), out.span());
     grad.release();
     return out;

@@ -148,6 +148,12 @@ void divide(float* g, int64_t n, float divisor) {
 void add(float* dst, const float* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
 }
+void to_half(bool bf16, const float* in, uint16_t* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = kernels::float_to_half(bf16, in[i]);
+}
+void to_float(bool bf16, const uint16_t* in, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = kernels::half_to_float(bf16, in[i]);
+}
 
 // Reference SGEMM, column-major: element (i, j) of X with leading dimension ld is X[i + j ld];
 // op(A) (m, k) reads A[i + p lda] (N) or A[p + i lda] (T).

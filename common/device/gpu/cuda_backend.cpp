@@ -106,6 +106,12 @@ class CudaBackend : public DeviceBackend {
   void scale(float* g, int64_t n, float coef) override { gpu::scale(g, n, coef); }
   void divide(float* g, int64_t n, float divisor) override { gpu::divide(g, n, divisor); }
   void add(float* dst, const float* src, int64_t n) override { gpu::add(dst, src, n); }
+  void to_half(Dtype dtype, const float* in, uint16_t* out, int64_t n) override {
+    gpu::to_half(dtype == Dtype::bf16, in, out, n);
+  }
+  void to_float(Dtype dtype, const uint16_t* in, float* out, int64_t n) override {
+    gpu::to_float(dtype == Dtype::bf16, in, out, n);
+  }
 
  private:
   std::string name_;

@@ -119,6 +119,10 @@ void scale(float* g, int64_t n, float coef);
 void divide(float* g, int64_t n, float divisor);
 /// dst += src on n elements (the ring's and the central reducer's add, in float32).
 void add(float* dst, const float* src, int64_t n);
+/// out[i] = bf16 (when `bf16`) or fp16 bits of in[i], round to nearest even (half_kernels.hpp).
+void to_half(bool bf16, const float* in, uint16_t* out, int64_t n);
+/// out[i] = the float32 of bf16 or fp16 bits in[i] (exact).
+void to_float(bool bf16, const uint16_t* in, float* out, int64_t n);
 
 // Matrix products, cuBLAS SGEMM on row-major arrays (a row-major (R, C) array is a column-major
 // (C, R) one, so each product is issued transposed).

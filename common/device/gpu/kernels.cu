@@ -146,6 +146,14 @@ __global__ void add_kernel(float* dst, const float* src, int64_t n) {
   RZ_GRID_STRIDE(i, n) dst[i] += src[i];
 }
 
+__global__ void to_half_kernel(bool bf16, const float* in, uint16_t* out, int64_t n) {
+  RZ_GRID_STRIDE(i, n) out[i] = kernels::float_to_half(bf16, in[i]);
+}
+
+__global__ void to_float_kernel(bool bf16, const uint16_t* in, float* out, int64_t n) {
+  RZ_GRID_STRIDE(i, n) out[i] = kernels::half_to_float(bf16, in[i]);
+}
+
 }  // namespace
 
 void relu_forward(float* out, const float* inp, int64_t n) {
@@ -210,6 +218,18 @@ void add(float* dst, const float* src, int64_t n) {
   if (n == 0) return;
   add_kernel<<<blocks_for(n), kThreads>>>(dst, src, n);
   check_launch("add");
+}
+
+void to_half(bool bf16, const float* in, uint16_t* out, int64_t n) {
+  if (n == 0) return;
+  to_half_kernel<<<blocks_for(n), kThreads>>>(bf16, in, out, n);
+  check_launch("to_half");
+}
+
+void to_float(bool bf16, const uint16_t* in, float* out, int64_t n) {
+  if (n == 0) return;
+  to_float_kernel<<<blocks_for(n), kThreads>>>(bf16, in, out, n);
+  check_launch("to_float");
 }
 
 }  // namespace ringzero::gpu
