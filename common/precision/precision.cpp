@@ -21,9 +21,12 @@ ReplicatedPrecision::ReplicatedPrecision(Model& model, const TrainConfig& config
 void ReplicatedPrecision::reserve_scratch(int64_t chunk) {
   const Dtype reduce = mixed_ ? mixed_->reduce_dtype() : Dtype::fp32;
   if (reduce == Dtype::fp32) scratch32_ = Buffer(chunk, MemTag::comm_buffers, model_.device());
-  if (reduce == Dtype::bf16) scratch_bf16_ = BufferOf<bf16>(chunk, MemTag::comm_buffers);
-  if (reduce == Dtype::fp16) scratch_fp16_ = BufferOf<fp16>(chunk, MemTag::comm_buffers);
-  if (mixed_ && reduce == Dtype::fp32) grads32_ = Buffer(psi_, MemTag::comm_buffers);
+  if (reduce == Dtype::bf16)
+    scratch_bf16_ = BufferOf<bf16>(chunk, MemTag::comm_buffers, model_.device());
+  if (reduce == Dtype::fp16)
+    scratch_fp16_ = BufferOf<fp16>(chunk, MemTag::comm_buffers, model_.device());
+  if (mixed_ && reduce == Dtype::fp32)
+    grads32_ = Buffer(psi_, MemTag::comm_buffers, model_.device());
 }
 
 void ReplicatedPrecision::zero_grad() {

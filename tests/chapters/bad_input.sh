@@ -83,8 +83,6 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
       -- "$MPIRUN" -np 2 --oversubscribe "$BIN/ch$ch" --model toy --device cuda --max-steps 1
   done
 fi
-fails device_cuda_bf16 "--device cuda with --precision bf16" "use --device cpu for 16-bit training" \
-  -- "$BIN/ch06_zero1" --model toy --device cuda --precision bf16 --max-steps 1
 fails device_cuda_bench "--device cuda with --bench-allreduce" "Drop --device cuda" \
   -- "$MPIRUN" -np 2 --oversubscribe "$BIN/ch04_ring_allreduce" --device cuda --bench-allreduce
 fails collectives_nccl "--collectives" "nccl" -- "$BIN/ch05_ddp_buckets" --model toy \

@@ -18,7 +18,6 @@
 #   F3  a manifest with a missing or mistyped field names the file and the field
 #   F8  scripts/consolidate refuses an output inside the checkpoint it reads
 #   F15 --net-selftest on a FIFO is refused (no hang); F6, F7 the messages named there
-#   F16/F17 --device cuda in 16 bits is refused before the device is probed
 source "$(dirname "$0")/lib.bash"
 RUN_TIMEOUT=60
 
@@ -256,8 +255,4 @@ PY
 refused fp16_overflow "at step 1, before any update: the forward pass overflowed fp16's range" \
   -- "${C1[@]}" --max-steps 3 --init-from "$WORK/wbig.safetensors" --precision fp16
 
-# --- F16/F17: --device cuda in 16 bits, refused before the device probe (a CPU build has none);
-# checkpoints on a device are the CPU's code (tests/chapters/device_state.sh) -----------------
-refused cuda_bf16 "--device cuda with --precision bf16: the device path trains in fp32 only" \
-  -- "${C1[@]}" --max-steps 2 --device cuda --precision bf16
 echo "all ckpt_guard cases passed"

@@ -12,7 +12,8 @@
 #  - numbers: `close` in lib.bash (SGD: relative L2 1e-4 of the movement, losses within 1e-6;
 #    AdamW's own bound): the reference SGEMM adds a product's k terms in order, Eigen in blocks,
 #    so the runs agree to float32 rounding, not bitwise;
-#  - traffic: every rank sends exactly the CPU run's bytes (its summary record).
+#  - traffic: every rank sends exactly the CPU run's bytes (its summary record);
+#  - 16 bits (chapters 01, 04, 06, 08): AdamW's bound alone (16 bits need AdamW), the same bytes.
 source "$(dirname "$0")/lib.bash"
 EMUL=../emul
 start_point start --model mlp --seed 3
@@ -42,4 +43,20 @@ for np in 1 2 3 4; do
 done
 pairs 05_ddp_buckets 3 "${common[@]}" --collectives mpi --bucket-cap-mb 0.5
 pairs 08_zero3 3 "${common[@]}" --collectives mpi --no-prefetch
+# 16 bits: bf16/fp16 storage through the CUDA backend's two conversions (to_half, to_float), the
+# fp32 master weights on the device: AdamW's bound (16 bits need AdamW) and the CPU's bytes.
+half_pair() {  # half_pair CHAPTER NP ARGS...
+  local ch=$1 np=$2; shift 2
+  local name=${ch:0:2}_n${np}_16
+  run cpu_$name "$np" ch$ch "${common[@]}" "$@"
+  run gpu_$name "$np" $EMUL/emul_ch$ch "${common[@]}" "$@" --device cuda
+  adam_close cpu_$name gpu_$name 8
+  if [ "$np" -gt 0 ]; then
+    expect_eq "$(sent gpu_$name)" "$(sent cpu_$name)" "$ch np $np 16-bit: the CPU's bytes"
+  fi
+}
+half_pair 01_training_loop 0 --precision bf16 --clip-grad-norm 0.5
+half_pair 04_ring_allreduce 3 --precision fp16
+half_pair 06_zero1 2 --precision bf16 --bucket-cap-mb 0.5 --reduce-dtype fp32
+half_pair 08_zero3 3 --precision bf16 --grad-accum-steps 2
 echo "PASS: chapters 01-08 with --device cuda on the emulated GPU layer match the CPU"

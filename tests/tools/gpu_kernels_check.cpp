@@ -4,7 +4,8 @@
 //   build-cuda/tests/gpu_kernels_check [--peak-tflops 67]
 //
 // Element kernels (ReLU and its backward, bias add, bias gradient, cross-entropy backward on
-// the same probabilities, SGD) run the very function the CPU runs, so they must agree BITWISE
+// the same probabilities, SGD, the bf16/fp16 conversions) run the very function the CPU runs, so
+// they must agree BITWISE (the conversions exactly: integer bit operations, nothing to contract)
 // unless a compiler contracted a multiply-add differently (GCC -march=native and nvcc both
 // contract): for those the bound is 2 ulp (relative 2.4e-7). AdamW: 4 ulp (its chain has four
 // roundings a contraction can move). Reductions in float64 (MSE sum, sum of squares) add in
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "common/core/check.hpp"
+#include "common/core/half.hpp"
 #include "common/core/ops.hpp"
 #include "common/core/optim.hpp"
 #include "common/core/rng.hpp"
@@ -214,6 +216,35 @@ int main(int argc, char** argv) {
       scale_in_place(gs, 0.37f);
       gpu::scale(g_d.data(), m, 0.37f);
       report("scale (ulp)", max_ulps(gs, download(g_d)), 0, "ulp");
+    }
+    {  // bf16/fp16 conversions: the host's bits (one element function: half_kernels.hpp)
+      auto x = random(n, 13, -70000.0f, 70000.0f);  // beyond fp16's 65504 too: rounds to inf
+      x[0] = std::nanf("");
+      x[1] = -INFINITY;
+      x[2] = 1e-6f;            // an fp16 subnormal
+      x[3] = 1.0f + 0x1p-8f;   // a bf16 tie: rounds to even (1)
+      x[4] = 1.0f + 0x1p-11f;  // an fp16 tie
+      x[5] = -0.0f;
+      for (const bool bf16 : {true, false}) {
+        const Dtype dtype = bf16 ? Dtype::bf16 : Dtype::fp16;
+        std::vector<uint16_t> h(n), h_gpu(n);
+        convert_to_half(dtype, x, h);
+        auto x_d = upload(x);
+        auto* h_d = static_cast<uint16_t*>(device_alloc(n * 2, MemTag::activations));
+        gpu::to_half(bf16, x_d.data(), h_d, n);
+        copy_to_host(h_gpu.data(), h_d, n * 2);
+        int64_t differ = 0;
+        for (int64_t i = 0; i < n; ++i) differ += h[i] != h_gpu[i];
+        report(bf16 ? "to_half bf16 (elements differing)" : "to_half fp16 (elements differing)",
+               static_cast<double>(differ), 0, "el");
+        std::vector<float> back(n);
+        convert_to_float(dtype, h, back);
+        DeviceBuffer back_d(n, MemTag::activations);
+        gpu::to_float(bf16, h_d, back_d.data(), n);
+        report(bf16 ? "to_float bf16 (ulp)" : "to_float fp16 (ulp)",
+               max_ulps(back, download(back_d)), 0, "ulp");
+        device_free(h_d, n * 2, MemTag::activations);
+      }
     }
     {  // the ledger's device column against cudaMemGetInfo
       size_t free0 = 0, free1 = 0, total = 0;
