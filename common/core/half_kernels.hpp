@@ -11,7 +11,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
 #if defined(__CUDACC__)
 #define RZ_HD __host__ __device__
@@ -21,29 +20,19 @@
 
 namespace ringzero::kernels {
 
-/// The bits of a float32, and the float32 of bits (std::bit_cast, which nvcc's device pass lacks).
-RZ_HD inline uint32_t float_bits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-#endif
-}
-RZ_HD inline float bits_float(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-#endif
+/// x's bits as a To of the same size (std::bit_cast, which nvcc's device pass lacks):
+/// bits_as<uint32_t>(1.0f) is 0x3f800000.
+template <class To, class From>
+RZ_HD inline To bits_as(From x) {
+  static_assert(sizeof(To) == sizeof(From));
+  To y;
+  __builtin_memcpy(&y, &x, sizeof(To));
+  return y;
 }
 
 /// float -> bf16 bits, round to nearest even; NaN -> quiet NaN with the same sign.
 RZ_HD inline uint16_t float_to_bf16(float f) {
-  uint32_t u = float_bits(f);
+  uint32_t u = bits_as<uint32_t>(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
   // Adding 0x7fff plus the lowest kept bit rounds the upper half to nearest, ties to even;
   // a carry out of the mantissa increments the exponent, which is the correct rounding
@@ -54,13 +43,13 @@ RZ_HD inline uint16_t float_to_bf16(float f) {
 
 /// bf16 bits -> float (exact: the bits become the upper half of a float32).
 RZ_HD inline float bf16_to_float(uint16_t h) {
-  return bits_float(static_cast<uint32_t>(h) << 16);
+  return bits_as<float>(static_cast<uint32_t>(h) << 16);
 }
 
 /// float -> fp16 bits, round to nearest even; |f| >= 65520 (halfway past 65504) -> ±inf;
 /// values below 2^-14 become subnormals (or ±0 below 2^-25); NaN -> quiet NaN, same sign.
 RZ_HD inline uint16_t float_to_fp16(float f) {
-  uint32_t u = float_bits(f);
+  uint32_t u = bits_as<uint32_t>(f);
   const auto sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   u &= 0x7fffffffu;
   if (u > 0x7f800000u)  // NaN: quiet bit set, the upper payload bits kept (as vcvtps2ph)
@@ -85,10 +74,10 @@ RZ_HD inline uint16_t float_to_fp16(float f) {
 RZ_HD inline float fp16_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-  if (exp == 0x1f) return bits_float(sign | 0x7f800000u | (mant << 13));
-  if (exp != 0) return bits_float(sign | ((exp + 112) << 23) | (mant << 13));
+  if (exp == 0x1f) return bits_as<float>(sign | 0x7f800000u | (mant << 13));
+  if (exp != 0) return bits_as<float>(sign | ((exp + 112) << 23) | (mant << 13));
   const float v = static_cast<float>(mant) * 0x1p-24f;  // a subnormal: exact, mant < 2^10
-  return bits_float(float_bits(v) | sign);
+  return bits_as<float>(bits_as<uint32_t>(v) | sign);
 }
 
 /// The conversions on a 16-bit format chosen at run time (bf16 when `bf16`, else fp16).
