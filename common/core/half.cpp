@@ -103,6 +103,7 @@ void check_half(Dtype dtype, size_t a, size_t b, const char* what) {
 
 void convert_to_half(Dtype dtype, std::span<const float> in, std::span<uint16_t> out) {
   check_half(dtype, in.size(), out.size(), "convert_to_half");
+  if (in.empty()) return;  // (an empty span's pointer may lie on another place than the output's)
   const Device from = device_of(in.data());
   if (from != device_of(out.data())) {
     Scratch<uint16_t> tmp(std::ssize(in), from);
@@ -120,6 +121,7 @@ void convert_to_half(Dtype dtype, std::span<const float> in, std::span<uint16_t>
 
 void convert_to_float(Dtype dtype, std::span<const uint16_t> in, std::span<float> out) {
   check_half(dtype, in.size(), out.size(), "convert_to_float");
+  if (in.empty()) return;  // (an empty span's pointer may lie on another place than the output's)
   const Device from = device_of(in.data());
   if (from != device_of(out.data())) {
     Scratch<float> tmp(std::ssize(in), from);

@@ -164,10 +164,13 @@ void MasterWeights::step_with(std::span<uint16_t> params16, int64_t n_grads, flo
   RZ_CHECK(static_cast<int64_t>(params16.size()) == n_grads && n_grads == master_.size(),
            "MasterWeights::step: " << params16.size() << " params, " << n_grads
                                    << " grads, state for " << master_.size());
-  // Blocks of fp32 gradients: on the stack on the host; on a device one Scratch there, the
-  // whole state at once (the same element operations in the same order: the same bits).
+  // Blocks of fp32 gradients: on the stack on the host; on a device a Scratch there of at most
+  // kDeviceBlock elements (256 KiB, uncounted as the host's 2 KiB block is). The same element
+  // operations in the same order either way: the same bits.
+  constexpr int64_t kDeviceBlock = int64_t{1} << 16;
   const Device device = master_.device();
-  const int64_t block = device == Device::cpu ? static_cast<int64_t>(kBlock) : master_.size();
+  const int64_t block = device == Device::cpu ? static_cast<int64_t>(kBlock)
+                                              : std::min(kDeviceBlock, master_.size());
   float stack[kBlock];
   Scratch<float> scratch(device == Device::cpu ? 0 : block, device);
   const std::span<float> g_block = device == Device::cpu ? std::span<float>(stack) : scratch.span();

@@ -11,6 +11,7 @@
 #  - chapters 03-08 in bf16 at N = 1..4 (the central reducer, the ring, DDP's buckets,
 #    ZeRO-1/2/3 with their padded 16-bit shards and fp32 master weights);
 #  - fp16 at N = 3 and --reduce-dtype fp32 (the fp32 sums of 16-bit gradients);
+#  - ranks whose ring chunk or shard is empty (tiny layers in buckets of their own);
 #  - fp16 whose gradients overflow (the initial weights x 6): the loss scaler skips the same
 #    steps on the device (the overflow test through the backend);
 #  - 16-bit checkpoints written on the device resume on the CPU and on the device, bitwise.
@@ -56,6 +57,15 @@ pair 08_fp16_n3 3 ch08_zero3 "${f[@]}" --no-prefetch
 pair 04_r32_n3 3 ch04_ring_allreduce "${b[@]}" --reduce-dtype fp32
 pair 06_r32_n2 2 ch06_zero1 "${b[@]}" --reduce-dtype fp32 --bucket-cap-mb 0.5
 pair 08_r32_n3 3 ch08_zero3 "${f[@]}" --reduce-dtype fp32
+
+# Empty pieces: layers of 2 or 3 outputs in buckets of their own leave some rank an empty ring
+# chunk (chapter 05) or a shard of padding only (06, 07), whose 16-bit conversions, overflow test
+# and norm run on empty device spans.
+tiny=(--model mlp --hidden-sizes 3,2 --global-batch-size 48 --max-steps 4 --eval-every-epoch 0
+      --seed 3 --bucket-cap-mb 0.00001)
+pair empty_05 3 ch05_ddp_buckets "${tiny[@]}" --precision bf16
+pair empty_06 4 ch06_zero1 "${tiny[@]}" --precision bf16 --clip-grad-norm 0.5
+pair empty_07 3 ch07_zero2 "${tiny[@]}" --precision fp16 --clip-grad-norm 0.5
 
 # fp16 with overflowing gradients: the same steps skipped, the same scale, on the device.
 scaled_start w6 6 --model mlp --seed 3  # lib.bash: the initial weights x 6
