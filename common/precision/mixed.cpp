@@ -101,8 +101,8 @@ void HalfStorage::hook_layers() {
     hooks_.pre_backward(layer, [this, l](Module& m) {
       load_layer(l);
       auto& lin = static_cast<Linear&>(m);
-      zero_elements(grad_scratch_.span().first(
-          static_cast<size_t>(lin.weight.numel() + lin.bias.numel())));
+      zero_elements(
+          grad_scratch_.span().first(static_cast<size_t>(lin.weight.numel() + lin.bias.numel())));
     });
     for (Parameter* p : {&layer.weight, &layer.bias}) {
       const auto i =
@@ -169,8 +169,8 @@ void MasterWeights::step_with(std::span<uint16_t> params16, int64_t n_grads, flo
   // operations in the same order either way: the same bits.
   constexpr int64_t kDeviceBlock = int64_t{1} << 16;
   const Device device = master_.device();
-  const int64_t block = device == Device::cpu ? static_cast<int64_t>(kBlock)
-                                              : std::min(kDeviceBlock, master_.size());
+  const int64_t block =
+      device == Device::cpu ? static_cast<int64_t>(kBlock) : std::min(kDeviceBlock, master_.size());
   float stack[kBlock];
   Scratch<float> scratch(device == Device::cpu ? 0 : block, device);
   const std::span<float> g_block = device == Device::cpu ? std::span<float>(stack) : scratch.span();
