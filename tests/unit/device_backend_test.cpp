@@ -9,13 +9,16 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "common/core/device_backend.hpp"
 #include "common/core/nn.hpp"
 #include "common/core/ops.hpp"
 #include "common/core/optim.hpp"
+#include "common/core/rng.hpp"
 #include "common/driver/train.hpp"
+#include "common/precision/mixed.hpp"
 #include "util.hpp"
 
 using namespace ringzero;
@@ -38,6 +41,21 @@ void require_same_bits(const Tensor& device, const Tensor& host) {
   const std::vector<float> a = host_values(device), b = host_values(host);
   REQUIRE(a.size() == b.size());
   REQUIRE(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+}
+
+// A device copy of a host vector, and the host copy of a device array.
+template <class T>
+BufferOf<T> on_device(const std::vector<T>& host) {
+  BufferOf<T> d(std::ssize(host), MemTag::activations, kEmu);
+  copy_elements(std::span<const T>(host), d.span());
+  return d;
+}
+template <class Array>
+auto back(const Array& device) {
+  std::vector<std::remove_const_t<std::remove_pointer_t<decltype(device.data())>>> v(
+      static_cast<size_t>(device.size()));
+  copy_memory(v.data(), device.data(), device.bytes());
+  return v;
 }
 
 }  // namespace
@@ -163,4 +181,59 @@ TEST_CASE("operands on the host and a device are refused, naming both", "[device
   REQUIRE_THROWS_WITH(linear_forward(out, inp, weight, bias),
                       Contains("operands on emulated and cpu") && Contains("Tensor::to"));
   REQUIRE_THROWS_WITH(parse_device("gpu"), Contains("--device gpu") && Contains("emulated"));
+}
+
+// 16-bit storage on the device: the backend's two conversions, and everything common/core/half.cpp
+// and common/precision/mixed.cpp build from them, give the host's bits; a conversion across the
+// host and the device copies; empty spans (an empty ring chunk, a padding-only shard) are nothing.
+TEST_CASE("16-bit storage on the emulated device gives the host's bits", "[device]") {
+  const int64_t n = 1500;  // three of the host loops' 512-element blocks, the last one partial
+  std::vector<float> x(static_cast<size_t>(n)), y(x.size());
+  Rng rng(11, 0);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = rng.normal() * 300.0f, y[i] = rng.normal();
+  x[0] = 70000.0f;        // fp16: inf
+  x[1] = 1.0f + 0x1p-8f;  // a bf16 tie
+  for (Dtype d : {Dtype::bf16, Dtype::fp16}) {
+    INFO(dtype_name(d));
+    std::vector<uint16_t> h(x.size()), hy(x.size());
+    convert_to_half(d, x, h);
+    convert_to_half(d, y, hy);
+    Buffer x_d = on_device(x), y_d = on_device(y);
+    Buffer16 h_d(n, MemTag::activations, kEmu), hy_d = on_device(hy);
+    convert_to_half(d, x_d.span(), h_d.span());
+    REQUIRE(back(h_d) == h);
+    std::vector<float> across(x.size()), wide(x.size());
+    convert_to_float(d, h_d.span(), across);  // device -> host: converted there, copied over
+    convert_to_float(d, h, wide);
+    REQUIRE(std::memcmp(across.data(), wide.data(), wide.size() * 4) == 0);
+    accumulate_half(d, h, std::span<const uint16_t>(hy));  // 16 + 16, then 16 + fp32
+    accumulate_half(d, h_d.span(), std::span<const uint16_t>(hy_d.span()));
+    accumulate_half(d, h, std::span<const float>(y));
+    accumulate_half(d, h_d.span(), std::span<const float>(y_d.span()));
+    REQUIRE(back(h_d) == h);
+    round_in_place(d, x);
+    round_in_place(d, x_d.span());
+    REQUIRE(std::memcmp(back(x_d).data(), x.data(), x.size() * 4) == 0);
+    REQUIRE(has_non_finite(d, h_d.span()) == has_non_finite(d, h));
+    REQUIRE(has_non_finite(d, h_d.span().subspan(1)) == has_non_finite(d, std::span(h).subspan(1)));
+    REQUIRE(sum_of_squares_half(d, h_d.span(), 0.25f) == sum_of_squares_half(d, h, 0.25f));
+    // The master weights' update on the device: the same masters, moments and 16-bit parameters.
+    MasterWeights host(d, y, {1000, 500}), dev(d, y_d.span(), {1000, 500});
+    std::vector<uint16_t> p16(y.size());
+    Buffer16 p16_d(n, MemTag::activations, kEmu);
+    for (int step = 0; step < 3; ++step) {
+      host.step(p16, std::span<const uint16_t>(hy), 0.5f);
+      dev.step(p16_d.span(), std::span<const uint16_t>(hy_d.span()), 0.5f);
+    }
+    REQUIRE(back(p16_d) == p16);
+    std::vector<float> master(y.size());
+    copy_elements(dev.master(), std::span(master));
+    REQUIRE(std::memcmp(master.data(), host.master().data(), master.size() * 4) == 0);
+    // Empty spans inside a device allocation: nothing happens, on any path.
+    std::span<uint16_t> none = h_d.span().subspan(static_cast<size_t>(n));
+    convert_to_float(d, std::span<const uint16_t>(none), std::span<float>());
+    accumulate_half(d, none, std::span<const uint16_t>(none));
+    REQUIRE_FALSE(has_non_finite(d, none));
+    REQUIRE(sum_of_squares_half(d, none, 1.0f) == 0.0);
+  }
 }
