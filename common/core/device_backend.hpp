@@ -1,9 +1,10 @@
 // device_backend: the operation table a device provides, below the tensor.
 //
-// Provides: DeviceBackend, the table each non-host device fills (needle's backend arrays: the
-// CPU and CUDA backends register the same operations; autograd, ops and nn name no backend:
-// they allocate where their inputs live and dispatch), and backend_of, the one line each
-// operation of common/core/ops.cpp and common/core/optim.cpp runs before its host loop:
+// Provides: DeviceBackend, the table each non-host device fills (as needle's backends register one
+// operation table; here the host keeps its loops and is not a table. Autograd, ops and nn name no
+// backend: they allocate where their inputs live and dispatch), and backend_of, the one line each
+// operation of common/core/ops.cpp, common/core/optim.cpp and common/core/half.cpp runs before its
+// host loop:
 //     if (DeviceBackend* d = backend_of({out.data(), inp.data()})) return d->relu_forward(...);
 //     for (...) out[i] = kernels::relu(inp[i]);        // the host loop, unchanged
 // so a chapter's train_step, written over tensors and spans, runs wherever its model lives.
@@ -13,9 +14,9 @@
 // element functions of common/core/kernels.hpp, and cuBLAS SGEMM). The host is not a backend: null
 // from backend_of means "run the loop below". Communication needs no entry: the communicator stages
 // a device buffer through host memory (common/comm/comm.cpp; NCCL on a GPU is the next step).
-// 16-bit storage needs two entries, the conversions: common/core/half.cpp and
-// common/precision/mixed.cpp build the rest (accumulation, rounding, the overflow test, the master
-// weights' update) from them and the float32 entries. Leaves out: fused 16-bit kernels.
+// 16-bit storage needs three entries, the conversions and the 16-bit norm: common/core/half.cpp
+// and common/precision/mixed.cpp build the rest (accumulation, rounding, the overflow test, the
+// master weights' update) from them and the float32 entries. Leaves out: fused 16-bit kernels.
 #pragma once
 
 #include <cstdint>
@@ -73,20 +74,24 @@ class DeviceBackend {
   /// buf may be null when momentum == 0.
   virtual void sgd_update(float* p, float* buf, const float* g, int64_t n, float lr,
                           float momentum, float weight_decay, bool first_step) = 0;
-  /// Σ g² in float64.
-  virtual double sum_of_squares(const float* g, int64_t n) = 0;
+  /// Σ (g · factor)² in float64 (factor 1: Σ g², clip_grad_norm_'s; else mixed precision's
+  /// unscaled norm, common/core/half.hpp).
+  virtual double sum_of_squares(const float* g, int64_t n, float factor) = 0;
   virtual void scale(float* g, int64_t n, float coef) = 0;
   /// g /= divisor on n elements (the mean over ranks: a division, as the host's).
   virtual void divide(float* g, int64_t n, float divisor) = 0;
   /// dst += src on n elements (a reduction's add: common/core/half.hpp's add_into).
   virtual void add(float* dst, const float* src, int64_t n) = 0;
 
-  // 16-bit storage (common/core/half.hpp's convert_to_half and convert_to_float; dtype is bf16
-  // or fp16, never fp32). The same bits as the host's: one function per element, half_kernels.hpp.
-  /// out[i] = to_16(in[i]) on n elements, round to nearest even.
+  // 16-bit storage (common/core/half.hpp; dtype is bf16 or fp16, never fp32). The conversions
+  // are the host's bits (the emulated backend runs the host's loops; CUDA one thread per element
+  // of common/core/half_kernels.hpp, the scalar functions those loops vectorise).
+  /// out[i] = to_16(in[i]) on n elements, round to nearest even (convert_to_half).
   virtual void to_half(Dtype dtype, const float* in, uint16_t* out, int64_t n) = 0;
-  /// out[i] = to_32(in[i]) on n elements (exact).
+  /// out[i] = to_32(in[i]) on n elements, exact (convert_to_float).
   virtual void to_float(Dtype dtype, const uint16_t* in, float* out, int64_t n) = 0;
+  /// Σ (to_32(g) · factor)² in float64 (sum_of_squares_half: the 16-bit norm and overflow test).
+  virtual double sum_of_squares_half(Dtype dtype, const uint16_t* g, int64_t n, float factor) = 0;
 };
 
 /// The backend of `device` (not cpu), created on first use. Errors: cuda in a program built

@@ -67,13 +67,19 @@ void zero_elements(std::span<T> s) {
   zero_memory(s.data(), static_cast<int64_t>(s.size_bytes()));
 }
 
-/// n elements of T on `device`, uninitialised and NOT counted in the ledger: the device form of a
-/// host loop's stack block (a conversion's scratch, common/core/half.cpp), freed with it.
-/// Thread-safe, so the communication thread's 16-bit adds may make one. Move-free, copy-free.
+/// The most elements a Scratch holds (256 KiB of float32): what the ledger leaves uncounted.
+inline constexpr int64_t kScratchBlock = int64_t{1} << 16;
+
+/// n ≤ kScratchBlock elements of T on `device`, uninitialised and NOT counted in the ledger: the
+/// device form of a host loop's stack block (a 16-bit loop's scratch, common/core/half.cpp),
+/// freed with it. Thread-safe, so the communication thread's 16-bit adds may make one.
+/// Errors: n above kScratchBlock (a caller that should work in blocks).
 template <class T>
 class Scratch {
  public:
   Scratch(int64_t n, Device device) : device_(device), size_(n) {
+    RZ_CHECK(n >= 0 && n <= kScratchBlock,
+             "Scratch of " << n << " elements: work in blocks of at most " << kScratchBlock);
     if (n == 0) return;
     data_ = device == Device::cpu ? new T[static_cast<size_t>(n)]
                                   : static_cast<T*>(allocate_on(device, n * sizeof(T)));

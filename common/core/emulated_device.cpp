@@ -110,8 +110,8 @@ class EmulatedBackend : public DeviceBackend {
                   float weight_decay, bool first_step) override {
     ringzero::sgd_update(side(p), side(buf), side(g), n, lr, momentum, weight_decay, first_step);
   }
-  double sum_of_squares(const float* g, int64_t n) override {
-    return ringzero::sum_of_squares({side(g), static_cast<size_t>(n)});
+  double sum_of_squares(const float* g, int64_t n, float factor) override {
+    return ringzero::sum_of_squares({side(g), static_cast<size_t>(n)}, factor);
   }
   void scale(float* g, int64_t n, float coef) override {
     ringzero::scale_in_place({side(g), static_cast<size_t>(n)}, coef);
@@ -129,6 +129,9 @@ class EmulatedBackend : public DeviceBackend {
   void to_float(Dtype dtype, const uint16_t* in, float* out, int64_t n) override {
     ringzero::convert_to_float(dtype, {side(in), static_cast<size_t>(n)},
                                {side(out), static_cast<size_t>(n)});
+  }
+  double sum_of_squares_half(Dtype dtype, const uint16_t* g, int64_t n, float factor) override {
+    return ringzero::sum_of_squares_half(dtype, {side(g), static_cast<size_t>(n)}, factor);
   }
 
  private:

@@ -1,6 +1,7 @@
 #include "common/core/half.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -95,20 +96,25 @@ void check_half(Dtype dtype, size_t a, size_t b, const char* what) {
 
 }  // namespace
 
-// On a device, the conversions are the backend's two entries (device_backend.hpp) and every other
-// 16-bit loop below is built from them and the float32 ones, on a Scratch where the host loop
-// has a stack block: the same element functions in the same order, so the same bits. A
-// conversion between the host and a device (a checkpoint's 16-bit values read out) runs where
-// its input lives and copies the result over.
+// On a device, the conversions and the 16-bit norm are backend entries (device_backend.hpp) and
+// every other 16-bit loop below is built from them and the float32 ones, in blocks on a Scratch
+// (at most kScratchBlock elements, device_memory.hpp) where the host loop has a stack block: the
+// same element functions in the same order, so the same bits. A conversion between the host and
+// a device (a checkpoint's 16-bit values read out) runs where its input lives and copies the
+// result over.
 
 void convert_to_half(Dtype dtype, std::span<const float> in, std::span<uint16_t> out) {
   check_half(dtype, in.size(), out.size(), "convert_to_half");
   if (in.empty()) return;  // (an empty span's pointer may lie on another place than the output's)
   const Device from = device_of(in.data());
   if (from != device_of(out.data())) {
-    Scratch<uint16_t> tmp(std::ssize(in), from);
-    convert_to_half(dtype, in, tmp.span());
-    return copy_elements(std::span<const uint16_t>(tmp.span()), out);
+    Scratch<uint16_t> tmp(std::min(std::ssize(in), kScratchBlock), from);
+    for (size_t i = 0; i < in.size(); i += tmp.span().size()) {
+      const size_t n = std::min(tmp.span().size(), in.size() - i);
+      convert_to_half(dtype, in.subspan(i, n), tmp.span().first(n));
+      copy_elements(std::span<const uint16_t>(tmp.span().first(n)), out.subspan(i, n));
+    }
+    return;
   }
   const PartScope copies(StepPart::copies);  // --attribute
   if (DeviceBackend* d = backend_of({in.data(), out.data()}))
@@ -124,9 +130,13 @@ void convert_to_float(Dtype dtype, std::span<const uint16_t> in, std::span<float
   if (in.empty()) return;  // (an empty span's pointer may lie on another place than the output's)
   const Device from = device_of(in.data());
   if (from != device_of(out.data())) {
-    Scratch<float> tmp(std::ssize(in), from);
-    convert_to_float(dtype, in, tmp.span());
-    return copy_elements(std::span<const float>(tmp.span()), out);
+    Scratch<float> tmp(std::min(std::ssize(in), kScratchBlock), from);
+    for (size_t i = 0; i < in.size(); i += tmp.span().size()) {
+      const size_t n = std::min(tmp.span().size(), in.size() - i);
+      convert_to_float(dtype, in.subspan(i, n), tmp.span().first(n));
+      copy_elements(std::span<const float>(tmp.span().first(n)), out.subspan(i, n));
+    }
+    return;
   }
   const PartScope copies(StepPart::copies);  // --attribute
   if (DeviceBackend* d = backend_of({in.data(), out.data()}))
@@ -140,9 +150,13 @@ void convert_to_float(Dtype dtype, std::span<const uint16_t> in, std::span<float
 void round_in_place(Dtype dtype, std::span<float> x) {
   if (dtype == Dtype::fp32) return;
   if (const Device device = device_of(x.data()); device != Device::cpu) {
-    Scratch<uint16_t> tmp(std::ssize(x), device);
-    convert_to_half(dtype, x, tmp.span());
-    return convert_to_float(dtype, tmp.span(), x);
+    Scratch<uint16_t> tmp(std::min(std::ssize(x), kScratchBlock), device);
+    for (size_t i = 0; i < x.size(); i += tmp.span().size()) {
+      const size_t n = std::min(tmp.span().size(), x.size() - i);
+      convert_to_half(dtype, x.subspan(i, n), tmp.span().first(n));
+      convert_to_float(dtype, tmp.span().first(n), x.subspan(i, n));
+    }
+    return;
   }
   constexpr size_t kBlock = 512;  // on the stack: no allocation, stays in L1
   uint16_t tmp[kBlock];
@@ -164,9 +178,13 @@ void add_into(std::span<float> dst, std::span<const float> src) {
 void accumulate_half(Dtype dtype, std::span<uint16_t> dst, std::span<const uint16_t> src) {
   check_half(dtype, dst.size(), src.size(), "accumulate_half");
   if (const Device device = device_of(dst.data()); device != Device::cpu) {
-    Scratch<float> b(std::ssize(src), device);
-    convert_to_float(dtype, src, b.span());
-    return accumulate_half(dtype, dst, std::span<const float>(b.span()));
+    Scratch<float> b(std::min(std::ssize(src), kScratchBlock), device);
+    for (size_t i = 0; i < dst.size(); i += b.span().size()) {
+      const size_t n = std::min(b.span().size(), dst.size() - i);
+      convert_to_float(dtype, src.subspan(i, n), b.span().first(n));
+      accumulate_half(dtype, dst.subspan(i, n), std::span<const float>(b.span().first(n)));
+    }
+    return;
   }
   constexpr size_t kBlock = 512;
   float a[kBlock], b[kBlock];
@@ -182,10 +200,14 @@ void accumulate_half(Dtype dtype, std::span<uint16_t> dst, std::span<const uint1
 void accumulate_half(Dtype dtype, std::span<uint16_t> dst, std::span<const float> src) {
   check_half(dtype, dst.size(), src.size(), "accumulate_half");
   if (const Device device = device_of(dst.data()); device != Device::cpu) {
-    Scratch<float> a(std::ssize(dst), device);
-    convert_to_float(dtype, dst, a.span());
-    add_into(a.span(), src);  // the backend's float32 add
-    return convert_to_half(dtype, a.span(), dst);
+    Scratch<float> a(std::min(std::ssize(dst), kScratchBlock), device);
+    for (size_t i = 0; i < dst.size(); i += a.span().size()) {
+      const size_t n = std::min(a.span().size(), dst.size() - i);
+      convert_to_float(dtype, dst.subspan(i, n), a.span().first(n));
+      add_into(a.span().first(n), src.subspan(i, n));  // the backend's float32 add
+      convert_to_half(dtype, a.span().first(n), dst.subspan(i, n));
+    }
+    return;
   }
   constexpr size_t kBlock = 512;
   float a[kBlock];
@@ -195,6 +217,52 @@ void accumulate_half(Dtype dtype, std::span<uint16_t> dst, std::span<const float
     for (size_t j = 0; j < n; ++j) a[j] += src[i + j];
     convert_to_half(dtype, {a, n}, dst.subspan(i, n));
   }
+}
+
+bool has_non_finite(Dtype dtype, std::span<const uint16_t> values) {
+  RZ_CHECK(dtype != Dtype::fp32, "has_non_finite: dtype fp32 has no 16-bit form");
+  if (device_of(values.data()) != Device::cpu)  // see half.hpp: finite exactly when every g is
+    return !std::isfinite(sum_of_squares_half(dtype, values, 1.0f));
+  const uint16_t exp_mask = dtype == Dtype::bf16 ? 0x7f80u : 0x7c00u;
+  bool any = false;
+  for (uint16_t h : values) any |= (h & exp_mask) == exp_mask;
+  return any;
+}
+
+bool has_non_finite(std::span<const float> values) {
+  if (device_of(values.data()) != Device::cpu) return !std::isfinite(sum_of_squares(values, 1.0f));
+  bool any = false;
+  for (float x : values) any |= !std::isfinite(x);
+  return any;
+}
+
+double sum_of_squares(std::span<const float> grads, float factor) {
+  if (DeviceBackend* d = backend_of({grads.data()}))
+    return d->sum_of_squares(grads.data(), std::ssize(grads), factor);
+  double s = 0.0;
+  for (float g : grads) {
+    const double x = static_cast<double>(g * factor);
+    s += x * x;
+  }
+  return s;
+}
+
+double sum_of_squares_half(Dtype dtype, std::span<const uint16_t> grads, float factor) {
+  check_half(dtype, grads.size(), grads.size(), "sum_of_squares_half");
+  if (DeviceBackend* d = backend_of({grads.data()}))
+    return d->sum_of_squares_half(dtype, grads.data(), std::ssize(grads), factor);
+  constexpr size_t kBlock = 512;
+  float g[kBlock];
+  double s = 0.0;
+  for (size_t i = 0; i < grads.size(); i += kBlock) {
+    const size_t n = std::min(kBlock, grads.size() - i);
+    convert_to_float(dtype, grads.subspan(i, n), {g, n});
+    for (size_t j = 0; j < n; ++j) {
+      const double x = static_cast<double>(g[j] * factor);
+      s += x * x;
+    }
+  }
+  return s;
 }
 
 uint16_t* Aligned16Allocator::allocate(int64_t size, MemTag tag, bool zero) {

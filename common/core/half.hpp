@@ -65,6 +65,19 @@ void accumulate_half(Dtype dtype, std::span<uint16_t> dst, std::span<const uint1
 /// dtype fp32.
 void accumulate_half(Dtype dtype, std::span<uint16_t> dst, std::span<const float> src);
 
+/// The overflow test and the clipping norm of mixed precision (fp16's loss scaler, clip_grad_norm_
+/// over 16-bit or fp32-summed gradients), on the host or a device (its backend's
+/// sum_of_squares(_half): a float64 Σ g² is finite exactly when every g is, since a finite float32
+/// squared stays below 1.2e77).
+/// Whether any element is ±inf or NaN (a 16-bit exponent of all ones). Errors: dtype fp32.
+bool has_non_finite(Dtype dtype, std::span<const uint16_t> values);
+/// Whether any float32 element is ±inf or NaN.
+bool has_non_finite(std::span<const float> values);
+/// Σ (to_fp32(g) * factor)², accumulated in float64 in element order.
+double sum_of_squares_half(Dtype dtype, std::span<const uint16_t> grads, float factor);
+/// Σ (g * factor)² over float32 gradients, accumulated in float64 in element order.
+double sum_of_squares(std::span<const float> grads, float factor);
+
 /// Memory for Buffer16: 64-byte aligned (aligned_alloc). Errors: out of memory (names bytes
 /// and tag).
 struct Aligned16Allocator {

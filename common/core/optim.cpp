@@ -117,7 +117,7 @@ void Optimizer::step(std::span<float> params, std::span<const float> grads) {
 
 double sum_of_squares(std::span<const float> grads) {
   if (DeviceBackend* d = backend_of({grads.data()}))
-    return d->sum_of_squares(grads.data(), static_cast<int64_t>(grads.size()));
+    return d->sum_of_squares(grads.data(), static_cast<int64_t>(grads.size()), 1.0f);
   double s = 0.0;
   for (float g : grads) s += kernels::square(g);
   return s;

@@ -17,10 +17,14 @@ constexpr size_t kBlock = 512;  // conversion blocks on the stack: no allocation
 // dst16[i] = to_16(to_32(dst16[i]) + to_32(to_16(src[i]))): the fp32 gradient is first rounded
 // to 16 bits (the dtype of a 16-bit op's output), then accumulated in 16 bits.
 void accumulate_rounded(Dtype dtype, std::span<uint16_t> dst16, std::span<const float> src) {
-  if (const Device device = device_of(src.data()); device != Device::cpu) {  // half.cpp's rule
-    Scratch<uint16_t> tmp(std::ssize(src), device);
-    convert_to_half(dtype, src, tmp.span());
-    return accumulate_half(dtype, dst16, std::span<const uint16_t>(tmp.span()));
+  if (const Device device = device_of(dst16.data()); device != Device::cpu) {  // as half.cpp's
+    Scratch<uint16_t> tmp(std::min(std::ssize(src), kScratchBlock), device);
+    for (size_t i = 0; i < src.size(); i += tmp.span().size()) {
+      const size_t n = std::min(tmp.span().size(), src.size() - i);
+      convert_to_half(dtype, src.subspan(i, n), tmp.span().first(n));
+      accumulate_half(dtype, dst16.subspan(i, n), std::span<const uint16_t>(tmp.span().first(n)));
+    }
+    return;
   }
   uint16_t tmp[kBlock];
   for (size_t i = 0; i < src.size(); i += kBlock) {
@@ -165,12 +169,11 @@ void MasterWeights::step_with(std::span<uint16_t> params16, int64_t n_grads, flo
            "MasterWeights::step: " << params16.size() << " params, " << n_grads
                                    << " grads, state for " << master_.size());
   // Blocks of fp32 gradients: on the stack on the host; on a device a Scratch there of at most
-  // kDeviceBlock elements (256 KiB, uncounted as the host's 2 KiB block is). The same element
+  // kScratchBlock elements (256 KiB, uncounted as the host's 2 KiB block is). The same element
   // operations in the same order either way: the same bits.
-  constexpr int64_t kDeviceBlock = int64_t{1} << 16;
   const Device device = master_.device();
-  const int64_t block =
-      device == Device::cpu ? static_cast<int64_t>(kBlock) : std::min(kDeviceBlock, master_.size());
+  const int64_t block = device == Device::cpu ? static_cast<int64_t>(kBlock)
+                                              : std::min(kScratchBlock, master_.size());
   float stack[kBlock];
   Scratch<float> scratch(device == Device::cpu ? 0 : block, device);
   const std::span<float> g_block = device == Device::cpu ? std::span<float>(stack) : scratch.span();
@@ -206,65 +209,6 @@ void MasterWeights::step(std::span<uint16_t> params16, std::span<const float> gr
                          float grad_factor) {
   step_with(params16, static_cast<int64_t>(grads32.size()), grad_factor,
             [&](size_t b, std::span<float> g) { copy_elements(grads32.subspan(b, g.size()), g); });
-}
-
-// On a device, the overflow test and the norms below are the backend's float64 Σ g² (a square of
-// any finite float32 is below 1.2e77, so the sum is finite unless an element is inf or NaN) over
-// the converted (and scaled) values: the host loops' numbers.
-
-bool has_non_finite(Dtype dtype, std::span<const uint16_t> values) {
-  RZ_CHECK(dtype != Dtype::fp32, "has_non_finite: dtype fp32 has no 16-bit form");
-  if (const Device device = device_of(values.data()); device != Device::cpu) {
-    Scratch<float> f(std::ssize(values), device);
-    convert_to_float(dtype, values, f.span());
-    return has_non_finite(std::span<const float>(f.span()));
-  }
-  const uint16_t exp_mask = dtype == Dtype::bf16 ? 0x7f80u : 0x7c00u;
-  bool any = false;
-  for (uint16_t h : values) any |= (h & exp_mask) == exp_mask;
-  return any;
-}
-
-bool has_non_finite(std::span<const float> values) {
-  if (device_of(values.data()) != Device::cpu) return !std::isfinite(sum_of_squares(values));
-  bool any = false;
-  for (float x : values) any |= !std::isfinite(x);
-  return any;
-}
-
-double sum_of_squares(std::span<const float> grads, float factor) {
-  if (const Device device = device_of(grads.data()); device != Device::cpu) {
-    if (factor == 1.0f) return sum_of_squares(grads);  // g * 1 is g
-    Scratch<float> scaled(std::ssize(grads), device);
-    copy_elements(grads, scaled.span());
-    scale_in_place(scaled.span(), factor);
-    return sum_of_squares(std::span<const float>(scaled.span()));
-  }
-  double s = 0.0;
-  for (float g : grads) {
-    const double x = static_cast<double>(g * factor);
-    s += x * x;
-  }
-  return s;
-}
-
-double sum_of_squares_half(Dtype dtype, std::span<const uint16_t> grads, float factor) {
-  if (const Device device = device_of(grads.data()); device != Device::cpu) {
-    Scratch<float> g(std::ssize(grads), device);
-    convert_to_float(dtype, grads, g.span());
-    return sum_of_squares(std::span<const float>(g.span()), factor);
-  }
-  float g[kBlock];
-  double s = 0.0;
-  for (size_t i = 0; i < grads.size(); i += kBlock) {
-    const size_t n = std::min(kBlock, grads.size() - i);
-    convert_to_float(dtype, grads.subspan(i, n), {g, n});
-    for (size_t j = 0; j < n; ++j) {
-      const double x = static_cast<double>(g[j] * factor);
-      s += x * x;
-    }
-  }
-  return s;
 }
 
 AdamWOptions adamw_options(const TrainConfig& config) {

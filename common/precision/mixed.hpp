@@ -14,8 +14,8 @@
 //  - MasterWeights: fp32 master weights + AdamW moments over a 16-bit parameter span; each
 //    step converts the 16-bit gradient to fp32 (times the unscale/clip factor), updates the
 //    master as AdamW::step does, and writes the master rounded to 16 bits back.
-//  - has_non_finite, sum_of_squares(_half): the overflow test and the clipping norm of 16-bit
-//    (or fp32-summed) gradients.
+//  - (has_non_finite and sum_of_squares(_half), the overflow test and the clipping norm of
+//    16-bit or fp32-summed gradients, are common/core/half.hpp's, where a device can run them.)
 // Put together elsewhere: GradScaler (fp16 dynamic loss scaling, grad_scaler.hpp, included
 // here for the ZeRO chapters, which build their own masters and scaler); MixedPrecision (the
 // whole recipe for a model every rank holds whole, chapters 01-05, mixed_precision.hpp).
@@ -137,15 +137,6 @@ class MasterWeights {
   AdamWOptions options_;
   Buffer master_, exp_avg_, exp_avg_sq_;
 };
-
-/// Whether any element is ±inf or NaN (a 16-bit exponent of all ones).
-bool has_non_finite(Dtype dtype, std::span<const uint16_t> values);
-/// Whether any float32 element is ±inf or NaN.
-bool has_non_finite(std::span<const float> values);
-/// Σ (to_fp32(g) * factor)², accumulated in float64 (global-norm clipping of 16-bit grads).
-double sum_of_squares_half(Dtype dtype, std::span<const uint16_t> grads, float factor);
-/// Σ (g * factor)² over float32 gradients, accumulated in float64.
-double sum_of_squares(std::span<const float> grads, float factor);
 
 /// AdamW's options of the run (--lr, --weight-decay; betas and eps PyTorch's defaults), for
 /// MasterWeights.

@@ -43,7 +43,7 @@ for np in 1 2 3 4; do
 done
 pairs 05_ddp_buckets 3 "${common[@]}" --collectives mpi --bucket-cap-mb 0.5
 pairs 08_zero3 3 "${common[@]}" --collectives mpi --no-prefetch
-# 16 bits: bf16/fp16 storage through the CUDA backend's two conversions (to_half, to_float), the
+# 16 bits: bf16/fp16 storage through the CUDA backend's conversions and 16-bit norm, the
 # fp32 master weights on the device: AdamW's bound (16 bits need AdamW) and the CPU's bytes.
 half_pair() {  # half_pair CHAPTER NP ARGS...
   local ch=$1 np=$2; shift 2

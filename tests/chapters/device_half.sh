@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # 16-bit training on the emulated device (issue 27): --precision bf16|fp16 and --reduce-dtype are
-# the CPU's code there too. The backend has two 16-bit entries, the conversions
+# the CPU's code there too. The backend has three 16-bit entries, the conversions and the norm
 # (common/core/device_backend.hpp); the rest (16-bit accumulation, rounding, the ring's 16-bit
 # add, the overflow test, the norms, the master weights' update) is built from them and the
 # float32 entries (common/core/half.cpp, common/precision/mixed.cpp). Emulated device memory is

@@ -134,9 +134,14 @@ void sgd_update(float* p, float* buf, const float* g, int64_t n, float lr, float
     kernels::sgd_update(p[i], buf ? buf[i] : unused, g[i], lr, momentum, weight_decay, first_step);
   }
 }
-double sum_of_squares(const float* g, int64_t n) {
+double sum_of_squares(const float* g, int64_t n, float factor) {
   double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += kernels::square(g[i]);
+  for (int64_t i = 0; i < n; ++i) s += kernels::square(g[i] * factor);
+  return s;
+}
+double sum_of_squares_half(bool bf16, const uint16_t* g, int64_t n, float factor) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += kernels::square(kernels::half_to_float(bf16, g[i]) * factor);
   return s;
 }
 void scale(float* g, int64_t n, float coef) {

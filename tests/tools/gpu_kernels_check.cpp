@@ -243,6 +243,14 @@ int main(int argc, char** argv) {
         gpu::to_float(bf16, h_d, back_d.data(), n);
         report(bf16 ? "to_float bf16 (ulp)" : "to_float fp16 (ulp)",
                max_ulps(back, download(back_d)), 0, "ulp");
+        // The 16-bit norm of finite values (another summation order: float64 rounding).
+        std::vector<uint16_t> g16(n);
+        convert_to_half(dtype, random(n, 14), g16);
+        copy_to_device(h_d, g16.data(), n * 2);
+        const double ss = sum_of_squares_half(dtype, g16, 0.5f),
+                     ss_d = gpu::sum_of_squares_half(bf16, h_d, n, 0.5f);
+        report(bf16 ? "sum_of_squares_half bf16 rel diff" : "sum_of_squares_half fp16 rel diff",
+               std::fabs(ss - ss_d) / ss, 1e-12, "rel");
         device_free(h_d, n * 2, MemTag::activations);
       }
     }

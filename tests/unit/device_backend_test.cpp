@@ -183,9 +183,10 @@ TEST_CASE("operands on the host and a device are refused, naming both", "[device
   REQUIRE_THROWS_WITH(parse_device("gpu"), Contains("--device gpu") && Contains("emulated"));
 }
 
-// 16-bit storage on the device: the backend's two conversions, and everything common/core/half.cpp
-// and common/precision/mixed.cpp build from them, give the host's bits; a conversion across the
-// host and the device copies; empty spans (an empty ring chunk, a padding-only shard) are nothing.
+// 16-bit storage on the device: the backend's conversions and norm, and everything
+// common/core/half.cpp and common/precision/mixed.cpp build from them, give the host's bits; a
+// conversion across the host and the device copies; empty spans (an empty ring chunk, a
+// padding-only shard) are nothing.
 TEST_CASE("16-bit storage on the emulated device gives the host's bits", "[device]") {
   const int64_t n = 1500;  // three of the host loops' 512-element blocks, the last one partial
   std::vector<float> x(static_cast<size_t>(n)), y(x.size());

@@ -102,7 +102,9 @@ class CudaBackend : public DeviceBackend {
                   float weight_decay, bool first_step) override {
     gpu::sgd_update(p, buf, g, n, lr, momentum, weight_decay, first_step);
   }
-  double sum_of_squares(const float* g, int64_t n) override { return gpu::sum_of_squares(g, n); }
+  double sum_of_squares(const float* g, int64_t n, float factor) override {
+    return gpu::sum_of_squares(g, n, factor);
+  }
   void scale(float* g, int64_t n, float coef) override { gpu::scale(g, n, coef); }
   void divide(float* g, int64_t n, float divisor) override { gpu::divide(g, n, divisor); }
   void add(float* dst, const float* src, int64_t n) override { gpu::add(dst, src, n); }
@@ -111,6 +113,9 @@ class CudaBackend : public DeviceBackend {
   }
   void to_float(Dtype dtype, const uint16_t* in, float* out, int64_t n) override {
     gpu::to_float(dtype == Dtype::bf16, in, out, n);
+  }
+  double sum_of_squares_half(Dtype dtype, const uint16_t* g, int64_t n, float factor) override {
+    return gpu::sum_of_squares_half(dtype == Dtype::bf16, g, n, factor);
   }
 
  private:

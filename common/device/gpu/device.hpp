@@ -111,8 +111,10 @@ void adamw_update(float* p, float* m, float* v, const float* g, int64_t n,
 /// SGD on n elements; buf may be null when momentum == 0.
 void sgd_update(float* p, float* buf, const float* g, int64_t n, float lr, float momentum,
                 float weight_decay, bool first_step);
-/// Σ g² in float64 (clip_grad_norm_'s squared norm). Synchronises.
-double sum_of_squares(const float* g, int64_t n);
+/// Σ (g · factor)² in float64 (clip_grad_norm_'s squared norm at factor 1). Synchronises.
+double sum_of_squares(const float* g, int64_t n, float factor = 1.0f);
+/// Σ (to_32(g) · factor)² over bf16 (when `bf16`) or fp16 bits, in float64. Synchronises.
+double sum_of_squares_half(bool bf16, const uint16_t* g, int64_t n, float factor);
 /// g *= coef.
 void scale(float* g, int64_t n, float coef);
 /// g /= divisor (a division, not a multiplication by 1/divisor: the host's mean over ranks).

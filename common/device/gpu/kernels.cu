@@ -111,9 +111,18 @@ struct SquaredErrorTerm {
     return kernels::squared_error(pred[i], target[i]);
   }
 };
-struct SquareTerm {
+struct SquareTerm {  // (g · factor)², as the host's loop (factor 1: kernels::square's bits)
   const float* g;
-  __device__ double operator()(int64_t i) const { return kernels::square(g[i]); }
+  float factor;
+  __device__ double operator()(int64_t i) const { return kernels::square(g[i] * factor); }
+};
+struct HalfSquareTerm {
+  const uint16_t* g;
+  bool bf16;
+  float factor;
+  __device__ double operator()(int64_t i) const {
+    return kernels::square(kernels::half_to_float(bf16, g[i]) * factor);
+  }
 };
 
 __global__ void mse_backward_kernel(float* dpred, const float* pred, const float* target, int64_t n,
@@ -200,8 +209,11 @@ void sgd_update(float* p, float* buf, const float* g, int64_t n, float lr, float
   sgd_kernel<<<blocks_for(n), kThreads>>>(p, buf, g, n, lr, momentum, weight_decay, first_step);
   check_launch("sgd");
 }
-double sum_of_squares(const float* g, int64_t n) {
-  return reduce_sum(n, SquareTerm{g});
+double sum_of_squares(const float* g, int64_t n, float factor) {
+  return reduce_sum(n, SquareTerm{g, factor});
+}
+double sum_of_squares_half(bool bf16, const uint16_t* g, int64_t n, float factor) {
+  return reduce_sum(n, HalfSquareTerm{g, bf16, factor});
 }
 void scale(float* g, int64_t n, float coef) {
   scale_kernel<<<blocks_for(n), kThreads>>>(g, n, coef);
