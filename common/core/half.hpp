@@ -5,8 +5,10 @@
 // torch.Tensor.to(torch.bfloat16 / torch.float16) does on CPU); loops converting whole spans
 // (F16C instructions for fp16 where the compiler targets them, a branch-free loop GCC
 // vectorises for bf16); round_in_place (a float32 span rounded to the nearest 16-bit values,
-// kept in float32); and Buffer16, an owning 16-bit array tagged in the Ledger at 2 bytes per
-// element, so 16-bit parameters and gradients are counted as 2Ψ.
+// kept in float32); 16-bit accumulation; the overflow test and the norms of mixed precision; and
+// Buffer16, an owning 16-bit array tagged in the Ledger at 2 bytes per element, so 16-bit
+// parameters and gradients are counted as 2Ψ. Each span function runs where its spans live: the
+// host, or a device through its backend (common/core/device_backend.hpp).
 //
 // The formats (IEEE 754-2008 binary16; bfloat16 as in Kalamkar et al. 2019, "A Study of
 // BFLOAT16 for Deep Learning Training", §2):
