@@ -13,6 +13,7 @@
 // Leaves out: more than one device of a kind per process, streams (everything is in order).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -100,5 +101,23 @@ class Scratch {
   int64_t size_;
   T* data_ = nullptr;
 };
+
+/// How a loop that needs a temporary walks n elements: body(offset, block) for offset = 0, B,
+/// 2B, … below n, where block is min(B, n − offset) uninitialised elements of T to work in,
+/// where `device` keeps the data: on the host 512 on the stack (B = 512: no allocation, stays
+/// in L1), on a device one Scratch of B = min(n, kScratchBlock). Every 16-bit loop with a
+/// temporary walks its spans so (core/half.cpp, precision/mixed.cpp): the same element functions
+/// in the same order on either, so the same bits. n ≤ 0 runs nothing.
+template <class T, class Body>
+void for_each_block(int64_t n, Device device, Body&& body) {
+  if (n <= 0) return;
+  constexpr int64_t kHostBlock = 512;
+  T stack[kHostBlock];
+  Scratch<T> scratch(device == Device::cpu ? 0 : std::min(n, kScratchBlock), device);
+  const std::span<T> block = device == Device::cpu ? std::span<T>(stack) : scratch.span();
+  for (int64_t i = 0; i < n; i += std::ssize(block))
+    body(static_cast<size_t>(i),
+         block.first(static_cast<size_t>(std::min(std::ssize(block), n - i))));
+}
 
 }  // namespace ringzero

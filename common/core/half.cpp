@@ -97,8 +97,8 @@ void check_half(Dtype dtype, size_t a, size_t b, const char* what) {
 }  // namespace
 
 // On a device, the conversions and the 16-bit norm are backend entries (device_backend.hpp) and
-// every other 16-bit loop below is built from them and the float32 ones, in blocks on a Scratch
-// (at most kScratchBlock elements, device_memory.hpp) where the host loop has a stack block: the
+// every other 16-bit loop below is built from them and the float32 ones, in blocks
+// (for_each_block, device_memory.hpp: on the host's stack, or a Scratch on the device): the
 // same element functions in the same order, so the same bits. A conversion between the host and
 // a device (a checkpoint's 16-bit values read out) runs where its input lives and copies the
 // result over.
@@ -107,15 +107,11 @@ void convert_to_half(Dtype dtype, std::span<const float> in, std::span<uint16_t>
   check_half(dtype, in.size(), out.size(), "convert_to_half");
   if (in.empty()) return;  // (an empty span's pointer may lie on another place than the output's)
   const Device from = device_of(in.data());
-  if (from != device_of(out.data())) {
-    Scratch<uint16_t> tmp(std::min(std::ssize(in), kScratchBlock), from);
-    for (size_t i = 0; i < in.size(); i += tmp.span().size()) {
-      const size_t n = std::min(tmp.span().size(), in.size() - i);
-      convert_to_half(dtype, in.subspan(i, n), tmp.span().first(n));
-      copy_elements(std::span<const uint16_t>(tmp.span().first(n)), out.subspan(i, n));
-    }
-    return;
-  }
+  if (from != device_of(out.data()))
+    return for_each_block<uint16_t>(std::ssize(in), from, [&](size_t i, std::span<uint16_t> t) {
+      convert_to_half(dtype, in.subspan(i, t.size()), t);
+      copy_elements(std::span<const uint16_t>(t), out.subspan(i, t.size()));
+    });
   const PartScope copies(StepPart::copies);  // --attribute
   if (DeviceBackend* d = backend_of({in.data(), out.data()}))
     return d->to_half(dtype, in.data(), out.data(), std::ssize(in));
@@ -129,15 +125,11 @@ void convert_to_float(Dtype dtype, std::span<const uint16_t> in, std::span<float
   check_half(dtype, in.size(), out.size(), "convert_to_float");
   if (in.empty()) return;  // (an empty span's pointer may lie on another place than the output's)
   const Device from = device_of(in.data());
-  if (from != device_of(out.data())) {
-    Scratch<float> tmp(std::min(std::ssize(in), kScratchBlock), from);
-    for (size_t i = 0; i < in.size(); i += tmp.span().size()) {
-      const size_t n = std::min(tmp.span().size(), in.size() - i);
-      convert_to_float(dtype, in.subspan(i, n), tmp.span().first(n));
-      copy_elements(std::span<const float>(tmp.span().first(n)), out.subspan(i, n));
-    }
-    return;
-  }
+  if (from != device_of(out.data()))
+    return for_each_block<float>(std::ssize(in), from, [&](size_t i, std::span<float> t) {
+      convert_to_float(dtype, in.subspan(i, t.size()), t);
+      copy_elements(std::span<const float>(t), out.subspan(i, t.size()));
+    });
   const PartScope copies(StepPart::copies);  // --attribute
   if (DeviceBackend* d = backend_of({in.data(), out.data()}))
     return d->to_float(dtype, in.data(), out.data(), std::ssize(in));
@@ -149,22 +141,11 @@ void convert_to_float(Dtype dtype, std::span<const uint16_t> in, std::span<float
 
 void round_in_place(Dtype dtype, std::span<float> x) {
   if (dtype == Dtype::fp32) return;
-  if (const Device device = device_of(x.data()); device != Device::cpu) {
-    Scratch<uint16_t> tmp(std::min(std::ssize(x), kScratchBlock), device);
-    for (size_t i = 0; i < x.size(); i += tmp.span().size()) {
-      const size_t n = std::min(tmp.span().size(), x.size() - i);
-      convert_to_half(dtype, x.subspan(i, n), tmp.span().first(n));
-      convert_to_float(dtype, tmp.span().first(n), x.subspan(i, n));
-    }
-    return;
-  }
-  constexpr size_t kBlock = 512;  // on the stack: no allocation, stays in L1
-  uint16_t tmp[kBlock];
-  for (size_t i = 0; i < x.size(); i += kBlock) {
-    const size_t n = std::min(kBlock, x.size() - i);
-    convert_to_half(dtype, x.subspan(i, n), {tmp, n});
-    convert_to_float(dtype, {tmp, n}, x.subspan(i, n));
-  }
+  for_each_block<uint16_t>(std::ssize(x), device_of(x.data()),
+                           [&](size_t i, std::span<uint16_t> t) {
+                             convert_to_half(dtype, x.subspan(i, t.size()), t);
+                             convert_to_float(dtype, t, x.subspan(i, t.size()));
+                           });
 }
 
 void add_into(std::span<float> dst, std::span<const float> src) {
@@ -177,46 +158,19 @@ void add_into(std::span<float> dst, std::span<const float> src) {
 
 void accumulate_half(Dtype dtype, std::span<uint16_t> dst, std::span<const uint16_t> src) {
   check_half(dtype, dst.size(), src.size(), "accumulate_half");
-  if (const Device device = device_of(dst.data()); device != Device::cpu) {
-    Scratch<float> b(std::min(std::ssize(src), kScratchBlock), device);
-    for (size_t i = 0; i < dst.size(); i += b.span().size()) {
-      const size_t n = std::min(b.span().size(), dst.size() - i);
-      convert_to_float(dtype, src.subspan(i, n), b.span().first(n));
-      accumulate_half(dtype, dst.subspan(i, n), std::span<const float>(b.span().first(n)));
-    }
-    return;
-  }
-  constexpr size_t kBlock = 512;
-  float a[kBlock], b[kBlock];
-  for (size_t i = 0; i < dst.size(); i += kBlock) {
-    const size_t n = std::min(kBlock, dst.size() - i);
-    convert_to_float(dtype, dst.subspan(i, n), {a, n});
-    convert_to_float(dtype, src.subspan(i, n), {b, n});
-    for (size_t j = 0; j < n; ++j) a[j] += b[j];
-    convert_to_half(dtype, {a, n}, dst.subspan(i, n));
-  }
+  for_each_block<float>(std::ssize(dst), device_of(dst.data()), [&](size_t i, std::span<float> b) {
+    convert_to_float(dtype, src.subspan(i, b.size()), b);
+    accumulate_half(dtype, dst.subspan(i, b.size()), std::span<const float>(b));
+  });
 }
 
 void accumulate_half(Dtype dtype, std::span<uint16_t> dst, std::span<const float> src) {
   check_half(dtype, dst.size(), src.size(), "accumulate_half");
-  if (const Device device = device_of(dst.data()); device != Device::cpu) {
-    Scratch<float> a(std::min(std::ssize(dst), kScratchBlock), device);
-    for (size_t i = 0; i < dst.size(); i += a.span().size()) {
-      const size_t n = std::min(a.span().size(), dst.size() - i);
-      convert_to_float(dtype, dst.subspan(i, n), a.span().first(n));
-      add_into(a.span().first(n), src.subspan(i, n));  // the backend's float32 add
-      convert_to_half(dtype, a.span().first(n), dst.subspan(i, n));
-    }
-    return;
-  }
-  constexpr size_t kBlock = 512;
-  float a[kBlock];
-  for (size_t i = 0; i < dst.size(); i += kBlock) {
-    const size_t n = std::min(kBlock, dst.size() - i);
-    convert_to_float(dtype, dst.subspan(i, n), {a, n});
-    for (size_t j = 0; j < n; ++j) a[j] += src[i + j];
-    convert_to_half(dtype, {a, n}, dst.subspan(i, n));
-  }
+  for_each_block<float>(std::ssize(dst), device_of(dst.data()), [&](size_t i, std::span<float> a) {
+    convert_to_float(dtype, dst.subspan(i, a.size()), a);
+    add_into(a, src.subspan(i, a.size()));  // float32, on the host or the backend
+    convert_to_half(dtype, a, dst.subspan(i, a.size()));
+  });
 }
 
 bool has_non_finite(Dtype dtype, std::span<const uint16_t> values) {
@@ -251,17 +205,14 @@ double sum_of_squares_half(Dtype dtype, std::span<const uint16_t> grads, float f
   check_half(dtype, grads.size(), grads.size(), "sum_of_squares_half");
   if (DeviceBackend* d = backend_of({grads.data()}))
     return d->sum_of_squares_half(dtype, grads.data(), std::ssize(grads), factor);
-  constexpr size_t kBlock = 512;
-  float g[kBlock];
   double s = 0.0;
-  for (size_t i = 0; i < grads.size(); i += kBlock) {
-    const size_t n = std::min(kBlock, grads.size() - i);
-    convert_to_float(dtype, grads.subspan(i, n), {g, n});
-    for (size_t j = 0; j < n; ++j) {
-      const double x = static_cast<double>(g[j] * factor);
+  for_each_block<float>(std::ssize(grads), Device::cpu, [&](size_t i, std::span<float> g) {
+    convert_to_float(dtype, grads.subspan(i, g.size()), g);
+    for (float v : g) {
+      const double x = static_cast<double>(v * factor);
       s += x * x;
     }
-  }
+  });
   return s;
 }
 

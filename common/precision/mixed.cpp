@@ -17,21 +17,11 @@ constexpr size_t kBlock = 512;  // conversion blocks on the stack: no allocation
 // dst16[i] = to_16(to_32(dst16[i]) + to_32(to_16(src[i]))): the fp32 gradient is first rounded
 // to 16 bits (the dtype of a 16-bit op's output), then accumulated in 16 bits.
 void accumulate_rounded(Dtype dtype, std::span<uint16_t> dst16, std::span<const float> src) {
-  if (const Device device = device_of(dst16.data()); device != Device::cpu) {  // as half.cpp's
-    Scratch<uint16_t> tmp(std::min(std::ssize(src), kScratchBlock), device);
-    for (size_t i = 0; i < src.size(); i += tmp.span().size()) {
-      const size_t n = std::min(tmp.span().size(), src.size() - i);
-      convert_to_half(dtype, src.subspan(i, n), tmp.span().first(n));
-      accumulate_half(dtype, dst16.subspan(i, n), std::span<const uint16_t>(tmp.span().first(n)));
-    }
-    return;
-  }
-  uint16_t tmp[kBlock];
-  for (size_t i = 0; i < src.size(); i += kBlock) {
-    const size_t n = std::min(kBlock, src.size() - i);
-    convert_to_half(dtype, src.subspan(i, n), {tmp, n});
-    accumulate_half(dtype, dst16.subspan(i, n), {tmp, n});
-  }
+  for_each_block<uint16_t>(
+      std::ssize(src), device_of(dst16.data()), [&](size_t i, std::span<uint16_t> t) {
+        convert_to_half(dtype, src.subspan(i, t.size()), t);
+        accumulate_half(dtype, dst16.subspan(i, t.size()), std::span<const uint16_t>(t));
+      });
 }
 
 }  // namespace
