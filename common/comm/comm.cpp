@@ -49,14 +49,40 @@ Communicator::Counters& Communicator::counter(const char* op) {
   return counters_[scope_.empty() ? op : scope_];
 }
 
-void Communicator::count_external(const char* op, bool point_to_point, Counters delta) {
-  Counters& c = counter(op);
-  if (!point_to_point || scope_.empty()) c.calls += 1;
-  c.messages_sent += delta.messages_sent;
-  c.bytes_sent += delta.bytes_sent;
-  c.messages_received += delta.messages_received;
-  c.bytes_received += delta.bytes_received;
+TransportFactory& nccl_transport_factory() {
+  static TransportFactory factory = nullptr;
+  return factory;
 }
+
+DeviceTransport* Communicator::transport_for(
+    std::initializer_list<std::pair<const void*, int64_t>> buffers) const {
+  if (transport_ == nullptr) return nullptr;
+  bool any = false;
+  for (auto [data, bytes] : buffers) {
+    if (bytes == 0) continue;  // an empty side's pointer may lie anywhere
+    if (device_of(data) != transport_->device()) return nullptr;
+    any = true;
+  }
+  return any ? transport_ : nullptr;
+}
+
+namespace {
+
+// Counts a message of n elements of elem_bytes as MPI moves it: one per INT_MAX piece.
+void count_sent(Communicator::Counters& c, int64_t n, int elem_bytes) {
+  for (auto [off, k] : split_count(n)) {
+    c.messages_sent += 1;
+    c.bytes_sent += k * elem_bytes;
+  }
+}
+void count_received(Communicator::Counters& c, int64_t n, int elem_bytes) {
+  for (auto [off, k] : split_count(n)) {
+    c.messages_received += 1;
+    c.bytes_received += k * elem_bytes;
+  }
+}
+
+}  // namespace
 
 Communicator::Counters Communicator::recount_as_metrics(
     const std::map<std::string, Counters>& snapshot) {
@@ -122,32 +148,32 @@ void Communicator::recv(std::span<uint16_t> buf, int src) {
 void Communicator::send_raw(const void* data, int64_t size, int dest, int elem_bytes) {
   const PartScope part(StepPart::communication);  // --attribute
   const MPI_Datatype type = elem_bytes == 4 ? MPI_FLOAT : MPI_UINT16_T;
-  HostStage stage(data, size * elem_bytes, /*fill=*/true);
-  const char* bytes = stage.data();
   Counters& c = counter("send");
   if (scope_.empty()) c.calls += 1;
-  for (auto [off, n] : split_count(size)) {
+  count_sent(c, size, elem_bytes);
+  if (DeviceTransport* t = transport_for({{data, size}}))
+    return t->sendrecv(data, size * elem_bytes, dest, nullptr, 0, dest);
+  HostStage stage(data, size * elem_bytes, /*fill=*/true);
+  const char* bytes = stage.data();
+  for (auto [off, n] : split_count(size))
     MPI_CALL(
         MPI_Send(bytes + off * elem_bytes, static_cast<int>(n), type, dest, 0, MPI_COMM_WORLD));
-    c.messages_sent += 1;
-    c.bytes_sent += n * elem_bytes;
-  }
 }
 
 void Communicator::recv_raw(void* data, int64_t size, int src, int elem_bytes) {
   const PartScope part(StepPart::communication);  // --attribute
   const MPI_Datatype type = elem_bytes == 4 ? MPI_FLOAT : MPI_UINT16_T;
-  HostStage stage(data, size * elem_bytes, /*fill=*/false);
-  char* bytes = stage.data();
   Counters& c = counter("recv");
   if (scope_.empty()) c.calls += 1;
+  count_received(c, size, elem_bytes);
+  if (DeviceTransport* t = transport_for({{data, size}}))
+    return t->sendrecv(nullptr, 0, src, data, size * elem_bytes, src);
+  HostStage stage(data, size * elem_bytes, /*fill=*/false);
+  char* bytes = stage.data();
   if (PeerWaits::enabled() && size > 0) wait_for_message(src);  // --attribute (step_time.hpp)
-  for (auto [off, n] : split_count(size)) {
+  for (auto [off, n] : split_count(size))
     MPI_CALL(MPI_Recv(bytes + off * elem_bytes, static_cast<int>(n), type, src, 0, MPI_COMM_WORLD,
                       MPI_STATUS_IGNORE));
-    c.messages_received += 1;
-    c.bytes_received += n * elem_bytes;
-  }
   stage.finish();
 }
 
@@ -167,12 +193,16 @@ void Communicator::sendrecv_raw(const void* send_data, int64_t send_n, int dest,
                                 int64_t recv_n, int src, int elem_bytes) {
   const PartScope part(StepPart::communication);  // --attribute
   const MPI_Datatype type = elem_bytes == 4 ? MPI_FLOAT : MPI_UINT16_T;
+  Counters& c = counter("sendrecv");
+  if (scope_.empty()) c.calls += 1;
+  count_sent(c, send_n, elem_bytes);
+  count_received(c, recv_n, elem_bytes);
+  if (DeviceTransport* t = transport_for({{send_data, send_n}, {recv_data, recv_n}}))
+    return t->sendrecv(send_data, send_n * elem_bytes, dest, recv_data, recv_n * elem_bytes, src);
   HostStage send_stage(send_data, send_n * elem_bytes, /*fill=*/true);
   HostStage recv_stage(recv_data, recv_n * elem_bytes, /*fill=*/false);
   const char* send_bytes = send_stage.data();
   char* recv_bytes = recv_stage.data();
-  Counters& c = counter("sendrecv");
-  if (scope_.empty()) c.calls += 1;
   // Each direction is cut into pieces on its own: the sender's send length is the receiver's
   // receive length, so both ends of a link agree on the number of messages, and an empty side
   // sends (or expects) none. (Splitting both by max(send, receive) breaks that when a rank's two
@@ -184,8 +214,6 @@ void Communicator::sendrecv_raw(const void* send_data, int64_t send_n, int dest,
       requests.emplace_back();
       MPI_CALL(MPI_Irecv(recv_bytes + off * elem_bytes, static_cast<int>(n), type, src, 0,
                          MPI_COMM_WORLD, &requests.back()));
-      c.messages_received += 1;
-      c.bytes_received += n * elem_bytes;
     }
   };
   auto post_sends = [&] {
@@ -193,8 +221,6 @@ void Communicator::sendrecv_raw(const void* send_data, int64_t send_n, int dest,
       requests.emplace_back();
       MPI_CALL(MPI_Isend(send_bytes + off * elem_bytes, static_cast<int>(n), type, dest, 0,
                          MPI_COMM_WORLD, &requests.back()));
-      c.messages_sent += 1;
-      c.bytes_sent += n * elem_bytes;
     }
   };
   if (PeerWaits::enabled() && recv_n > 0) {  // --attribute: the wait for src apart (step_time)

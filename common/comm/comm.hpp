@@ -13,6 +13,9 @@
 // record the payload handed to MPI (the send buffer as sent, the result as received).
 // Metrics traffic (loss and accuracy sums, reports) is counted under "metrics" so that
 // per-step gradient traffic can be compared with theory exactly.
+// Device buffers: with a DeviceTransport set (NCCL, device_transport.hpp) a message whose
+// buffers live on its device goes through it; without one, it is staged through host memory.
+// Either way the counters count it as above.
 // Leaves out: communicators other than MPI_COMM_WORLD, dtypes other than float32/float64
 // (and bf16/fp16 values in send, recv and sendrecv).
 #pragma once
@@ -20,12 +23,14 @@
 #include <climits>
 #include <atomic>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/comm/device_transport.hpp"
 #include "common/core/half.hpp"
 
 namespace ringzero {
@@ -130,14 +135,19 @@ class Communicator {
   Counters recount_as_metrics(const std::map<std::string, Counters>& snapshot);
   /// Counts one call of `op` (used by the scope owner to count a whole collective as one call).
   void count_call(const std::string& op) { counters_[op].calls += 1; }
-  /// Counts traffic another transport moved for this process (NCCL on GPU buffers,
-  /// common/device/gpu/nccl_comm.cpp) exactly as this class counts its own: under the open Scope's
-  /// op, else `op`; `point_to_point` calls add no call inside a Scope (the scope owner counts one),
-  /// collectives always add one. Bytes and messages as given.
-  void count_external(const char* op, bool point_to_point, Counters delta);
+  /// Messages whose buffers all live on transport->device() go through it from now on (NCCL on
+  /// a GPU, device_transport.hpp), counted as ever; null: every message through MPI, a device
+  /// buffer staged through host memory. Not owned; set before any collective and cleared before
+  /// it goes, on every rank alike.
+  void set_device_transport(DeviceTransport* transport) { transport_ = transport; }
+  /// The transport set, or null.
+  DeviceTransport* device_transport() const { return transport_; }
 
  private:
   Counters& counter(const char* op);
+  // The device transport when every non-empty buffer (pointer, elements) lives on its device.
+  DeviceTransport* transport_for(
+      std::initializer_list<std::pair<const void*, int64_t>> buffers) const;
   void send_raw(const void* data, int64_t n, int dest, int elem_bytes);
   void recv_raw(void* data, int64_t n, int src, int elem_bytes);
   void sendrecv_raw(const void* send_data, int64_t send_n, int dest, void* recv_data,
@@ -145,6 +155,7 @@ class Communicator {
   int rank_ = 0, world_size_ = 1, local_rank_ = 0;
   std::string scope_;
   std::map<std::string, Counters> counters_;
+  DeviceTransport* transport_ = nullptr;
 };
 
 }  // namespace ringzero

@@ -1,7 +1,8 @@
 // The communicator's collectives (comm.hpp declares them): broadcast, all_reduce,
 // reduce_scatter, all_gather, barrier, and the reductions of the end-of-run report. Each counts
-// its bytes as the ring algorithm would move them (docs/design.md), stages device buffers
-// through host memory (HostStage) and splits counts over INT_MAX into several MPI calls.
+// its bytes as the ring algorithm would move them (docs/design.md), hands device buffers to the
+// device transport (NCCL, device_transport.hpp) or else stages them through host memory
+// (HostStage), and splits counts over INT_MAX into several MPI calls.
 #include <mpi.h>
 
 #include <algorithm>
@@ -23,11 +24,13 @@ void Communicator::broadcast(std::span<float> buf, int root) {
   comm_detail::wait_for_peers();  // --attribute: the wait for the last rank apart
   Counters& c = counter("broadcast");
   c.calls += 1;
-  HostStage stage(buf.data(), static_cast<int64_t>(buf.size()) * 4, /*fill=*/rank_ == root);
-  for (auto [off, n] : split_count(static_cast<int64_t>(buf.size()))) {
+  const auto size = static_cast<int64_t>(buf.size());
+  (rank_ == root ? c.bytes_sent : c.bytes_received) += size * 4;
+  if (DeviceTransport* t = transport_for({{buf.data(), size}}))
+    return t->broadcast(buf.data(), size, root);
+  HostStage stage(buf.data(), size * 4, /*fill=*/rank_ == root);
+  for (auto [off, n] : split_count(size))
     MPI_CALL(MPI_Bcast(stage.floats() + off, static_cast<int>(n), MPI_FLOAT, root, MPI_COMM_WORLD));
-    (rank_ == root ? c.bytes_sent : c.bytes_received) += n * 4;
-  }
   stage.finish();
 }
 
@@ -36,13 +39,15 @@ void Communicator::all_reduce(std::span<float> buf) {
   comm_detail::wait_for_peers();  // --attribute: the wait for the last rank apart
   Counters& c = counter("all_reduce");
   c.calls += 1;
-  HostStage stage(buf.data(), static_cast<int64_t>(buf.size()) * 4, /*fill=*/true);
-  for (auto [off, n] : split_count(static_cast<int64_t>(buf.size()))) {
+  const auto size = static_cast<int64_t>(buf.size());
+  c.bytes_sent += size * 4;
+  c.bytes_received += size * 4;
+  if (DeviceTransport* t = transport_for({{buf.data(), size}}))
+    return t->all_reduce(buf.data(), size);
+  HostStage stage(buf.data(), size * 4, /*fill=*/true);
+  for (auto [off, n] : split_count(size))
     MPI_CALL(MPI_Allreduce(MPI_IN_PLACE, stage.floats() + off, static_cast<int>(n), MPI_FLOAT,
                            MPI_SUM, MPI_COMM_WORLD));
-    c.bytes_sent += n * 4;
-    c.bytes_received += n * 4;
-  }
   stage.finish();
 }
 
@@ -57,6 +62,8 @@ void Communicator::reduce_scatter(std::span<const float> in, std::span<float> ou
   c.calls += 1;
   c.bytes_sent += (s * (world_size_ - 1)) * 4;
   c.bytes_received += s * 4;
+  if (DeviceTransport* t = transport_for({{in.data(), s * world_size_}, {out.data(), s}}))
+    return t->reduce_scatter(in.data(), out.data(), s);
   HostStage in_stage(in.data(), s * world_size_ * 4, /*fill=*/true);
   HostStage out_stage(out.data(), s * 4, /*fill=*/false);
   const float* input = in_stage.floats();
@@ -84,6 +91,8 @@ void Communicator::all_gather(std::span<const float> in, std::span<float> out) {
   c.calls += 1;
   c.bytes_sent += s * 4;
   c.bytes_received += s * (world_size_ - 1) * 4;
+  if (DeviceTransport* t = transport_for({{in.data(), s}, {out.data(), s * world_size_}}))
+    return t->all_gather(in.data(), out.data(), s);
   HostStage in_stage(in.data(), s * 4, /*fill=*/true);
   HostStage out_stage(out.data(), s * world_size_ * 4, /*fill=*/false);
   const float* input = in_stage.floats();

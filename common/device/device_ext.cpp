@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/core/check.hpp"
+#include "common/comm/comm.hpp"
 #include "common/core/device_backend.hpp"
 
 namespace ringzero {
@@ -25,6 +26,12 @@ void DeviceExtension::add_flags(CommandLine& cli) {
                   "GPU; emulated: the device backend on the CPU, whose memory host code cannot "
                   "touch)")
       ->check(CLI::IsMember({"cpu", "emulated", "cuda"}));
+  cli.app
+      .add_option("--device-comm", device_comm_,
+                  "nccl | mpi: how messages between device buffers travel (nccl: NCCL on the "
+                  "GPUs, the default with --device cuda; mpi: MPI, staged through host memory, "
+                  "the emulated device's only way)")
+      ->check(CLI::IsMember({"nccl", "mpi"}));
   // Before the lesson's run_instead (chapter 04's benchmark runs instead of training, ahead of
   // validate): the benchmark measures host buffers, not the GPU.
   cli.app.parse_complete_callback([this] {
@@ -32,10 +39,26 @@ void DeviceExtension::add_flags(CommandLine& cli) {
       throw CLI::ValidationError(
           "--device " + device_ +
           " with --bench-allreduce: the benchmark measures host buffers (ours vs MPI_Allreduce); "
-          "NCCL's bus bandwidth on the GPU is build-cuda/tests/gpu_nccl_check "
+          "NCCL's bus bandwidth on the GPU is build/tests/gpu_comm_check "
           "(scripts/gpu-check). Drop --device " +
           device_);
   });
+}
+
+DeviceExtension::~DeviceExtension() {
+  if (transport_) comm_->set_device_transport(nullptr);
+}
+
+void DeviceExtension::validate(const RunState& state) {
+  if (device_comm_ != "nccl") return;
+  RZ_CHECK(device_ == "cuda", "--device-comm nccl with --device "
+                                  << device_
+                                  << ": NCCL moves GPU memory only; use --device cuda, or drop "
+                                     "--device-comm (the emulated device stages through MPI)");
+  RZ_CHECK(state.comm != nullptr, "--device-comm nccl: chapter "
+                                      << state.chapter.name
+                                      << " runs on one process and sends no messages; drop "
+                                         "--device-comm");
 }
 
 void DeviceExtension::before_lesson(RunState& state) {
@@ -46,18 +69,32 @@ void DeviceExtension::before_lesson(RunState& state) {
   state.model->to(device);
   model_on_device_ = true;
   device_name_ = backend(device).name();
+  // NCCL under the communicator, before the lesson's first message (collective: every rank).
+  if (device_ != "cuda" || state.comm == nullptr || device_comm_ == "mpi") return;
+  RZ_CHECK(nccl_transport_factory() != nullptr,
+           "--device cuda: this build has no NCCL transport; use --device-comm mpi");
+  comm_ = state.comm;
+  transport_ = nccl_transport_factory()(*comm_);
+  comm_->set_device_transport(transport_.get());
+}
+
+// How this run's messages between device buffers travel, as the banner and the summary say it.
+std::string DeviceExtension::messages() const {
+  return transport_ ? "messages over " + transport_->name() + " on the device"
+                    : "messages staged through host memory";
 }
 
 void DeviceExtension::after_setup(RunState& state) {
   if (!model_on_device_) return;
   print0("device " + device_name_ + " | the chapter's train_step on the device backend" +
          (device_ == "cuda" ? " (cuBLAS SGEMM, TF32 off)" : "") +
-         (state.chapter.distributed ? " | messages staged through host memory" : ""));
+         (state.chapter.distributed ? " | " + messages() : std::string()));
 }
 
-void DeviceExtension::report(RunState&, nlohmann::json& summary) {
+void DeviceExtension::report(RunState& state, nlohmann::json& summary) {
   if (!model_on_device_) return;
   summary["device"] = device_name_;
+  if (state.comm != nullptr) summary["device_comm"] = transport_ ? transport_->name() : "mpi";
   // model_states_bytes_per_rank is the host column's peak (what stayed there: the model before
   // it moved, or, after a ZeRO lesson resets the peaks, its optimizer state until the first
   // step moves it); the device's is the device column's, the largest over ranks.

@@ -73,8 +73,9 @@ toy=(--model toy --hidden-sizes 32 --lr 1e10 --max-steps 10 --eval-every-epoch 0
 fails nan_loss_ch01 "loss is inf at step 2" "lower --lr" -- "${CH01[@]}" "${toy[@]}"
 fails nan_loss_ch02 "loss is inf at step 2" "lower --lr" -- "${CH02[@]}" "${toy[@]}" --grad-accum-steps 4
 # --device: an unknown one; cuda where it cannot run (with no GPU or no CUDA build, every
-# chapter, on every rank); flags the device path does not carry; --collectives nccl (NCCL under
-# the communicator is not there yet). On a machine with a GPU, scripts/gpu-check covers cuda.
+# chapter, on every rank); flags the device path does not carry; --collectives nccl (NCCL is how
+# device messages travel, --device-comm, not a choice of collective); --device-comm nccl off a GPU
+# or on one process. On a machine with a GPU, scripts/gpu-check covers cuda.
 fails device_unknown "--device" "tpu" -- "${CH01[@]}" --device tpu
 if ! nvidia-smi -L >/dev/null 2>&1; then
   fails device_cuda_no_gpu "--device cuda" "--device cpu" -- "${CH01[@]}" --model toy --device cuda --max-steps 1
@@ -87,6 +88,11 @@ fails device_cuda_bench "--device cuda with --bench-allreduce" "Drop --device cu
   -- "$MPIRUN" -np 2 --oversubscribe "$BIN/ch04_ring_allreduce" --device cuda --bench-allreduce
 fails collectives_nccl "--collectives" "nccl" -- "$BIN/ch05_ddp_buckets" --model toy \
   --collectives nccl --max-steps 1
+fails device_comm_emulated "[rank 1/2]" "--device-comm nccl with --device emulated" \
+  "use --device cuda" -- "$MPIRUN" -np 2 --oversubscribe "$BIN/ch04_ring_allreduce" --model toy \
+  --device emulated --device-comm nccl --max-steps 1
+fails device_comm_one_process "--device-comm nccl: chapter" "runs on one process" \
+  "drop --device-comm" -- "${CH01[@]}" --model toy --device cuda --device-comm nccl --max-steps 1
 # RINGZERO_COMM_CPUS (scripts/cluster up --comm-core pins the communication thread with it):
 # a value that is not a CPU list stops the chapter at start-up, naming the value and the fix.
 fails comm_cpus_word "RINGZERO_COMM_CPUS='one'" "a list such as 1, 2,3 or 0-3" \

@@ -4,16 +4,20 @@
 # common/core/kernels.hpp in a loop, SGEMM a reference column-major loop), against the same command
 # on the CPU. What runs is the chapter's own train_step on the CUDA backend's table
 # (common/device/gpu/cuda_backend.cpp, linear.cpp: the code a GPU runs, less CUDA itself), the
-# communicator staging every message through host memory. What it cannot test: CUDA, cuBLAS and the
-# kernels' launch (scripts/gpu-check; the emulated device of chapter_device_backend proves no host
-# loop touches device memory).
+# communicator handing every message to the NCCL transport (common/device/gpu/nccl_transport.cpp,
+# over tests/emul/nccl_emul.cpp: NCCL as MPI calls). What it cannot test: CUDA, cuBLAS, NCCL and
+# the kernels' launch (scripts/gpu-check; the emulated device of chapter_device_backend proves no
+# host loop touches device memory).
 #
 # Criteria, every chapter (03-08 at N = 1..4):
 #  - numbers: `close` in lib.bash (SGD: relative L2 1e-4 of the movement, losses within 1e-6;
 #    AdamW's own bound): the reference SGEMM adds a product's k terms in order, Eigen in blocks,
 #    so the runs agree to float32 rounding, not bitwise;
 #  - traffic: every rank sends exactly the CPU run's bytes (its summary record);
-#  - 16 bits (chapters 01, 04, 06, 08): AdamW's bound alone (16 bits need AdamW), the same bytes.
+#  - 16 bits (chapters 01, 04, 06, 08): AdamW's bound alone (16 bits need AdamW), the same bytes;
+#  - NCCL against --device-comm mpi (staged through host memory), chapters 03-08 at N = 3 and
+#    both --collectives: bitwise, with the same bytes and the banner naming each (the same
+#    computation; only what moves the messages differs, and the sums are MPI's either way).
 source "$(dirname "$0")/lib.bash"
 EMUL=../emul
 start_point start --model mlp --seed 3
@@ -59,4 +63,33 @@ half_pair 01_training_loop 0 --precision bf16 --clip-grad-norm 0.5
 half_pair 04_ring_allreduce 3 --precision fp16
 half_pair 06_zero1 2 --precision bf16 --bucket-cap-mb 0.5 --reduce-dtype fp32
 half_pair 08_zero3 3 --precision bf16 --grad-accum-steps 2
-echo "PASS: chapters 01-08 with --device cuda on the emulated GPU layer match the CPU"
+# The transport: NCCL (the default with --device cuda) against MPI staged through host memory.
+transport_pair() {  # transport_pair CHAPTER ARGS...
+  local ch=$1; shift
+  local name=${ch:0:2}_$(echo "$*" | tr -dc 'a-z0-9' | tail -c 12)
+  run nccl_$name 3 $EMUL/emul_ch$ch "${common[@]}" "$@" --device cuda
+  run mpi_$name 3 $EMUL/emul_ch$ch "${common[@]}" "$@" --device cuda --device-comm mpi
+  same nccl_$name mpi_$name
+  expect_eq "$(sent nccl_$name)" "$(sent mpi_$name)" "$ch np 3 $*: NCCL sends MPI's bytes"
+  grep -q "messages over nccl on the device" "$WORK/nccl_$name.log" || {
+    echo "FAILED: $ch: no NCCL in the banner"; exit 1; }
+  grep -q "messages staged through host memory" "$WORK/mpi_$name.log" || {
+    echo "FAILED: $ch: --device-comm mpi does not stage"; exit 1; }
+}
+# The emulated NCCL is built where the NCCL headers are (a CUDA build: emul_comm_check beside).
+if [ -x "$EMUL/emul_comm_check" ]; then
+  transport_pair 03_data_parallel
+  transport_pair 04_ring_allreduce --collectives mpi
+  transport_pair 05_ddp_buckets --bucket-cap-mb 0.5 --grad-accum-steps 2
+  transport_pair 06_zero1 --bucket-cap-mb 0.5 --collectives mpi
+  transport_pair 07_zero2 --bucket-cap-mb 0.5 --precision bf16
+  transport_pair 08_zero3 --grad-accum-steps 2
+  # Two ranks on one GPU: NCCL cannot; every rank stops at start-up naming both and the fix.
+  fails nccl_shared_gpu "[rank 1/2]" "ranks 0 and 1 both use" "--device-comm mpi" \
+    -- "$MPIRUN" -np 2 --oversubscribe -x RINGZERO_EMUL_GPUS=1 "$BIN/$EMUL/emul_ch05_ddp_buckets" \
+    --model toy --device cuda --max-steps 1
+else
+  echo "skip: the NCCL transport pairs (a build without the CUDA toolkit has no NCCL emulation)"
+fi
+echo "PASS: chapters 01-08 with --device cuda on the emulated GPU layer match the CPU; NCCL" \
+  "moves what MPI moves, bit for bit"

@@ -7,7 +7,6 @@
 // every chapter runs
 // --device cuda, on machines without a GPU. What it cannot test: CUDA itself
 // (launch bounds, the grid-stride loops, cuBLAS's own results); scripts/gpu-check does that.
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -75,21 +74,6 @@ void zero_bytes(void* p, int64_t bytes) {
   std::memset(p, 0, static_cast<size_t>(bytes));
 }
 void device_synchronize() {}
-
-DeviceClock::~DeviceClock() = default;
-int DeviceClock::mark(void*) {
-  host_us_.push_back(std::chrono::duration<double, std::micro>(
-                         std::chrono::steady_clock::now().time_since_epoch())
-                         .count());
-  return used_++;
-}
-std::vector<double> DeviceClock::resolve() {
-  std::vector<double> us;
-  for (double t : host_us_) us.push_back(t - host_us_.front());
-  host_us_.clear();
-  used_ = 0;
-  return us;
-}
 
 namespace gpu {
 

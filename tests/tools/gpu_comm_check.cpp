@@ -1,30 +1,36 @@
-// gpu_comm_check: the NCCL transport (DeviceComm) on device buffers, under mpirun.
+// gpu_comm_check: the Communicator on device buffers over NCCL (NcclTransport under it), under
+// mpirun, one rank per GPU; built twice: against CUDA and NCCL (build/tests/gpu_comm_check,
+// scripts/gpu-check), and against their CPU emulation (build/emul/emul_comm_check, ctest at
+// N = 1-4 on any machine).
 //
-//   mpirun -np 1 build-cuda/tests/gpu_comm_check      (one rank per GPU)
+//   mpirun -np 1 build/tests/gpu_comm_check
+//   mpirun -np 2 bash -c 'CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK exec "$0"' \
+//       build/tests/gpu_comm_check                (a GPU per rank)
 //
 // 1. Chapter 04's ring all-reduce, ring.hpp's own templates (reduce-scatter then all-gather,
-//    N-1 sendrecv hops each) over DeviceComm with DeviceAdd (a CUDA kernel) as the hop's add, on
-//    integer-valued floats (exact in float32 below 2^24, so every summation order gives the same
-//    bits): the result must equal the exact sum, and the counters must show the bytes the CPU
-//    ring sends (ring.hpp's ring_reduce_scatter_sent + ring_all_gather_sent).
-// 2. all_reduce, reduce_scatter, all_gather: exact sums again.
-// 3. The async calls in place, as a communication stream under chapters 05-08 would use them
-//    (reduce-scatter into chunk r of its input, all-gather from chunk r, all-reduce), each
-//    waited for on the compute stream.
-// 4. all_reduce bus bandwidth (nccl-tests definitions: busbw = S / t · 2(N-1)/N).
-// Exits 77 on every rank when a rank has no GPU of its own (NCCL needs one per rank).
-#include <cuda_runtime.h>
-
+//    N-1 sendrecv hops each, the hop's add the backend's) over the Communicator on device
+//    buffers, on integer-valued floats (exact in float32 below 2^24, so every summation order
+//    gives the same bits), and on bf16 bits (the ring's 16-bit sendrecv): the result must equal
+//    the exact sum, and the counters must show the bytes the CPU ring sends (ring.hpp's
+//    ring_reduce_scatter_sent + ring_all_gather_sent).
+// 2. all_reduce, reduce_scatter, all_gather (also in place, as the ZeRO engines call them),
+//    broadcast: exact sums again.
+// 3. all_reduce bus bandwidth (nccl-tests definitions: busbw = S / t · 2(N-1)/N).
+// Exits 77 on every rank when a rank sees no GPU; two ranks on one GPU stop with NCCL's
+// transport's message (give each rank its own: scripts/gpu-check's per_gpu launch).
 #include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "chapters/04_ring_allreduce/ring.hpp"
 #include "common/core/check.hpp"
-#include "common/device/gpu/device.hpp"
-#include "common/device/gpu/nccl_comm.hpp"
+#include "common/core/device_backend.hpp"
+#include "common/core/device_memory.hpp"
+#include "common/core/half.hpp"
+#include "common/device/gpu/nccl_transport.hpp"
 
 using namespace ringzero;
 
@@ -37,94 +43,111 @@ float expected(int world_size, int64_t i) {
   return static_cast<float>(world_size * (world_size + 1) / 2 * (i % 7));
 }
 
+// n elements of T on the GPU, filled from `host`.
+template <class T>
+BufferOf<T> on_gpu(const std::vector<T>& host) {
+  BufferOf<T> buf(std::ssize(host), MemTag::comm_buffers, Device::cuda);
+  copy_elements(std::span<const T>(host), buf.span());
+  return buf;
+}
+template <class Buffer>
+auto on_host(const Buffer& buf) {
+  const auto values = buf.span();
+  std::vector<std::remove_const_t<typename decltype(values)::element_type>> host(values.size());
+  copy_elements(values, std::span(host));
+  return host;
+}
+
+int64_t bytes_sent(const Communicator& comm) {
+  return comm.training_traffic().bytes_sent;
+}
+
+// 1 and 2 for one size: n elements per rank's block.
+void check_size(Communicator& comm, int64_t n) {
+  const int N = comm.world_size(), r = comm.rank();
+  std::vector<float> host(static_cast<size_t>(n * N));
+  for (int64_t i = 0; i < n * N; ++i) host[i] = value(r, i);
+  auto exact = [&](const std::vector<float>& got, int64_t first, const char* what) {
+    for (size_t i = 0; i < got.size(); ++i)
+      RZ_CHECK(got[i] == expected(N, first + static_cast<int64_t>(i)),
+               what << " n=" << n << " element " << i << ": " << got[i]);
+  };
+  // 1. the ring, with the counters of exactly this call
+  BufferOf<float> buf = on_gpu(host), scratch(n * N, MemTag::comm_buffers, Device::cuda);
+  const int64_t before = bytes_sent(comm);
+  ring_reduce_scatter(comm, buf.span(), scratch.span());
+  ring_all_gather(comm, buf.span());
+  const int64_t want =
+      4 * (ring_reduce_scatter_sent(n * N, N, r) + ring_all_gather_sent(n * N, N, r));
+  RZ_CHECK(bytes_sent(comm) - before == want,
+           "ring bytes sent " << bytes_sent(comm) - before << " != " << want);
+  exact(on_host(buf), 0, "ring all-reduce");
+  std::vector<uint16_t> half(host.size());
+  convert_to_half(Dtype::bf16, std::span<const float>(host),
+                  std::span<uint16_t>(half));  // integers below 256: exact in bf16
+  BufferOf<uint16_t> buf16 = on_gpu(half), scratch16(n * N, MemTag::comm_buffers, Device::cuda);
+  ring_all_reduce(comm, as_elements<bf16>(buf16.span()), as_elements<bf16>(scratch16.span()));
+  std::vector<float> back(host.size());
+  const std::vector<uint16_t> sum16 = on_host(buf16);
+  convert_to_float(Dtype::bf16, std::span<const uint16_t>(sum16), std::span<float>(back));
+  exact(back, 0, "bf16 ring all-reduce");
+  // 2. the collectives
+  buf = on_gpu(host);
+  comm.all_reduce(buf.span());
+  exact(on_host(buf), 0, "all_reduce");
+  buf = on_gpu(host);
+  BufferOf<float> out(n, MemTag::comm_buffers, Device::cuda);
+  comm.reduce_scatter(buf.span(), out.span());
+  exact(on_host(out), r * n, "reduce_scatter");
+  comm.all_gather(out.span(), buf.span());
+  exact(on_host(buf), 0, "all_gather");
+  buf = on_gpu(host);  // in place, as ZeRO: into chunk r of the input, gathered from there
+  const std::span<float> mine =
+      buf.span().subspan(static_cast<size_t>(r * n), static_cast<size_t>(n));
+  comm.reduce_scatter(buf.span(), mine);
+  comm.all_gather(mine, buf.span());
+  exact(on_host(buf), 0, "in-place reduce_scatter + all_gather");
+  buf = on_gpu(host);
+  comm.all_reduce(buf.span());
+  comm.broadcast(buf.span(), N - 1);
+  exact(on_host(buf), 0, "broadcast");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Communicator comm(argc, argv);
-  const std::string transport = "nccl";
   std::string why;
   const int devices = gpu_device_count(&why);
-  const bool have = devices > comm.local_rank();
-  double ok[1] = {have ? 1.0 : 0.0};
-  comm.all_reduce_metrics(ok);
+  double ok[1] = {devices > 0 ? 1.0 : 0.0};
+  comm.all_reduce_metrics(ok);  // every rank takes the same decision: none is left in NCCL init
   if (ok[0] < comm.world_size()) {
     if (comm.rank() == 0)
-      std::printf("SKIP: %s transport: %d of %d ranks have a GPU to use (%d visible%s%s)\n",
-                  transport.c_str(), static_cast<int>(ok[0]), comm.world_size(), devices,
-                  why.empty() ? "" : "; ", why.c_str());
+      std::printf("SKIP: %d of %d ranks have a GPU to use (%d visible%s%s)\n",
+                  static_cast<int>(ok[0]), comm.world_size(), devices, why.empty() ? "" : "; ",
+                  why.c_str());
     return 77;
   }
   return run_main([&] {
-    std::unique_ptr<DeviceComm> dc = std::make_unique<NcclCommunicator>(comm);
-    const int N = comm.world_size(), r = comm.rank();
-    comm.reset_counters();
-    for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{(1 << 20) + 3}}) {
-      std::vector<float> host(static_cast<size_t>(n * N)), back(host.size());
-      for (int64_t i = 0; i < n * N; ++i) host[i] = value(r, i);
-      DeviceBuffer in(n * N, MemTag::comm_buffers), out(n * N, MemTag::comm_buffers),
-          tmp(n * N, MemTag::comm_buffers);
-      // 1. the ring, with the counters of exactly this call
-      in.copy_from_host(host.data(), n * N);
-      const auto before = dc->counters();
-      // chapter 04's ring itself (ring.hpp's templates), its hop add a CUDA kernel
-      const std::span<float> buf(in.data(), static_cast<size_t>(n * N));
-      ring_reduce_scatter(*dc, buf, tmp.span(), DeviceAdd{});
-      ring_all_gather(*dc, buf);
-      const auto after = dc->counters();
-      auto sent = [](const std::map<std::string, Communicator::Counters>& m) {
-        int64_t s = 0;
-        for (auto& [op, c] : m) s += op == "metrics" ? 0 : c.bytes_sent;
-        return s;
-      };
-      const int64_t got = sent(after) - sent(before);
-      // what the CPU ring sends: every chunk but one per phase (ring.hpp's traffic formulas)
-      const int64_t want = 4 * (ring_reduce_scatter_sent(n * N, N, r) +
-                                ring_all_gather_sent(n * N, N, r));
-      RZ_CHECK(got == want, "ring bytes sent " << got << " != " << want);
-      in.copy_to_host(back.data(), n * N);
-      for (int64_t i = 0; i < n * N; ++i)
-        RZ_CHECK(back[i] == expected(N, i),
-                 "ring all-reduce n=" << n * N << " element " << i << ": " << back[i]);
-      // 2. the collectives
-      in.copy_from_host(host.data(), n * N);
-      dc->all_reduce(in.data(), n * N);
-      in.copy_to_host(back.data(), n * N);
-      for (int64_t i = 0; i < n * N; ++i)
-        RZ_CHECK(back[i] == expected(N, i), "all_reduce element " << i << ": " << back[i]);
-      in.copy_from_host(host.data(), n * N);
-      dc->reduce_scatter(in.data(), out.data(), n);
-      out.copy_to_host(back.data(), n);
-      for (int64_t i = 0; i < n; ++i)
-        RZ_CHECK(back[i] == expected(N, r * n + i), "reduce_scatter element " << i);
-      dc->all_gather(out.data(), in.data(), n);
-      in.copy_to_host(back.data(), n * N);
-      for (int64_t i = 0; i < n * N; ++i)
-        RZ_CHECK(back[i] == expected(N, i), "all_gather element " << i << ": " << back[i]);
-      // 3. the async calls in place, as the chapters use them: reduce-scatter into chunk r of
-      // its own input, all-gather from chunk r, all-reduce; waited for on the compute stream
-      in.copy_from_host(host.data(), n * N);
-      dc->wait(dc->reduce_scatter_async(in.data(), in.data() + r * n, n));
-      dc->wait(dc->all_gather_async(in.data() + r * n, in.data(), n));
-      const int64_t t = dc->all_reduce_async(in.data(), n * N);  // Σ over ranks of the sums
-      dc->wait(t);
-      in.copy_to_host(back.data(), n * N);
-      for (int64_t i = 0; i < n * N; ++i)
-        RZ_CHECK(back[i] == N * expected(N, i),
-                 "async in-place reduce_scatter + all_gather + all_reduce element " << i << ": "
-                                                                                    << back[i]);
-    }
-    print0("PASS: " + dc->transport() + " on " + std::to_string(N) +
-           " rank(s): ring all-reduce over sendrecv, all_reduce, reduce_scatter, all_gather "
-           "exact; ring bytes sent = 2(N-1) chunks as on the CPU");
-    print0("all_reduce " + dc->transport() + ", N = " + std::to_string(N));
+    backend(Device::cuda);  // the CUDA backend (register_cuda.cpp), its name checked here
+    NcclTransport nccl(comm);
+    comm.set_device_transport(&nccl);
+    const int N = comm.world_size();
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{(1 << 18) + 3}})
+      check_size(comm, n);
+    print0("PASS: the Communicator over " + nccl.name() + " on " + std::to_string(N) +
+           " rank(s): ring all-reduce over sendrecv (float32 and bf16), all_reduce, "
+           "reduce_scatter, all_gather (also in place), broadcast exact; ring bytes sent = "
+           "2(N-1) chunks as on the CPU");
+    print0("all_reduce " + nccl.name() + ", N = " + std::to_string(N));
     print0("bytes        time us      algbw GB/s   busbw GB/s");
     for (int64_t bytes = 4096; bytes <= (int64_t{64} << 20); bytes *= 8) {
-      DeviceBuffer buf(bytes / 4, MemTag::comm_buffers);
-      for (int w = 0; w < 3; ++w) dc->all_reduce(buf.data(), bytes / 4);
+      BufferOf<float> buf(bytes / 4, MemTag::comm_buffers, Device::cuda);
+      for (int w = 0; w < 3; ++w) comm.all_reduce(buf.span());
       const int iters = 20;
       comm.barrier();
       auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < iters; ++i) dc->all_reduce(buf.data(), bytes / 4);
+      for (int i = 0; i < iters; ++i) comm.all_reduce(buf.span());
       const double s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
       const double algbw = static_cast<double>(bytes) / s / 1e9;
@@ -133,6 +156,7 @@ int main(int argc, char** argv) {
                     static_cast<long long>(bytes), s * 1e6, algbw, algbw * 2.0 * (N - 1) / N);
       print0(line);
     }
+    comm.set_device_transport(nullptr);
     return 0;
   });
 }

@@ -31,7 +31,7 @@
 #include "common/core/optim.hpp"
 #include "common/core/rng.hpp"
 #include "common/device/gpu/device.hpp"
-#include "common/device/gpu/nccl_comm.hpp"
+#include "common/device/gpu/nccl_transport.hpp"
 
 using namespace ringzero;
 

@@ -137,34 +137,6 @@ void device_synchronize() {
   CUDA_CALL(cudaDeviceSynchronize());
 }
 
-DeviceClock::~DeviceClock() {
-  for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
-}
-
-int DeviceClock::mark(void* stream) {
-  if (used_ == static_cast<int>(events_.size())) {
-    cudaEvent_t e;
-    CUDA_CALL(cudaEventCreate(&e));  // with timing
-    events_.push_back(e);
-  }
-  CUDA_CALL(cudaEventRecord(static_cast<cudaEvent_t>(events_[used_]),
-                            stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy));
-  return used_++;
-}
-
-std::vector<double> DeviceClock::resolve() {
-  std::vector<double> us(static_cast<size_t>(used_), 0.0);
-  for (int i = 0; i < used_; ++i) {
-    auto e = static_cast<cudaEvent_t>(events_[i]);
-    CUDA_CALL(cudaEventSynchronize(e));
-    float ms = 0;
-    CUDA_CALL(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(events_[0]), e));
-    us[i] = 1000.0 * ms;
-  }
-  used_ = 0;
-  return us;
-}
-
 namespace gpu {
 
 void set_tf32(bool on) {

@@ -8,13 +8,12 @@
 // "cublasMath_t": CUBLAS_DEFAULT_MATH never uses TF32 tensor cores; CUBLAS_TF32_TENSOR_OP_MATH
 // does). Everything runs on one stream, the legacy default stream, so kernels run in launch order;
 // host reads (a loss, a norm) synchronise.
-// Built only with -DRINGZERO_CUDA=ON. The communication stream is NCCL's (nccl_comm.hpp).
+// Built only with -DRINGZERO_CUDA=ON. The communication stream is NCCL's (nccl_transport.hpp).
 // Leaves out: multi-GPU per process.
 #pragma once
 
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include "common/core/kernels.hpp"
 #include "common/core/ledger.hpp"
@@ -63,27 +62,6 @@ void copy_any(void* dst, const void* src, int64_t bytes);
 /// `bytes` zero bytes at device pointer p (cudaMemset).
 void zero_bytes(void* p, int64_t bytes);
 void device_synchronize();
-
-/// Timing marks on the GPU's streams, for --trace (CUDA events with timing, cudaEventRecord /
-/// cudaEventElapsedTime; the CPU emulation: the host clock at the call, its work being
-/// synchronous). Not thread-safe.
-class DeviceClock {
- public:
-  DeviceClock() = default;
-  ~DeviceClock();
-  DeviceClock(const DeviceClock&) = delete;
-  DeviceClock& operator=(const DeviceClock&) = delete;
-  /// Records a mark after the work queued so far on `stream` (null: the compute stream, the
-  /// legacy default stream; else a cudaStream_t); returns its index (0, 1, ...).
-  int mark(void* stream = nullptr);
-  /// Waits for every mark and returns their times in microseconds after mark 0; forgets them.
-  std::vector<double> resolve();
-
- private:
-  std::vector<void*> events_;  // cudaEvent_t, created once and reused
-  std::vector<double> host_us_;
-  int used_ = 0;
-};
 
 namespace gpu {
 

@@ -1,0 +1,165 @@
+#include "common/device/gpu/nccl_transport.hpp"
+
+#include <cuda_runtime.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <string>
+#include <vector>
+
+#include "common/core/check.hpp"
+
+namespace ringzero {
+
+namespace {
+void check_cuda(cudaError_t rc, const char* call) {
+  RZ_CHECK(rc == cudaSuccess, call << " failed: " << cudaGetErrorString(rc));
+}
+void check_nccl(ncclResult_t rc, const char* call) {
+  RZ_CHECK(rc == ncclSuccess,
+           call << " failed: " << ncclGetErrorString(rc) << "; set NCCL_DEBUG=INFO for details");
+}
+#define CUDA_CALL(...) check_cuda((__VA_ARGS__), #__VA_ARGS__)
+#define NCCL_CALL(...) check_nccl((__VA_ARGS__), #__VA_ARGS__)
+
+ncclComm_t as_comm(void* p) {
+  return static_cast<ncclComm_t>(p);
+}
+cudaStream_t as_stream(void* p) {
+  return static_cast<cudaStream_t>(p);
+}
+}  // namespace
+
+int gpu_device_count(std::string* why) {
+  int n = 0;
+  cudaError_t rc = cudaGetDeviceCount(&n);
+  if (rc != cudaSuccess) {
+    if (why) *why = cudaGetErrorString(rc);
+    return 0;
+  }
+  if (n == 0 && why) *why = "no CUDA device visible";
+  return n;
+}
+
+namespace {
+
+// Every rank's GPU (host name and PCI bus id), on every rank: "" when no two ranks share one,
+// else the first two that do (collective; counted as metrics).
+std::string shared_gpu(Communicator& comm, int gpu) {
+  char bus[64] = {};
+  CUDA_CALL(cudaDeviceGetPCIBusId(bus, sizeof bus, gpu));
+  char host[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  MPI_Get_processor_name(host, &len);
+  const std::vector<std::string> gpus =
+      comm.gather_strings(std::string(host, static_cast<size_t>(len)) + " GPU " + bus, 0);
+  std::string shared;
+  for (size_t a = 0; a < gpus.size() && shared.empty(); ++a)
+    for (size_t b = a + 1; b < gpus.size() && shared.empty(); ++b)
+      if (gpus[a] == gpus[b])
+        shared =
+            "ranks " + std::to_string(a) + " and " + std::to_string(b) + " both use " + gpus[a];
+  comm.broadcast_string(shared, 0);
+  return shared;
+}
+
+}  // namespace
+
+NcclTransport::NcclTransport(Communicator& comm) {
+  // The GPU the backend uses (device.cpp's require_gpu), which every thread of the process uses.
+  CUDA_CALL(cudaGetDevice(&gpu_));
+  const std::string shared = shared_gpu(comm, gpu_);
+  RZ_CHECK(shared.empty(),
+           "--device cuda over NCCL: "
+               << shared
+               << "; NCCL needs a GPU per rank: give each rank its own (e.g. mpirun ... bash -c "
+                  "'CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK exec BINARY ...', "
+                  "docs/multi-node-gpu.md) or stage through host memory with --device-comm mpi");
+  ncclUniqueId id;
+  if (comm.rank() == 0) NCCL_CALL(ncclGetUniqueId(&id));
+  MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+  ncclComm_t nccl;
+  NCCL_CALL(ncclCommInitRank(&nccl, comm.world_size(), id, comm.rank()));
+  nccl_ = nccl;
+  // Non-blocking: the communication stream neither waits for the legacy default stream (where
+  // common/device/gpu/kernels.cu runs) nor makes it wait; the order is the events' (CUDA
+  // programming guide, "Implicit synchronization"; cudaStreamWaitEvent).
+  cudaStream_t stream;
+  CUDA_CALL(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  stream_ = stream;
+  cudaEvent_t event;
+  CUDA_CALL(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  ready_ = event;
+}
+
+NcclTransport::~NcclTransport() {
+  if (stream_) cudaStreamSynchronize(as_stream(stream_));
+  if (nccl_) ncclCommDestroy(as_comm(nccl_));
+  if (stream_) cudaStreamDestroy(as_stream(stream_));
+  if (ready_) cudaEventDestroy(static_cast<cudaEvent_t>(ready_));
+}
+
+void NcclTransport::after_compute() {
+  auto ready = static_cast<cudaEvent_t>(ready_);
+  CUDA_CALL(cudaEventRecord(ready, cudaStreamLegacy));
+  CUDA_CALL(cudaStreamWaitEvent(as_stream(stream_), ready, 0));
+}
+
+void NcclTransport::synchronize() {
+  CUDA_CALL(cudaStreamSynchronize(as_stream(stream_)));
+}
+
+void NcclTransport::sendrecv(const void* send, int64_t send_bytes, int dest, void* recv,
+                             int64_t recv_bytes, int src) {
+  const std::lock_guard lock(mutex_);
+  after_compute();
+  // One group: NCCL starts both sides together, so every rank of a ring sending to its right
+  // and receiving from its left cannot deadlock (NCCL docs, "Point-to-point communication").
+  NCCL_CALL(ncclGroupStart());
+  if (send_bytes > 0)
+    NCCL_CALL(ncclSend(send, static_cast<size_t>(send_bytes), ncclUint8, dest, as_comm(nccl_),
+                       as_stream(stream_)));
+  if (recv_bytes > 0)
+    NCCL_CALL(ncclRecv(recv, static_cast<size_t>(recv_bytes), ncclUint8, src, as_comm(nccl_),
+                       as_stream(stream_)));
+  NCCL_CALL(ncclGroupEnd());
+  synchronize();
+}
+
+void NcclTransport::broadcast(float* buf, int64_t n, int root) {
+  const std::lock_guard lock(mutex_);
+  after_compute();
+  NCCL_CALL(ncclBroadcast(buf, buf, static_cast<size_t>(n), ncclFloat32, root, as_comm(nccl_),
+                          as_stream(stream_)));
+  synchronize();
+}
+
+void NcclTransport::all_reduce(float* buf, int64_t n) {
+  const std::lock_guard lock(mutex_);
+  after_compute();
+  NCCL_CALL(ncclAllReduce(buf, buf, static_cast<size_t>(n), ncclFloat32, ncclSum, as_comm(nccl_),
+                          as_stream(stream_)));
+  synchronize();
+}
+
+void NcclTransport::reduce_scatter(const float* in, float* out, int64_t n) {
+  const std::lock_guard lock(mutex_);
+  after_compute();
+  NCCL_CALL(ncclReduceScatter(in, out, static_cast<size_t>(n), ncclFloat32, ncclSum, as_comm(nccl_),
+                              as_stream(stream_)));
+  synchronize();
+}
+
+void NcclTransport::all_gather(const float* in, float* out, int64_t n) {
+  const std::lock_guard lock(mutex_);
+  after_compute();
+  NCCL_CALL(ncclAllGather(in, out, static_cast<size_t>(n), ncclFloat32, as_comm(nccl_),
+                          as_stream(stream_)));
+  synchronize();
+}
+
+std::unique_ptr<DeviceTransport> make_nccl_transport(Communicator& comm) {
+  return std::make_unique<NcclTransport>(comm);
+}
+
+}  // namespace ringzero
