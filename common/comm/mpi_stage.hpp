@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/core/check.hpp"
+#include "common/core/device_backend.hpp"
 #include "common/core/device_memory.hpp"
 
 namespace ringzero::comm_detail {
@@ -50,30 +51,62 @@ void wait_for_message(int src);
 /// when the rank is stopping at an error (Communicator::set_abandon_flag_this_thread).
 void wait_for_peers();
 
+// The host buffers a thread stages messages in, kept and reused (a step stages the same sizes
+// every time; page-locked memory is slow to allocate): at most two are in use at once (a
+// sendrecv's two sides, a collective's input and output), each grown to the largest message it
+// held. Freed with the thread, through the backend that made them. mpi_stage.cpp.
+class StagingBuffers {
+ public:
+  ~StagingBuffers();
+  /// A buffer of at least `bytes` for messages of `device` (not cpu), held until release().
+  char* acquire(DeviceBackend& device, int64_t bytes);
+  void release(char* data);
+  /// This thread's.
+  static StagingBuffers& of_this_thread();
+
+ private:
+  struct Slot {
+    DeviceBackend* backend = nullptr;
+    char* data = nullptr;
+    int64_t capacity = 0;
+    bool in_use = false;
+  };
+  std::vector<Slot> slots_;
+};
+
 // A message's bytes where MPI can reach them, the host: `data` itself when it lives there, else
-// a host copy, filled from the device when `fill`, and written back to it by finish() (MPI
-// staged through host memory; the counters count the message, not the copies).
+// a staging buffer (the device backend's allocate_staging: page-locked on CUDA, reused), filled
+// from the device when `fill`, and written back to it by finish() (MPI staged through host
+// memory; the counters count the message, not the copies).
 class HostStage {
  public:
-  HostStage(const void* data, int64_t bytes, bool fill) : device_(const_cast<void*>(data)) {
-    if (device_of(data) == Device::cpu) {
+  HostStage(const void* data, int64_t bytes, bool fill)
+      : device_(const_cast<void*>(data)), bytes_(bytes) {
+    const Device device = device_of(data);
+    if (device == Device::cpu || bytes == 0) {
       host_ = static_cast<char*>(device_);
       return;
     }
-    copy_.resize(static_cast<size_t>(bytes));
-    host_ = copy_.data();
+    staged_ = StagingBuffers::of_this_thread().acquire(backend(device), bytes);
+    host_ = staged_;
     if (fill) copy_memory(host_, data, bytes);
   }
+  ~HostStage() {
+    if (staged_ != nullptr) StagingBuffers::of_this_thread().release(staged_);
+  }
+  HostStage(const HostStage&) = delete;
+  HostStage& operator=(const HostStage&) = delete;
   char* data() { return host_; }
   float* floats() { return reinterpret_cast<float*>(host_); }
   /// The bytes received into data() back to the device (nothing to do on the host).
   void finish() {
-    if (!copy_.empty()) copy_memory(device_, host_, static_cast<int64_t>(copy_.size()));
+    if (staged_ != nullptr) copy_memory(device_, host_, bytes_);
   }
 
  private:
   void* device_;
-  std::vector<char> copy_;
+  int64_t bytes_;
+  char* staged_ = nullptr;  // the staging buffer, when data lives on a device
   char* host_ = nullptr;
 };
 

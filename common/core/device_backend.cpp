@@ -1,6 +1,8 @@
 #include "common/core/device_backend.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -100,6 +102,16 @@ void zero_memory(void* p, int64_t bytes) {
   if (bytes <= 0) return;
   if (DeviceBackend* d = backend_of({p})) return d->zero(p, bytes);
   std::memset(p, 0, static_cast<size_t>(bytes));
+}
+
+void* DeviceBackend::allocate_staging(int64_t bytes) {
+  void* p = std::malloc(static_cast<size_t>(std::max<int64_t>(bytes, 1)));
+  RZ_CHECK(p != nullptr, "out of memory staging " << bytes << " bytes of a message");
+  return p;
+}
+
+void DeviceBackend::free_staging(void* p) {
+  std::free(p);
 }
 
 BackendFactory& cuda_backend_factory() {

@@ -12,8 +12,9 @@
 // of PROT_NONE device memory, so the same bits as the CPU) and cuda
 // (common/device/gpu/cuda_backend.cpp: the kernels of common/device/gpu/kernels.cu around the
 // element functions of common/core/kernels.hpp, and cuBLAS SGEMM). The host is not a backend: null
-// from backend_of means "run the loop below". Communication needs no entry: the communicator stages
-// a device buffer through host memory (common/comm/comm.cpp; NCCL on a GPU is the next step).
+// from backend_of means "run the loop below". Communication needs one entry, the host memory a
+// staged message goes through (allocate_staging: page-locked on CUDA); the communicator hands a GPU
+// buffer's message to NCCL instead where it can (common/comm/device_transport.hpp).
 // 16-bit storage needs three entries, the conversions and the 16-bit norm: common/core/half.cpp
 // and common/precision/mixed.cpp build the rest (accumulation, rounding, the overflow test, the
 // master weights' update) from them and the float32 entries. Leaves out: fused 16-bit kernels.
@@ -50,6 +51,13 @@ class DeviceBackend {
   /// dst, src each on the host or on this device; synchronous.
   virtual void copy(void* dst, const void* src, int64_t bytes) = 0;
   virtual void zero(void* p, int64_t bytes) = 0;
+  /// Host memory for the host side of a staged message (common/comm/mpi_stage.hpp's HostStage:
+  /// copied from and to this device around MPI): uninitialised, not counted in the ledger. CUDA:
+  /// page-locked (cudaHostAlloc), so the copies run at the link's full bandwidth without a
+  /// bounce buffer (CUDA best practices guide, "Pinned Memory"); ordinary memory by default.
+  /// Errors: out of memory, naming the bytes.
+  virtual void* allocate_staging(int64_t bytes);
+  virtual void free_staging(void* p);
 
   // The model's operations (common/core/ops.hpp).
   virtual void linear_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,

@@ -17,7 +17,7 @@
 // Errors (at start-up, on every rank, naming the fix): a build without CUDA, no GPU visible,
 // --bench-allreduce (it measures host buffers), --device-comm nccl off --device cuda or on one
 // process.
-// Leaves out: pinned host memory for the staged messages.
+// Leaves out: a communication stream that no host thread waits for (comm/device_transport.hpp).
 #pragma once
 
 #include <memory>

@@ -7,6 +7,7 @@
 // every chapter runs
 // --device cuda, on machines without a GPU. What it cannot test: CUDA itself
 // (launch bounds, the grid-stride loops, cuBLAS's own results); scripts/gpu-check does that.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -65,6 +66,14 @@ void* allocate_zeroed(int64_t bytes) {
   return p;
 }
 void free_allocation(void* p) {
+  std::free(p);
+}
+void* allocate_pinned(int64_t bytes) {  // host memory is host memory here
+  void* p = std::malloc(static_cast<size_t>(std::max<int64_t>(bytes, 1)));
+  RZ_CHECK(p != nullptr, "out of memory: " << bytes << " bytes");
+  return p;
+}
+void free_pinned(void* p) {
   std::free(p);
 }
 void copy_any(void* dst, const void* src, int64_t bytes) {

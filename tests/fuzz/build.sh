@@ -23,7 +23,7 @@ flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 objs=()
 sources=(core/check core/tensor core/ledger core/autograd core/ops core/nn core/half core/optim
          core/device_backend data/data io/safetensors io/atomic_file io/checkpoint_read
-         io/checkpoint_manifest precision/mixed comm/comm comm/comm_collectives comm/comm_wait
+         io/checkpoint_manifest precision/mixed comm/comm comm/comm_collectives comm/comm_wait comm/mpi_stage
          report/metrics driver/train driver/config core/emulated_device core/step core/step_time)
 for f in "${sources[@]}"; do
   o="$out/obj/${f//\//_}.o"

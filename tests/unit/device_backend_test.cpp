@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/comm/mpi_stage.hpp"
 #include "common/core/device_backend.hpp"
 #include "common/core/nn.hpp"
 #include "common/core/ops.hpp"
@@ -237,4 +238,34 @@ TEST_CASE("16-bit storage on the emulated device gives the host's bits", "[devic
     REQUIRE_FALSE(has_non_finite(d, none));
     REQUIRE(sum_of_squares_half(d, none, 1.0f) == 0.0);
   }
+}
+
+TEST_CASE("a staged message goes through the thread's reused staging buffer", "[device]") {
+  // comm/mpi_stage.hpp: MPI reaches a device buffer's bytes through host memory that the
+  // device's backend allocates (page-locked on CUDA), kept per thread and reused.
+  using comm_detail::HostStage;
+  BufferOf<float> on_device(1000, MemTag::comm_buffers, Device::emulated);
+  std::vector<float> values(1000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f;
+  copy_elements(std::span<const float>(values), on_device.span());
+  const char* first = nullptr;
+  {
+    HostStage send(on_device.data(), 4000, /*fill=*/true);  // a sendrecv's two sides at once
+    HostStage recv(on_device.data(), 2000, /*fill=*/false);
+    first = send.data();
+    REQUIRE(device_of(send.data()) == Device::cpu);
+    REQUIRE(recv.data() != send.data());
+    REQUIRE(std::memcmp(send.data(), values.data(), 4000) == 0);  // filled from the device
+    for (int i = 0; i < 500; ++i) recv.floats()[i] = -1.0f * static_cast<float>(i);
+    recv.finish();  // the received bytes back to the device
+  }
+  std::vector<float> back(1000);
+  copy_elements(std::span<const float>(on_device.span()), std::span<float>(back));
+  CHECK(back[0] == 0.0f);
+  CHECK(back[499] == -499.0f);
+  CHECK(back[500] == 250.0f);  // beyond the 2000 bytes received: untouched
+  HostStage again(on_device.data(), 4000, /*fill=*/false);
+  CHECK(again.data() == first);  // the same buffer: no allocation per message
+  HostStage host(values.data(), 4000, /*fill=*/true);
+  CHECK(host.data() == reinterpret_cast<char*>(values.data()));  // host memory is not staged
 }

@@ -44,6 +44,8 @@ class CudaBackend : public DeviceBackend {
 
   void* allocate(int64_t bytes) override { return allocate_zeroed(bytes); }
   void free(void* p) override { free_allocation(p); }
+  void* allocate_staging(int64_t bytes) override { return allocate_pinned(bytes); }
+  void free_staging(void* p) override { free_pinned(p); }
   void copy(void* dst, const void* src, int64_t bytes) override { copy_any(dst, src, bytes); }
   void zero(void* p, int64_t bytes) override { zero_bytes(p, bytes); }
 

@@ -125,6 +125,19 @@ void free_allocation(void* p) {
   cudaFree(p);
 }
 
+void* allocate_pinned(int64_t bytes) {
+  void* p = nullptr;
+  const cudaError_t rc = cudaHostAlloc(&p, static_cast<size_t>(bytes), cudaHostAllocDefault);
+  RZ_CHECK(rc == cudaSuccess, "cudaHostAlloc of " << bytes << " bytes (a staged message) failed: "
+                                                  << cudaGetErrorString(rc)
+                                                  << "; use NCCL (--device-comm nccl)");
+  return p;
+}
+
+void free_pinned(void* p) {
+  cudaFreeHost(p);
+}
+
 void copy_any(void* dst, const void* src, int64_t bytes) {
   CUDA_CALL(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDefault));
 }

@@ -56,6 +56,10 @@ void copy_on_device(void* dst, const void* src, int64_t bytes);
 /// cudaMemset). Errors: cudaMalloc's, naming the bytes and the fix.
 void* allocate_zeroed(int64_t bytes);
 void free_allocation(void* p);
+/// `bytes` of page-locked host memory (cudaHostAlloc), uninitialised: the host side of a staged
+/// message. Errors: cudaHostAlloc's, naming the bytes.
+void* allocate_pinned(int64_t bytes);
+void free_pinned(void* p);
 /// `bytes` from src to dst, each on the host or this GPU (cudaMemcpy with cudaMemcpyDefault:
 /// unified virtual addressing finds each side); synchronous.
 void copy_any(void* dst, const void* src, int64_t bytes);
