@@ -23,6 +23,7 @@
 #include <climits>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <span>
@@ -89,6 +90,11 @@ class Communicator {
   /// throws. CommThread sets it for its own thread, so that an error on the main thread can
   /// stop a job blocked on a rank that has failed before the job's buffers are freed.
   static void set_abandon_flag_this_thread(const std::atomic<bool>* flag);
+  /// Waits, as the CALLING thread waits in sendrecv (above), until done() is true: for work a
+  /// device transport queued (NCCL's stream, device_transport.hpp). Errors: the thread's abandon
+  /// flag is set while it waits (naming what(), as sendrecv's do).
+  static void wait_until(const std::function<bool()>& done,
+                         const std::function<std::string()>& what);
 
   /// MPI_Bcast from root.
   void broadcast(std::span<float> buf, int root);

@@ -3,11 +3,13 @@
 // to reach a collective (wait_for_peers). The step's thread blocks in MPI; a communication
 // thread (Communicator::set_wait_sleep_us_this_thread) tests and sleeps instead, so the thread
 // computing beside it keeps its core, and gives up when its rank is stopping at an error
-// (Communicator::set_abandon_flag_this_thread).
+// (Communicator::set_abandon_flag_this_thread); wait_until waits the same way for what a device
+// transport queued.
 #include <mpi.h>
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,6 +40,11 @@ void poll(Done done, What what) {
 
 void Communicator::set_abandon_flag_this_thread(const std::atomic<bool>* flag) {
   abandon_flag = flag;
+}
+
+void Communicator::wait_until(const std::function<bool()>& done,
+                              const std::function<std::string()>& what) {
+  poll(done, what);
 }
 
 void Communicator::set_wait_sleep_us_this_thread(int us) {

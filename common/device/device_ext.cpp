@@ -50,15 +50,21 @@ DeviceExtension::~DeviceExtension() {
 }
 
 void DeviceExtension::validate(const RunState& state) {
-  if (device_comm_ != "nccl") return;
-  RZ_CHECK(device_ == "cuda", "--device-comm nccl with --device "
-                                  << device_
-                                  << ": NCCL moves GPU memory only; use --device cuda, or drop "
-                                     "--device-comm (the emulated device stages through MPI)");
-  RZ_CHECK(state.comm != nullptr, "--device-comm nccl: chapter "
-                                      << state.chapter.name
-                                      << " runs on one process and sends no messages; drop "
-                                         "--device-comm");
+  if (device_comm_.empty()) return;
+  RZ_CHECK(device_ != "cpu", "--device-comm "
+                                 << device_comm_
+                                 << " with --device cpu: host buffers' messages always "
+                                    "go through MPI; drop --device-comm, or run on "
+                                    "--device cuda or emulated");
+  RZ_CHECK(state.comm != nullptr, "--device-comm " << device_comm_ << ": chapter "
+                                                   << state.chapter.name
+                                                   << " runs on one process and sends no messages; "
+                                                      "drop --device-comm");
+  RZ_CHECK(device_comm_ == "mpi" || device_ == "cuda",
+           "--device-comm nccl with --device "
+               << device_
+               << ": NCCL moves GPU memory only; use --device cuda, or drop --device-comm (the "
+                  "emulated device stages through MPI)");
 }
 
 void DeviceExtension::before_lesson(RunState& state) {

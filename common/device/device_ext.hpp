@@ -15,8 +15,8 @@
 // and --find-unused-parameters are the CPU's code there too: 16-bit storage converts through the
 // backend (common/core/half.cpp), the checkpoint's writer and reader copy with copy_elements.
 // Errors (at start-up, on every rank, naming the fix): a build without CUDA, no GPU visible,
-// --bench-allreduce (it measures host buffers), --device-comm nccl off --device cuda or on one
-// process.
+// --bench-allreduce (it measures host buffers), --device-comm on --device cpu or on one process,
+// --device-comm nccl off --device cuda.
 // Leaves out: a communication stream that no host thread waits for (comm/device_transport.hpp).
 #pragma once
 

@@ -93,6 +93,9 @@ fails device_comm_emulated "[rank 1/2]" "--device-comm nccl with --device emulat
   --device emulated --device-comm nccl --max-steps 1
 fails device_comm_one_process "--device-comm nccl: chapter" "runs on one process" \
   "drop --device-comm" -- "${CH01[@]}" --model toy --device cuda --device-comm nccl --max-steps 1
+fails device_comm_cpu "[rank 1/2]" "--device-comm mpi with --device cpu" "drop --device-comm" \
+  -- "$MPIRUN" -np 2 --oversubscribe "$BIN/ch05_ddp_buckets" --model toy --device-comm mpi \
+  --max-steps 1
 # RINGZERO_COMM_CPUS (scripts/cluster up --comm-core pins the communication thread with it):
 # a value that is not a CPU list stops the chapter at start-up, naming the value and the fix.
 fails comm_cpus_word "RINGZERO_COMM_CPUS='one'" "a list such as 1, 2,3 or 0-3" \

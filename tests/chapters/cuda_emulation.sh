@@ -17,7 +17,8 @@
 #  - 16 bits (chapters 01, 04, 06, 08): AdamW's bound alone (16 bits need AdamW), the same bytes;
 #  - NCCL against --device-comm mpi (staged through host memory), chapters 03-08 at N = 3 and
 #    both --collectives: bitwise, with the same bytes and the banner naming each (the same
-#    computation; only what moves the messages differs, and the sums are MPI's either way).
+#    computation; only what moves the messages differs, and the emulated NCCL's collective sums
+#    are MPI's: on a GPU NCCL's differ in the last bits at N >= 3, scripts/gpu-check's bounds).
 source "$(dirname "$0")/lib.bash"
 EMUL=../emul
 start_point start --model mlp --seed 3

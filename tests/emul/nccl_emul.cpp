@@ -138,6 +138,9 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 cudaError_t cudaStreamSynchronize(cudaStream_t) {
   return cudaSuccess;
 }
+cudaError_t cudaStreamQuery(cudaStream_t) {  // every emulated call is done when it returns
+  return cudaSuccess;
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) {
   return cudaSuccess;
 }
@@ -170,6 +173,9 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (!finalized) MPI_Comm_free(&comm->mpi);
   delete comm;
   return ncclSuccess;
+}
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  return ncclCommDestroy(comm);
 }
 ncclResult_t ncclGroupStart() {
   ++group_depth;

@@ -4,6 +4,7 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -43,24 +44,24 @@ int gpu_device_count(std::string* why) {
 
 namespace {
 
-// Every rank's GPU (host name and PCI bus id), on every rank: "" when no two ranks share one,
-// else the first two that do (collective; counted as metrics).
+// Every rank's GPU (host name and PCI bus id), gathered on every rank (MPI_Allgather, as the
+// ncclUniqueId's broadcast: set-up, not counted): "" when no two ranks share one, else the first
+// two that do, the same text on every rank.
 std::string shared_gpu(Communicator& comm, int gpu) {
+  constexpr int kName = MPI_MAX_PROCESSOR_NAME + 80;
+  std::vector<char> mine(kName, '\0'), all(static_cast<size_t>(kName) * comm.world_size());
   char bus[64] = {};
   CUDA_CALL(cudaDeviceGetPCIBusId(bus, sizeof bus, gpu));
-  char host[MPI_MAX_PROCESSOR_NAME] = {};
   int len = 0;
-  MPI_Get_processor_name(host, &len);
-  const std::vector<std::string> gpus =
-      comm.gather_strings(std::string(host, static_cast<size_t>(len)) + " GPU " + bus, 0);
-  std::string shared;
-  for (size_t a = 0; a < gpus.size() && shared.empty(); ++a)
-    for (size_t b = a + 1; b < gpus.size() && shared.empty(); ++b)
-      if (gpus[a] == gpus[b])
-        shared =
-            "ranks " + std::to_string(a) + " and " + std::to_string(b) + " both use " + gpus[a];
-  comm.broadcast_string(shared, 0);
-  return shared;
+  MPI_Get_processor_name(mine.data(), &len);
+  std::snprintf(mine.data() + len, static_cast<size_t>(kName - len), " GPU %s", bus);
+  MPI_Allgather(mine.data(), kName, MPI_CHAR, all.data(), kName, MPI_CHAR, MPI_COMM_WORLD);
+  auto name = [&](int r) { return std::string(all.data() + static_cast<size_t>(r) * kName); };
+  for (int a = 0; a < comm.world_size(); ++a)
+    for (int b = a + 1; b < comm.world_size(); ++b)
+      if (name(a) == name(b))
+        return "ranks " + std::to_string(a) + " and " + std::to_string(b) + " both use " + name(a);
+  return "";
 }
 
 }  // namespace
@@ -94,7 +95,7 @@ NcclTransport::NcclTransport(Communicator& comm) {
 
 NcclTransport::~NcclTransport() {
   if (stream_) cudaStreamSynchronize(as_stream(stream_));
-  if (nccl_) ncclCommDestroy(as_comm(nccl_));
+  if (nccl_) ncclCommDestroy(as_comm(nccl_));  // (null after an abort)
   if (stream_) cudaStreamDestroy(as_stream(stream_));
   if (ready_) cudaEventDestroy(static_cast<cudaEvent_t>(ready_));
 }
@@ -105,8 +106,25 @@ void NcclTransport::after_compute() {
   CUDA_CALL(cudaStreamWaitEvent(as_stream(stream_), ready, 0));
 }
 
-void NcclTransport::synchronize() {
-  CUDA_CALL(cudaStreamSynchronize(as_stream(stream_)));
+void NcclTransport::synchronize(const char* op) {
+  // As the communicator waits for MPI (comm_wait.cpp): spinning on the step's thread; testing
+  // and sleeping on a communication thread, which gives up when its rank stops at an error. Then
+  // NCCL's kernel is aborted, so that the error's unwinding (cudaFree synchronises the device)
+  // does not wait for a peer that will never join, and run_main's MPI_Abort is reached.
+  try {
+    Communicator::wait_until(
+        [this] {
+          const cudaError_t rc = cudaStreamQuery(as_stream(stream_));
+          if (rc == cudaErrorNotReady) return false;
+          CUDA_CALL(rc);
+          return true;
+        },
+        [op] { return std::string("NCCL ") + op; });
+  } catch (...) {
+    if (nccl_) ncclCommAbort(as_comm(nccl_));
+    nccl_ = nullptr;
+    throw;
+  }
 }
 
 void NcclTransport::sendrecv(const void* send, int64_t send_bytes, int dest, void* recv,
@@ -123,7 +141,7 @@ void NcclTransport::sendrecv(const void* send, int64_t send_bytes, int dest, voi
     NCCL_CALL(ncclRecv(recv, static_cast<size_t>(recv_bytes), ncclUint8, src, as_comm(nccl_),
                        as_stream(stream_)));
   NCCL_CALL(ncclGroupEnd());
-  synchronize();
+  synchronize("sendrecv");
 }
 
 void NcclTransport::broadcast(float* buf, int64_t n, int root) {
@@ -131,7 +149,7 @@ void NcclTransport::broadcast(float* buf, int64_t n, int root) {
   after_compute();
   NCCL_CALL(ncclBroadcast(buf, buf, static_cast<size_t>(n), ncclFloat32, root, as_comm(nccl_),
                           as_stream(stream_)));
-  synchronize();
+  synchronize("broadcast");
 }
 
 void NcclTransport::all_reduce(float* buf, int64_t n) {
@@ -139,7 +157,7 @@ void NcclTransport::all_reduce(float* buf, int64_t n) {
   after_compute();
   NCCL_CALL(ncclAllReduce(buf, buf, static_cast<size_t>(n), ncclFloat32, ncclSum, as_comm(nccl_),
                           as_stream(stream_)));
-  synchronize();
+  synchronize("all_reduce");
 }
 
 void NcclTransport::reduce_scatter(const float* in, float* out, int64_t n) {
@@ -147,7 +165,7 @@ void NcclTransport::reduce_scatter(const float* in, float* out, int64_t n) {
   after_compute();
   NCCL_CALL(ncclReduceScatter(in, out, static_cast<size_t>(n), ncclFloat32, ncclSum, as_comm(nccl_),
                               as_stream(stream_)));
-  synchronize();
+  synchronize("reduce_scatter");
 }
 
 void NcclTransport::all_gather(const float* in, float* out, int64_t n) {
@@ -155,7 +173,7 @@ void NcclTransport::all_gather(const float* in, float* out, int64_t n) {
   after_compute();
   NCCL_CALL(ncclAllGather(in, out, static_cast<size_t>(n), ncclFloat32, as_comm(nccl_),
                           as_stream(stream_)));
-  synchronize();
+  synchronize("all_gather");
 }
 
 std::unique_ptr<DeviceTransport> make_nccl_transport(Communicator& comm) {

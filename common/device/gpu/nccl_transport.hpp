@@ -14,10 +14,14 @@
 // recorded on the compute stream (the legacy default stream, where the backend's kernels run),
 // so it reads what the kernels queued before it wrote; it returns once that stream is done. The
 // chapters' communication queue (common/comm/comm_queue.hpp) calls it from its own thread, so
-// the main thread keeps queueing kernels while NCCL runs: DDP's buckets during backward and
-// ZeRO-3's prefetch overlap on the GPU from the same lesson code.
-// Leaves out: several devices per process, several communication streams, a host that does not
-// block while a collective runs (the queue's thread does).
+// the main thread keeps queueing kernels while NCCL runs. How much DDP's buckets and ZeRO-3's
+// prefetch then overlap on a GPU is not measured (no GPU yet), and two things limit it: the
+// event is recorded when a job starts, not when it was submitted, and the job's own kernels (the
+// ring's adds, the copies) run on the compute stream, so a collective waits for all compute
+// queued before it starts; and the backend's cudaMalloc/cudaFree synchronise the device.
+// Leaves out: a stream of the communication thread's own for its kernels, with the event
+// recorded at submit; several devices per process; a host that does not block while a
+// collective runs (the queue's thread does).
 #pragma once
 
 #include <memory>
@@ -57,8 +61,9 @@ class NcclTransport final : public DeviceTransport {
  private:
   // The communication stream waits for the kernels queued so far on the compute stream.
   void after_compute();
-  // Waits until everything queued on the communication stream is done.
-  void synchronize();
+  // Waits until everything queued on the communication stream is done (Communicator::wait_until:
+  // a communication thread gives up when its rank stops at an error, aborting NCCL). op: the call.
+  void synchronize(const char* op);
   int gpu_ = -1;
   void* nccl_ = nullptr;    // ncclComm_t
   void* stream_ = nullptr;  // cudaStream_t, non-blocking: overlaps the compute stream
