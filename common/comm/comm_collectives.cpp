@@ -1,6 +1,7 @@
 // The communicator's collectives (comm.hpp declares them): broadcast, all_reduce,
 // reduce_scatter, all_gather, barrier, and the reductions of the end-of-run report. Each counts
-// its bytes as the ring algorithm would move them (docs/design.md), hands device buffers to the
+// its payload (comm.hpp: all_reduce and broadcast the buffer; reduce_scatter and all_gather the
+// blocks that leave and reach this rank, as a ring would move them), hands device buffers to the
 // device transport (NCCL, device_transport.hpp) or else stages them through host memory
 // (HostStage), and splits counts over INT_MAX into several MPI calls.
 #include <mpi.h>

@@ -8,8 +8,9 @@
 // (common/device/gpu/nccl_transport.cpp, registered by register_nccl.cpp). The Communicator
 // counts every message itself, before it hands it to the transport, so a run's traffic table is
 // the same whichever moves the bytes; a transport counts nothing.
-// Without a transport (the CPU, the emulated device, --device-comm mpi) the Communicator stages a
-// device buffer through host memory and MPI (mpi_stage.hpp's HostStage).
+// Every other message goes through MPI: host buffers, a message mixing host and device buffers,
+// and every message when no transport is set (the emulated device, --device-comm mpi), a device
+// buffer staged through host memory (mpi_stage.hpp's HostStage).
 // Leaves out: 16-bit sums (the chapters' 16-bit reductions are chapter 04's ring, over sendrecv).
 #pragma once
 

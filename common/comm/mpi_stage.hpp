@@ -1,7 +1,9 @@
-// mpi_stage: what the communicator's two files (comm.cpp: point-to-point; comm_collectives.cpp:
-// the collectives) share below MPI, internal to common/comm/: MPI_CALL, which turns an MPI
-// error code into a RingZero error naming the call, and HostStage, a message's bytes where MPI
-// can reach them.
+// mpi_stage: what the communicator's files (comm.cpp: point-to-point; comm_collectives.cpp: the
+// collectives; comm_wait.cpp: the waits; mpi_stage.cpp) share below MPI, internal to
+// common/comm/ (and its unit test): MPI_CALL, which turns an MPI error code into a RingZero
+// error naming the call; the waits (complete, cancel_requests, wait_for_message,
+// wait_for_peers); and HostStage, a message's bytes where MPI can reach them, in a thread's
+// reused StagingBuffers.
 // Leaves out: everything a lesson calls (comm.hpp).
 #pragma once
 

@@ -15,8 +15,8 @@
 // and --find-unused-parameters are the CPU's code there too: 16-bit storage converts through the
 // backend (common/core/half.cpp), the checkpoint's writer and reader copy with copy_elements.
 // Errors (at start-up, on every rank, naming the fix): a build without CUDA, no GPU visible,
-// --bench-allreduce (it measures host buffers), --device-comm on --device cpu or on one process,
-// --device-comm nccl off --device cuda.
+// --bench-allreduce (it measures host buffers), --device-comm on --device cpu or in a chapter of
+// one process (01, 02), --device-comm nccl off --device cuda.
 // Leaves out: a communication stream that no host thread waits for (comm/device_transport.hpp).
 #pragma once
 
@@ -46,7 +46,7 @@ class DeviceExtension : public Extension {
   std::string device_name_;       // the backend's name(): "NVIDIA H200", "emulated ..."
   std::string device_comm_;       // --device-comm: nccl | mpi | "" (nccl on cuda, else mpi)
   Communicator* comm_ = nullptr;
-  std::unique_ptr<DeviceTransport> transport_;  // NCCL under comm_ (--device cuda, N > 1)
+  std::unique_ptr<DeviceTransport> transport_;  // NCCL under comm_ (--device cuda, chapters 03-08)
 };
 
 }  // namespace ringzero
