@@ -12,6 +12,7 @@
 #include "common/core/check.hpp"
 
 #include "common/comm/comm.hpp"
+#include "common/core/device_backend.hpp"
 
 namespace ringzero {
 
@@ -105,7 +106,12 @@ uint64_t CommThread::submit(std::function<void()> job) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     rethrow_locked();
-    queue_.push_back(std::move(job));
+    // On a GPU (see the top of comm_thread.hpp): after what this thread queued, done when done.
+    queue_.push_back([mark = mark_device_work(), job = std::move(job)] {
+      wait_for_device_work(mark);
+      job();
+      finish_device_work();
+    });
     ticket = ++submitted_;
   }
   work_cv_.notify_one();

@@ -36,10 +36,18 @@
 // message, and the core stays with the computation. PyTorch's gloo backend gets the same from
 // blocking socket reads.
 //
+// On a GPU (--device cuda) the thread queues its kernels and copies (the ring's adds, a staged
+// message's copies) on a CUDA stream of its own, and NCCL's stream waits for that one: they run
+// beside the backward's kernels, which the step's thread queues on its stream. A job's stream
+// work starts after everything the submitting thread had queued when it called submit() (an
+// event recorded there: DDP's bucket of gradients is complete), and the job is finished only
+// when its stream work is, so a wait() that returns leaves nothing of it running
+// (common/core/device_backend.hpp's mark_device_work). On the host nothing of this happens.
+//
 // Pinning (an emulated node's network engine): with RINGZERO_COMM_CPUS=1 in the environment
-// the thread runs only on CPU 1 (a list such as 2,3 or 0-3 names several), while the rank's main thread keeps
-// the CPUs it was started on. `scripts/cluster up --comm-core` uses it to give the emulated
-// nodes' communication one core of the machine and their computation the others, as a real
+// the thread runs only on CPU 1 (a list such as 2,3 or 0-3 names several), while the rank's main
+// thread keeps the CPUs it was started on. `scripts/cluster up --comm-core` uses it to give the
+// emulated nodes' communication one core of the machine and their computation the others, as a real
 // node's NIC moves bytes while its cores (or GPU) compute. A bad list is an error at start-up.
 // Leaves out: priorities, cancelling a submitted job, more than one communication thread.
 #pragma once

@@ -119,6 +119,24 @@ BackendFactory& cuda_backend_factory() {
   return factory;
 }
 
+namespace {
+// The CUDA backend, once backend(cuda) has made it: what a communication job is ordered on.
+std::atomic<DeviceBackend*> made_cuda{nullptr};
+}  // namespace
+
+std::shared_ptr<void> mark_device_work() {
+  DeviceBackend* d = made_cuda.load(std::memory_order_acquire);
+  return d ? d->mark_queued_work() : nullptr;
+}
+
+void wait_for_device_work(const std::shared_ptr<void>& mark) {
+  if (DeviceBackend* d = made_cuda.load(std::memory_order_acquire)) d->wait_for_mark(mark);
+}
+
+void finish_device_work() {
+  if (DeviceBackend* d = made_cuda.load(std::memory_order_acquire)) d->finish_queued_work();
+}
+
 DeviceBackend& backend(Device device) {
   RZ_CHECK(device != Device::cpu, "backend(cpu): the host runs the loops themselves");
   if (device == Device::emulated) return emulated_backend();
@@ -126,7 +144,9 @@ DeviceBackend& backend(Device device) {
            "--device cuda: this build has no CUDA path; reconfigure with cmake --preset release "
            "-DRINGZERO_CUDA=ON (needs the CUDA toolkit and NCCL), or run with --device cpu or "
            "--device emulated");
-  return cuda_backend_factory()();
+  DeviceBackend& cuda = cuda_backend_factory()();
+  made_cuda.store(&cuda, std::memory_order_release);
+  return cuda;
 }
 
 DeviceBackend* backend_of(std::initializer_list<const void*> pointers) {

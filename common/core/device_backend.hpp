@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <span>
 #include <string>
 
@@ -58,6 +59,21 @@ class DeviceBackend {
   /// Errors: out of memory, naming the bytes.
   virtual void* allocate_staging(int64_t bytes);
   virtual void free_staging(void* p);
+
+  // Order between host threads (the step's and the communication thread, comm_thread.hpp). On
+  // CUDA each host thread queues its kernels and copies on a stream of its own (the per-thread
+  // default stream), so a collective's adds and copies run beside the backward's kernels; these
+  // three calls order the two where a job is handed over. No-ops by default: a device whose
+  // every call is complete when it returns (the emulated one) needs no order.
+  /// A mark after the work the calling thread has queued on this device so far (CUDA: an event
+  /// recorded on its stream); null when there is nothing to mark.
+  virtual std::shared_ptr<void> mark_queued_work() { return nullptr; }
+  /// The calling thread's later work on this device runs after `mark` (CUDA:
+  /// cudaStreamWaitEvent on its stream; no host wait). Null: nothing to wait for.
+  virtual void wait_for_mark(const std::shared_ptr<void>& mark) { (void)mark; }
+  /// Blocks until the work the calling thread has queued on this device is done (CUDA:
+  /// cudaStreamSynchronize on its stream).
+  virtual void finish_queued_work() {}
 
   // The model's operations (common/core/ops.hpp).
   virtual void linear_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
@@ -115,6 +131,16 @@ DeviceBackend& cuda_backend();
 /// before main. So the library below the GPU one never names it: no link cycle.
 using BackendFactory = DeviceBackend& (*)();
 BackendFactory& cuda_backend_factory();
+
+/// The hand-over of a communication job (common/comm/comm_thread.hpp), on the CUDA backend when
+/// this process has made one (else they do nothing, at the cost of an atomic load):
+/// mark_device_work() where the job is submitted, wait_for_device_work(mark) on the communication
+/// thread before the job, finish_device_work() after it. So a job's kernels run after the work
+/// its buffers came from (DDP's bucket of gradients) and only then, and the step's thread, which
+/// waits for the job on the host, finds them done. Errors: CUDA's, naming the call.
+std::shared_ptr<void> mark_device_work();
+void wait_for_device_work(const std::shared_ptr<void>& mark);
+void finish_device_work();
 
 /// The backend of the device that holds `pointers` (nulls ignored), or null when they are all
 /// on the host. Errors: pointers on two places, the host and a device or two devices (names

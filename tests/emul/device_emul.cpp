@@ -8,12 +8,15 @@
 // --device cuda, on machines without a GPU. What it cannot test: CUDA itself
 // (launch bounds, the grid-stride loops, cuBLAS's own results); scripts/gpu-check does that.
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
 
 #include "common/core/check.hpp"
 #include "common/device/gpu/device.hpp"
+#include "tests/emul/stream_log.hpp"
 
 namespace ringzero {
 
@@ -83,6 +86,33 @@ void zero_bytes(void* p, int64_t bytes) {
   std::memset(p, 0, static_cast<size_t>(bytes));
 }
 void device_synchronize() {}
+
+// Streams: every emulated call is complete when it returns, so there is nothing to order; the
+// calls are logged per host thread instead, for the test of the communication queue's hand-over
+// (device_emulation_test.cpp).
+namespace {
+std::atomic<uint64_t> events_recorded{0};
+}  // namespace
+namespace emul {
+StreamLog& stream_log() {
+  thread_local StreamLog log;
+  return log;
+}
+}  // namespace emul
+void* record_stream_event() {
+  const uint64_t serial = ++events_recorded;
+  emul::stream_log().recorded = serial;
+  return new uint64_t(serial);
+}
+void wait_stream_event(void* event) {
+  emul::stream_log().waited = *static_cast<uint64_t*>(event);
+}
+void destroy_stream_event(void* event) {
+  delete static_cast<uint64_t*>(event);
+}
+void synchronize_stream() {
+  ++emul::stream_log().synchronized;
+}
 
 namespace gpu {
 

@@ -17,6 +17,8 @@
 #include <cmath>
 #include <vector>
 
+#include "common/comm/comm_thread.hpp"
+#include "common/core/device_backend.hpp"
 #include "common/core/device_memory.hpp"
 #include "common/core/nn.hpp"
 #include "common/core/ops.hpp"
@@ -24,6 +26,7 @@
 #include "common/core/rng.hpp"
 #include "common/device/gpu/device.hpp"
 #include "common/driver/train.hpp"
+#include "tests/emul/stream_log.hpp"
 
 using namespace ringzero;
 
@@ -163,4 +166,28 @@ TEST_CASE("the CUDA backend's state counts in the ledger's device column", "[dev
   }
   CHECK(Ledger::get().device_current(MemTag::optimizer_state) == before);
   CHECK(Ledger::get().device_current(MemTag::parameters) >= 4 * psi);
+}
+
+TEST_CASE("a communication job runs after the work queued before its submit, and finishes it",
+          "[device]") {
+  // The hand-over of common/comm/comm_thread.hpp on the CUDA backend: submit records an event on
+  // the submitting thread's stream, the job's thread makes its own stream wait for exactly that
+  // event before the job, and synchronises its stream after it, before wait() returns.
+  (void)backend(Device::cuda);  // made, as --device cuda makes it
+  CommThread thread;
+  std::vector<emul::StreamLog> seen;  // the job thread's log, inside each job
+  uint64_t synchronized_after = 0;
+  for (int job = 0; job < 3; ++job) {
+    const uint64_t ticket = thread.submit([&] { seen.push_back(emul::stream_log()); });
+    const uint64_t marked = emul::stream_log().recorded;  // this thread's event for that job
+    thread.wait(ticket);
+    thread.submit([&] { synchronized_after = emul::stream_log().synchronized; });
+    thread.wait_all();
+    REQUIRE(seen.size() == static_cast<size_t>(job) + 1);
+    CHECK(marked > 0);
+    CHECK(seen.back().waited == marked);  // the job waited for the event of its own submit
+    CHECK(seen.back().recorded == 0);     // and recorded none of its own
+    CHECK(synchronized_after ==
+          2 * static_cast<uint64_t>(job) + 1);  // each job finished its stream
+  }
 }

@@ -4,8 +4,8 @@
 // N = 1-4 on any machine).
 //
 //   mpirun -np 1 build/tests/gpu_comm_check
-//   mpirun -np 2 bash -c 'CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK exec "$0"' \
-//       build/tests/gpu_comm_check                (a GPU per rank)
+//   mpirun -np 2 bash -c 'CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK exec "$0"'
+//       build/tests/gpu_comm_check                (one command, on one line: a GPU per rank)
 //
 // 1. Chapter 04's ring all-reduce, ring.hpp's own templates (reduce-scatter then all-gather,
 //    N-1 sendrecv hops each, the hop's add the backend's) over the Communicator on device

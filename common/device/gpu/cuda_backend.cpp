@@ -1,13 +1,16 @@
 // cuda_backend: the device backend on an NVIDIA GPU (--device cuda),
 // common/core/device_backend.hpp's table over the kernels of common/device/gpu/kernels.cu (each the
 // element function of common/core/kernels.hpp that the host loops call) and cuBLAS SGEMM with TF32
-// off (common/device/gpu/linear.cpp). Memory is cudaMalloc'd (zero-filled); copies use
-// cudaMemcpyDefault, which under unified virtual addressing finds each side's place itself
-// (common/device/gpu/device.cpp). Everything runs on the legacy default stream, in launch order;
-// the reductions (a loss, a norm) synchronise. Differences from the host: float32 rounding only
-// (cuBLAS sums a product's terms in another order than Eigen; per-block partial sums; FMA
-// contraction), measured by scripts/gpu-check. Written over common/device/gpu/device.hpp only, so
-// the CPU emulation of that layer (tests/emul) runs this file too.
+// off (common/device/gpu/linear.cpp). Memory comes from CUDA's stream-ordered pool (zero-filled);
+// copies use cudaMemcpyDefault, which under unified virtual addressing finds each side's place
+// itself (common/device/gpu/device.cpp). Each host thread's calls run on its own stream, in
+// launch order; the reductions (a loss, a norm) synchronise it, and a communication job is
+// ordered after the work it was handed (mark_queued_work: an event at submit). Differences from the
+// host: float32 rounding only (cuBLAS sums a product's terms in another order than Eigen; per-block
+// partial sums; FMA contraction), measured by scripts/gpu-check. Written over
+// common/device/gpu/device.hpp only, so the CPU emulation of that layer (tests/emul) runs this file
+// too.
+#include <memory>
 #include <vector>
 
 #include "common/core/check.hpp"
@@ -48,6 +51,13 @@ class CudaBackend : public DeviceBackend {
   void free_staging(void* p) override { free_pinned(p); }
   void copy(void* dst, const void* src, int64_t bytes) override { copy_any(dst, src, bytes); }
   void zero(void* p, int64_t bytes) override { zero_bytes(p, bytes); }
+  std::shared_ptr<void> mark_queued_work() override {
+    return {record_stream_event(), destroy_stream_event};
+  }
+  void wait_for_mark(const std::shared_ptr<void>& mark) override {
+    if (mark) wait_stream_event(mark.get());
+  }
+  void finish_queued_work() override { synchronize_stream(); }
 
   void linear_forward(const Tensor& out, const Tensor& inp, const Tensor& weight,
                       const Tensor& bias) override {

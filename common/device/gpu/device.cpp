@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <utility>
 
 #include "common/core/check.hpp"
@@ -27,6 +28,8 @@ cublasHandle_t blas() {
   static cublasHandle_t handle = [] {
     cublasHandle_t h;
     CUBLAS_CALL(cublasCreate(&h));
+    // The calling thread's stream (cudaStreamPerThread is resolved per call), like our kernels.
+    CUBLAS_CALL(cublasSetStream(h, cudaStreamPerThread));
     return h;
   }();
   // CUBLAS_DEFAULT_MATH: plain float32 SGEMM (no TF32), unless set_tf32(true).
@@ -45,23 +48,43 @@ std::string require_gpu(int device) {
                                      : std::string(cudaGetErrorString(rc)))
                << "); run on a machine with an NVIDIA GPU and driver, or use --device cpu");
   CUDA_CALL(cudaSetDevice(device));
+  // The pool keeps what is freed for the next allocation instead of returning it to the driver
+  // at each synchronisation (its default threshold, 0): a caching allocator, CUDA's own.
+  cudaMemPool_t pool = nullptr;
+  CUDA_CALL(cudaDeviceGetDefaultMemPool(&pool, device));
+  uint64_t keep = UINT64_MAX;
+  CUDA_CALL(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
   cudaDeviceProp prop{};
   CUDA_CALL(cudaGetDeviceProperties(&prop, device));
   return prop.name;
 }
 
+namespace {
+// Every allocation of this layer: `bytes` from CUDA's stream-ordered pool on the calling thread's
+// stream (cudaMallocAsync; the pool keeps freed memory, see require_gpu), zero-filled when asked.
+void* pool_allocate(int64_t bytes, const char* what, bool zero) {
+  void* p = nullptr;
+  if (bytes == 0) return p;
+  const cudaError_t rc = cudaMallocAsync(&p, static_cast<size_t>(bytes), cudaStreamPerThread);
+  RZ_CHECK(rc == cudaSuccess, "cudaMallocAsync of " << bytes << " bytes for " << what
+                                                    << " failed: " << cudaGetErrorString(rc)
+                                                    << "; reduce the model or batch size");
+  if (zero) CUDA_CALL(cudaMemsetAsync(p, 0, static_cast<size_t>(bytes), cudaStreamPerThread));
+  return p;
+}
+// Back to the pool once the calling thread's queued work is done (cudaFreeAsync): no device-wide
+// synchronisation, as cudaFree has.
+void pool_free(void* p) {
+  if (p != nullptr) CUDA_CALL(cudaFreeAsync(p, cudaStreamPerThread));
+}
+}  // namespace
+
 float* DeviceAllocator::allocate(int64_t size, MemTag tag, bool zero) {
-  float* data = nullptr;
-  const cudaError_t rc = cudaMalloc(&data, static_cast<size_t>(size) * 4);
-  RZ_CHECK(rc == cudaSuccess, "cudaMalloc of " << size * 4 << " bytes for " << mem_tag_name(tag)
-                                               << " failed: " << cudaGetErrorString(rc)
-                                               << "; reduce the model or batch size");
-  if (zero) CUDA_CALL(cudaMemset(data, 0, static_cast<size_t>(size) * 4));
-  return data;
+  return static_cast<float*>(pool_allocate(size * 4, mem_tag_name(tag), zero));
 }
 
 void DeviceAllocator::free(float* data) {
-  cudaFree(data);
+  pool_free(data);
 }
 
 void DeviceBuffer::copy_from_host(const float* host, int64_t n, int64_t offset) {
@@ -77,23 +100,20 @@ void DeviceBuffer::copy_to_host(float* host, int64_t n, int64_t offset) const {
 }
 
 void DeviceBuffer::zero() {
-  if (size_ > 0) CUDA_CALL(cudaMemsetAsync(data_, 0, static_cast<size_t>(size_) * 4));
+  if (size_ > 0)
+    CUDA_CALL(cudaMemsetAsync(data_, 0, static_cast<size_t>(size_) * 4, cudaStreamPerThread));
 }
 
 void* device_alloc(int64_t bytes, MemTag tag) {
-  void* p = nullptr;
-  if (bytes == 0) return p;
-  const cudaError_t rc = cudaMalloc(&p, static_cast<size_t>(bytes));
-  RZ_CHECK(rc == cudaSuccess, "cudaMalloc of " << bytes << " bytes for " << mem_tag_name(tag)
-                                               << " failed: " << cudaGetErrorString(rc));
-  Ledger::get().add_device(tag, bytes);
+  void* p = pool_allocate(bytes, mem_tag_name(tag), false);
+  if (p != nullptr) Ledger::get().add_device(tag, bytes);
   return p;
 }
 
 void device_free(void* p, int64_t bytes, MemTag tag) {
   if (p == nullptr) return;
   Ledger::get().add_device(tag, -bytes);
-  cudaFree(p);
+  pool_free(p);
 }
 
 void copy_to_device(void* dst, const void* src, int64_t bytes) {
@@ -108,21 +128,16 @@ void copy_to_host(void* dst, const void* src, int64_t bytes) {
 
 void copy_on_device(void* dst, const void* src, int64_t bytes) {
   if (bytes > 0)
-    CUDA_CALL(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice));
+    CUDA_CALL(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice,
+                              cudaStreamPerThread));
 }
 
 void* allocate_zeroed(int64_t bytes) {
-  void* p = nullptr;
-  const cudaError_t rc = cudaMalloc(&p, static_cast<size_t>(bytes));
-  RZ_CHECK(rc == cudaSuccess, "cudaMalloc of " << bytes << " bytes failed: "
-                                               << cudaGetErrorString(rc)
-                                               << "; reduce the model or batch size");
-  CUDA_CALL(cudaMemset(p, 0, static_cast<size_t>(bytes)));
-  return p;
+  return pool_allocate(bytes, "a tensor", true);
 }
 
 void free_allocation(void* p) {
-  cudaFree(p);
+  pool_free(p);
 }
 
 void* allocate_pinned(int64_t bytes) {
@@ -143,11 +158,30 @@ void copy_any(void* dst, const void* src, int64_t bytes) {
 }
 
 void zero_bytes(void* p, int64_t bytes) {
-  CUDA_CALL(cudaMemset(p, 0, static_cast<size_t>(bytes)));
+  CUDA_CALL(cudaMemsetAsync(p, 0, static_cast<size_t>(bytes), cudaStreamPerThread));
 }
 
 void device_synchronize() {
   CUDA_CALL(cudaDeviceSynchronize());
+}
+
+void* record_stream_event() {
+  cudaEvent_t event = nullptr;
+  CUDA_CALL(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  CUDA_CALL(cudaEventRecord(event, cudaStreamPerThread));
+  return event;
+}
+
+void wait_stream_event(void* event) {
+  CUDA_CALL(cudaStreamWaitEvent(cudaStreamPerThread, static_cast<cudaEvent_t>(event), 0));
+}
+
+void destroy_stream_event(void* event) {
+  cudaEventDestroy(static_cast<cudaEvent_t>(event));  // released once it has completed
+}
+
+void synchronize_stream() {
+  CUDA_CALL(cudaStreamSynchronize(cudaStreamPerThread));
 }
 
 namespace gpu {

@@ -6,8 +6,14 @@
 // that the CPU runs; and the matrix products of linear() through cuBLAS SGEMM with TF32 off unless
 // asked for (set_tf32), so that they agree with Eigen to float32 rounding (cuBLAS docs,
 // "cublasMath_t": CUBLAS_DEFAULT_MATH never uses TF32 tensor cores; CUBLAS_TF32_TENSOR_OP_MATH
-// does). Everything runs on one stream, the legacy default stream, so kernels run in launch order;
-// host reads (a loss, a norm) synchronise.
+// does). Each host thread queues on a stream of its own, its per-thread default stream (the
+// library is compiled with CUDA_API_PER_THREAD_DEFAULT_STREAM): the step's kernels run in launch
+// order on the step's thread's stream, the communication thread's (the ring's adds, the copies of
+// a staged message) on its own, beside them; the four stream calls below order the two where a
+// job is handed over (common/comm/comm_thread.hpp). Host reads (a loss, a norm) synchronise the
+// calling thread's stream. Memory comes from CUDA's stream-ordered pool (cudaMallocAsync and
+// cudaFreeAsync on the calling thread's stream, the pool keeping what is freed): no allocation or
+// free synchronises the device, as cudaMalloc and cudaFree do.
 // Built only with -DRINGZERO_CUDA=ON. The communication stream is NCCL's (nccl_transport.hpp).
 // Leaves out: multi-GPU per process.
 #pragma once
@@ -28,8 +34,8 @@ std::string require_gpu(int device = 0);
 /// of tests/emul). Errors: cudaMalloc failure (names bytes and tag).
 struct DeviceAllocator {
   static constexpr const char* kName = "DeviceBuffer";
-  static float* allocate(int64_t size, MemTag tag, bool zero);  ///< cudaMalloc (+ cudaMemset)
-  static void free(float* data);                                ///< cudaFree
+  static float* allocate(int64_t size, MemTag tag, bool zero);  ///< cudaMallocAsync (+ memset)
+  static void free(float* data);                                ///< cudaFreeAsync
 };
 /// An owning, zero-filled float32 array in GPU memory, tagged in the ledger's device column.
 /// Move-only; size() in elements (common/core/ledger.hpp's LedgerArray).
@@ -49,11 +55,11 @@ void device_free(void* p, int64_t bytes, MemTag tag);
 void copy_to_device(void* dst, const void* src, int64_t bytes);
 void copy_to_host(void* dst, const void* src, int64_t bytes);
 /// Device -> device, `bytes` bytes, in stream order with the kernels (cudaMemcpyAsync on the
-/// default stream).
+/// calling thread's stream).
 void copy_on_device(void* dst, const void* src, int64_t bytes);
 /// The CUDA backend's memory (cuda_backend.cpp; not counted here: the LedgerArray or Tensor on
-/// Device::cuda that asked counts them). `bytes` of GPU memory, zero-filled (cudaMalloc +
-/// cudaMemset). Errors: cudaMalloc's, naming the bytes and the fix.
+/// Device::cuda that asked counts them). `bytes` of GPU memory, zero-filled (cudaMallocAsync +
+/// cudaMemsetAsync). Errors: cudaMallocAsync's, naming the bytes and the fix.
 void* allocate_zeroed(int64_t bytes);
 void free_allocation(void* p);
 /// `bytes` of page-locked host memory (cudaHostAlloc), uninitialised: the host side of a staged
@@ -63,9 +69,20 @@ void free_pinned(void* p);
 /// `bytes` from src to dst, each on the host or this GPU (cudaMemcpy with cudaMemcpyDefault:
 /// unified virtual addressing finds each side); synchronous.
 void copy_any(void* dst, const void* src, int64_t bytes);
-/// `bytes` zero bytes at device pointer p (cudaMemset).
+/// `bytes` zero bytes at device pointer p (cudaMemsetAsync on the calling thread's stream).
 void zero_bytes(void* p, int64_t bytes);
 void device_synchronize();
+
+// The calling host thread's stream (the backend's mark_queued_work, wait_for_mark and
+// finish_queued_work: common/core/device_backend.hpp).
+/// An event recorded after the work queued so far on the calling thread's stream (a
+/// cudaEvent_t, without timing); free it with destroy_stream_event.
+void* record_stream_event();
+/// The calling thread's stream waits for `event` (cudaStreamWaitEvent; the host does not wait).
+void wait_stream_event(void* event);
+void destroy_stream_event(void* event);
+/// Blocks until the calling thread's stream has done its queued work (cudaStreamSynchronize).
+void synchronize_stream();
 
 namespace gpu {
 

@@ -1,6 +1,9 @@
 // kernels.cu: the GPU loops around common/core/kernels.hpp. Each kernel is one thread per element
 // (or per row / column, where the CPU's inner loop runs over a row or column), with a grid-stride
 // loop so any n fits in one launch. The arithmetic is the shared RZ_HD function, nothing else.
+// Every launch goes to the calling host thread's stream: the library is compiled with
+// CUDA_API_PER_THREAD_DEFAULT_STREAM (common/CMakeLists.txt), so stream 0 is that thread's own
+// default stream, not the legacy one (device.hpp).
 #include <cuda_runtime.h>
 
 #include <vector>
@@ -77,27 +80,22 @@ __global__ void sum_kernel(double* partials, int64_t n, Term term) {
   if (threadIdx.x == 0) partials[blockIdx.x] = s[0];
 }
 
-// The partials live in one buffer allocated once: a cudaMalloc/cudaFree per reduction would
-// synchronise the whole device (the communication stream too) twice per call.
-double* partials_buffer() {
-  static double* partials = [] {
-    double* p = nullptr;
-    RZ_CHECK(cudaMalloc(&p, 1024 * sizeof(double)) == cudaSuccess,
-             "cudaMalloc of " << 1024 * sizeof(double) << " bytes for reductions failed");
-    return p;
-  }();
-  return partials;
-}
-
+// The block partials come from CUDA's pool on the calling thread's stream, per call: two host
+// threads (the step's and the communication thread) may reduce at once, and the pool neither
+// synchronises the device nor returns the memory to the driver (device.cpp's pool_allocate).
 template <typename Term>
 double reduce_sum(int64_t n, Term term) {
   const int blocks = n / kThreads + 1 < 1024 ? static_cast<int>(n / kThreads + 1) : 1024;
-  double* partials = partials_buffer();
-  sum_kernel<<<blocks, kThreads>>>(partials, n, term);
+  double* partials = nullptr;
+  cudaError_t rc = cudaMallocAsync(&partials, blocks * sizeof(double), cudaStreamPerThread);
+  RZ_CHECK(rc == cudaSuccess, "cudaMallocAsync of "
+                                  << blocks * sizeof(double)
+                                  << " bytes for a reduction failed: " << cudaGetErrorString(rc));
+  sum_kernel<<<blocks, kThreads, 0, cudaStreamPerThread>>>(partials, n, term);
   check_launch("sum");
   std::vector<double> host(static_cast<size_t>(blocks));
-  const cudaError_t rc =
-      cudaMemcpy(host.data(), partials, host.size() * sizeof(double), cudaMemcpyDeviceToHost);
+  rc = cudaMemcpy(host.data(), partials, host.size() * sizeof(double), cudaMemcpyDeviceToHost);
+  cudaFreeAsync(partials, cudaStreamPerThread);
   RZ_CHECK(rc == cudaSuccess, "reading a reduction's partial sums failed: "
                                   << cudaGetErrorString(rc));
   double total = 0.0;

@@ -82,9 +82,9 @@ NcclTransport::NcclTransport(Communicator& comm) {
   ncclComm_t nccl;
   NCCL_CALL(ncclCommInitRank(&nccl, comm.world_size(), id, comm.rank()));
   nccl_ = nccl;
-  // Non-blocking: the communication stream neither waits for the legacy default stream (where
-  // common/device/gpu/kernels.cu runs) nor makes it wait; the order is the events' (CUDA
-  // programming guide, "Implicit synchronization"; cudaStreamWaitEvent).
+  // Non-blocking: the communication stream neither waits for the legacy default stream nor makes
+  // it wait; the order is the events' (CUDA programming guide, "Implicit synchronization";
+  // cudaStreamWaitEvent), after the calling thread's stream (device.hpp).
   cudaStream_t stream;
   CUDA_CALL(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   stream_ = stream;
@@ -102,15 +102,15 @@ NcclTransport::~NcclTransport() {
 
 void NcclTransport::after_compute() {
   auto ready = static_cast<cudaEvent_t>(ready_);
-  CUDA_CALL(cudaEventRecord(ready, cudaStreamLegacy));
+  CUDA_CALL(cudaEventRecord(ready, cudaStreamPerThread));  // the calling thread's stream
   CUDA_CALL(cudaStreamWaitEvent(as_stream(stream_), ready, 0));
 }
 
 void NcclTransport::synchronize(const char* op) {
   // As the communicator waits for MPI (comm_wait.cpp): spinning on the step's thread; testing
   // and sleeping on a communication thread, which gives up when its rank stops at an error. Then
-  // NCCL's kernel is aborted, so that the error's unwinding (cudaFree synchronises the device)
-  // does not wait for a peer that will never join, and run_main's MPI_Abort is reached.
+  // NCCL's kernel is aborted, so that the error's unwinding (a stream synchronisation) does not
+  // wait for a peer that will never join, and run_main's MPI_Abort is reached.
   try {
     Communicator::wait_until(
         [this] {

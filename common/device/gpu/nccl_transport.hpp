@@ -11,17 +11,16 @@
 // float32 collectives as ncclAllReduce, ncclReduceScatter, ncclAllGather, ncclBroadcast, with
 // size_t counts (no INT_MAX split).
 // Streams: every call is queued on ONE non-blocking communication stream after an event
-// recorded on the compute stream (the legacy default stream, where the backend's kernels run),
-// so it reads what the kernels queued before it wrote; it returns once that stream is done. The
-// chapters' communication queue (common/comm/comm_queue.hpp) calls it from its own thread, so
-// the main thread keeps queueing kernels while NCCL runs. How much DDP's buckets and ZeRO-3's
-// prefetch then overlap on a GPU is not measured (no GPU yet), and two things limit it: the
-// event is recorded when a job starts, not when it was submitted, and the job's own kernels (the
-// ring's adds, the copies) run on the compute stream, so a collective waits for all compute
-// queued before it starts; and the backend's cudaMalloc/cudaFree synchronise the device.
-// Leaves out: a stream of the communication thread's own for its kernels, with the event
-// recorded at submit; several devices per process; a host that does not block while a
-// collective runs (the queue's thread does).
+// recorded on the calling thread's stream (its per-thread default stream, device.hpp), so it
+// reads what that thread queued before it and writes before anything that thread queues after;
+// it returns once the communication stream is done. The chapters' communication queue
+// (common/comm/comm_queue.hpp) calls it from its own thread, whose stream starts each job after
+// the work the step's thread had queued when it submitted the job (an event recorded at submit:
+// common/comm/comm_thread.hpp), so a collective waits for the gradients it carries, not for the
+// compute queued after them, and the main thread keeps queueing kernels while NCCL runs. How much
+// DDP's buckets and ZeRO-3's prefetch then overlap on a GPU is not measured (no GPU yet).
+// Leaves out: several devices per process; a host that does not block while a collective runs
+// (the queue's thread does).
 #pragma once
 
 #include <memory>
@@ -59,7 +58,7 @@ class NcclTransport final : public DeviceTransport {
   void all_gather(const float* in, float* out, int64_t n) override;
 
  private:
-  // The communication stream waits for the kernels queued so far on the compute stream.
+  // The communication stream waits for the work the calling thread has queued so far.
   void after_compute();
   // Waits until everything queued on the communication stream is done (Communicator::wait_until:
   // a communication thread gives up when its rank stops at an error, aborting NCCL). op: the call.
@@ -67,7 +66,7 @@ class NcclTransport final : public DeviceTransport {
   int gpu_ = -1;
   void* nccl_ = nullptr;    // ncclComm_t
   void* stream_ = nullptr;  // cudaStream_t, non-blocking: overlaps the compute stream
-  void* ready_ = nullptr;   // cudaEvent_t recorded on the compute stream before each call
+  void* ready_ = nullptr;   // cudaEvent_t recorded on the caller's stream before each call
   // One call at a time: NCCL calls of one communicator must be issued in the same order on
   // every rank, and ready_ is shared.
   std::mutex mutex_;
