@@ -81,11 +81,11 @@ class CommQueue {
     const uint64_t ticket = thread_.submit(
         [this, t, header, job = std::move(job), queued]() mutable {
           if (header) sequence_.check(comm_, *header);
-          const double start = now();
+          const Tracer::Opening opening = t.name.empty() ? Tracer::Opening() : tracer_->open();
           job();
-          if (!tracer_ || t.name.empty()) return;  // not traced when queued
-          if (header) t.args["queued_us"] = start - queued;
-          tracer_->complete(t.name, "comm", Tracer::kCommTrack, start, now() - start, t.args);
+          if (t.name.empty()) return;  // not traced when queued
+          if (header) t.args["queued_us"] = opening.start_us - queued;
+          tracer_->close(opening, t.name, "comm", Tracer::kCommTrack, t.args);
         });
     if (!t.name.empty()) names_[ticket] = t.name;
     if (!overlap_) wait(ticket);  // --no-overlap

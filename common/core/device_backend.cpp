@@ -124,9 +124,14 @@ namespace {
 std::atomic<DeviceBackend*> made_cuda{nullptr};
 }  // namespace
 
-std::shared_ptr<void> mark_device_work() {
+std::shared_ptr<void> mark_device_work(bool timed) {
   DeviceBackend* d = made_cuda.load(std::memory_order_acquire);
-  return d ? d->mark_queued_work() : nullptr;
+  return d ? d->mark_queued_work(timed) : nullptr;
+}
+
+double device_elapsed_ms(const std::shared_ptr<void>& from, const std::shared_ptr<void>& to) {
+  DeviceBackend* d = made_cuda.load(std::memory_order_acquire);
+  return d && from && to ? d->elapsed_ms(from, to) : 0;
 }
 
 void wait_for_device_work(const std::shared_ptr<void>& mark) {

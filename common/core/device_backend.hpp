@@ -66,8 +66,18 @@ class DeviceBackend {
   // three calls order the two where a job is handed over. No-ops by default: a device whose
   // every call is complete when it returns (the emulated one) needs no order.
   /// A mark after the work the calling thread has queued on this device so far (CUDA: an event
-  /// recorded on its stream); null when there is nothing to mark.
-  virtual std::shared_ptr<void> mark_queued_work() { return nullptr; }
+  /// recorded on its stream; `timed`: one that elapsed_ms can read); null when there is nothing
+  /// to mark.
+  virtual std::shared_ptr<void> mark_queued_work(bool timed = false) {
+    (void)timed;
+    return nullptr;
+  }
+  /// Milliseconds on the device from timed mark `from` to timed mark `to` (negative when `to`
+  /// ran first); waits until `to` has run (CUDA: cudaEventElapsedTime, about 0.5 µs resolution).
+  virtual double elapsed_ms(const std::shared_ptr<void>& from, const std::shared_ptr<void>& to) {
+    (void)from, (void)to;
+    return 0;
+  }
   /// The calling thread's later work on this device runs after `mark` (CUDA:
   /// cudaStreamWaitEvent on its stream; no host wait). Null: nothing to wait for.
   virtual void wait_for_mark(const std::shared_ptr<void>& mark) { (void)mark; }
@@ -138,9 +148,11 @@ BackendFactory& cuda_backend_factory();
 /// thread before the job, finish_device_work() after it. So a job's kernels run after the work
 /// its buffers came from (DDP's bucket of gradients) and only then, and the step's thread, which
 /// waits for the job on the host, finds them done. Errors: CUDA's, naming the call.
-std::shared_ptr<void> mark_device_work();
+std::shared_ptr<void> mark_device_work(bool timed = false);
 void wait_for_device_work(const std::shared_ptr<void>& mark);
 void finish_device_work();
+/// elapsed_ms of the CUDA backend: what the GPU's timeline in --trace reads (trace.hpp).
+double device_elapsed_ms(const std::shared_ptr<void>& from, const std::shared_ptr<void>& to);
 
 /// The backend of the device that holds `pointers` (nulls ignored), or null when they are all
 /// on the host. Errors: pointers on two places, the host and a device or two devices (names

@@ -7,6 +7,7 @@
 
 #include "common/comm/comm.hpp"
 #include "common/core/check.hpp"
+#include "common/core/device_backend.hpp"
 #include "common/core/nn.hpp"
 #include "common/io/atomic_file.hpp"
 
@@ -37,7 +38,7 @@ void Tracer::complete(std::string name, std::string cat, int track, double ts_us
                       nlohmann::json args) {
   if (!enabled()) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  const auto seq = static_cast<int64_t>(events_.size());
+  const int64_t seq = next_seq_++;
   events_.push_back({std::move(name), std::move(cat), track, ts_us, dur_us < 0 ? 0 : dur_us, seq,
                      std::move(args)});
 }
@@ -46,8 +47,49 @@ void Tracer::instant(std::string name, std::string cat, int track, nlohmann::jso
   if (!enabled()) return;
   const double ts = now_us();
   std::lock_guard<std::mutex> lock(mutex_);
-  const auto seq = static_cast<int64_t>(events_.size());
+  const int64_t seq = next_seq_++;
   events_.push_back({std::move(name), std::move(cat), track, ts, -1, seq, std::move(args)});
+}
+
+Tracer::Opening Tracer::open() {
+  if (!enabled()) return {};
+  std::shared_ptr<void> mark = mark_device_work(/*timed=*/true);  // null off a GPU
+  if (mark) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!device_reference_) {  // the GPU's clock on the host's, once: a mark on an idle stream
+      finish_device_work();
+      device_reference_ = mark_device_work(true);
+      device_elapsed_ms(device_reference_, device_reference_);  // waits until it has run
+      device_reference_us_ = epoch_us() + now_us();
+    }
+  }
+  return {now_us(), std::move(mark)};
+}
+
+void Tracer::close(const Opening& opening, std::string name, std::string cat, int track,
+                   nlohmann::json args) {
+  if (!enabled()) return;
+  if (opening.device) {
+    std::shared_ptr<void> end = mark_device_work(true);
+    std::lock_guard<std::mutex> lock(mutex_);
+    const int gpu_track = track == kCommTrack ? kGpuCommTrack : kGpuComputeTrack;
+    device_spans_.push_back({{name, cat, gpu_track, 0, 0, next_seq_++, args}, opening.device, end});
+  }
+  complete(std::move(name), std::move(cat), track, opening.start_us, now_us() - opening.start_us,
+           std::move(args));
+}
+
+void Tracer::read_device_spans_locked() const {
+  if (device_spans_.empty()) return;
+  const double reference_us = device_reference_us_ - epoch_us();  // on this epoch
+  for (DeviceSpan& s : device_spans_) {
+    s.event.ts = reference_us + 1e3 * device_elapsed_ms(device_reference_, s.start);
+    s.event.dur = std::max(0.0, 1e3 * device_elapsed_ms(s.start, s.end));
+    events_.push_back(std::move(s.event));
+  }
+  device_spans_.clear();
+  std::sort(events_.begin(), events_.end(),
+            [](const TraceEvent& a, const TraceEvent& b) { return a.seq < b.seq; });
 }
 
 Tracer::Span::Span(Tracer& tracer, std::string name, std::string cat, int track)
@@ -55,20 +97,22 @@ Tracer::Span::Span(Tracer& tracer, std::string name, std::string cat, int track)
       name_(std::move(name)),
       cat_(std::move(cat)),
       track_(track),
-      start_(tracer.now_us()) {}
+      opening_(tracer.open()) {}
 
 Tracer::Span::~Span() {
-  tracer_.complete(std::move(name_), std::move(cat_), track_, start_, tracer_.now_us() - start_);
+  tracer_.close(opening_, std::move(name_), std::move(cat_), track_);
 }
 
 std::vector<TraceEvent> Tracer::events() const {
   std::lock_guard<std::mutex> lock(mutex_);
+  read_device_spans_locked();
   return events_;
 }
 
 void Tracer::clear() {
   std::lock_guard<std::mutex> lock(mutex_);
   events_.clear();
+  device_spans_.clear();
 }
 
 nlohmann::json Tracer::chrome_events(int pid) const {
@@ -124,19 +168,17 @@ void trace_layers(Tracer& tracer, Model& model) {
     const std::string label = m.name() + " (" + kind + ")";
     // A layer's forward (or backward) never nests inside itself, so one start time per
     // direction is enough; shared by the pre and post hooks of that direction.
-    auto fwd_start = std::make_shared<double>(0), bwd_start = std::make_shared<double>(0);
-    m.add_pre_forward_hook([&tracer, fwd_start](Module&) { *fwd_start = tracer.now_us(); });
+    auto fwd = std::make_shared<Tracer::Opening>(), bwd = std::make_shared<Tracer::Opening>();
+    m.add_pre_forward_hook([&tracer, fwd](Module&) { *fwd = tracer.open(); });
     m.add_post_forward_hook(
-        [&tracer, fwd_start, label](Module&) {
-          tracer.complete("forward " + label, "forward", Tracer::kMainTrack, *fwd_start,
-                          tracer.now_us() - *fwd_start);
+        [&tracer, fwd, label](Module&) {
+          tracer.close(*fwd, "forward " + label, "forward", Tracer::kMainTrack);
         },
         /*first=*/true);
-    m.add_pre_backward_hook([&tracer, bwd_start](Module&) { *bwd_start = tracer.now_us(); });
+    m.add_pre_backward_hook([&tracer, bwd](Module&) { *bwd = tracer.open(); });
     m.add_post_backward_hook(
-        [&tracer, bwd_start, label](Module&) {
-          tracer.complete("backward " + label, "backward", Tracer::kMainTrack, *bwd_start,
-                          tracer.now_us() - *bwd_start);
+        [&tracer, bwd, label](Module&) {
+          tracer.close(*bwd, "backward " + label, "backward", Tracer::kMainTrack);
         },
         /*first=*/true);
   }

@@ -8,6 +8,16 @@
 // every rank's events on rank 0 into ONE file with one process per rank (pid = rank), for
 // Perfetto (ui.perfetto.dev) or chrome://tracing. scripts/render_trace.py draws it as a PNG.
 //
+// The GPU's timeline (--device cuda): every span begun with open() and ended with close() (the
+// Span, the layers' hooks, the communication queue's jobs) is recorded twice, as the host ran
+// it and as the GPU ran it, on the GPU track of its thread (main: "GPU compute stream"; comm:
+// "GPU communication stream"): from when the GPU reached the work the thread had queued at
+// open() to when it finished the work queued by close(), read from timed CUDA events on the
+// thread's stream (common/core/device_backend.hpp's timed marks) once the trace is read. The
+// GPU's clock is put on the host's by one event recorded while its stream was idle. A
+// collective's NCCL kernels run on NCCL's stream, which the communication thread waits for, so
+// its GPU span ends when they have. On the host and the emulated device nothing more is recorded.
+//
 // Clocks: timestamps are microseconds since the tracer's epoch, read from the system clock,
 // which every process of a node shares exactly (and nodes share to NTP's accuracy).
 // sync_epoch() gives every rank rank 0's epoch, so the ranks' tracks line up: a barrier would
@@ -22,6 +32,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -68,6 +79,19 @@ class Tracer {
   /// A point in time on `track`, now. Thread-safe.
   void instant(std::string name, std::string cat, int track, nlohmann::json args = {});
 
+  /// A span begun: its start on the host clock and, on a GPU, a timed mark on the calling
+  /// thread's stream (null elsewhere, and while not tracing).
+  struct Opening {
+    double start_us = 0;
+    std::shared_ptr<void> device;
+  };
+  /// Begins a span now, on the calling thread.
+  Opening open();
+  /// Records the span from `opening` to now on `track`, and on a GPU its twin on the GPU's track
+  /// for `track` (see the top of this file). Thread-safe.
+  void close(const Opening& opening, std::string name, std::string cat, int track,
+             nlohmann::json args = {});
+
   /// Records a span from construction to destruction (on the thread's own track).
   class Span {
    public:
@@ -80,10 +104,11 @@ class Tracer {
     Tracer& tracer_;
     std::string name_, cat_;
     int track_;
-    double start_;
+    Opening opening_;
   };
 
-  /// A copy of the events recorded so far, in recording order.
+  /// A copy of the events recorded so far, in recording order (the GPU's spans read first: waits
+  /// until the GPU has run them).
   std::vector<TraceEvent> events() const;
   void clear();
   /// This process's events as Chrome trace events with pid = `pid`, plus the process and
@@ -92,10 +117,21 @@ class Tracer {
   nlohmann::json chrome_events(int pid) const;
 
  private:
+  // A GPU span whose events may not have run yet: read when the events are (events()).
+  struct DeviceSpan {
+    TraceEvent event;
+    std::shared_ptr<void> start, end;
+  };
+  void read_device_spans_locked() const;
+
   std::atomic<bool> enabled_;
   std::chrono::system_clock::time_point epoch_;
   mutable std::mutex mutex_;
-  std::vector<TraceEvent> events_;
+  mutable std::vector<TraceEvent> events_;  // + the GPU's spans once read (logically const)
+  mutable std::vector<DeviceSpan> device_spans_;
+  int64_t next_seq_ = 0;
+  std::shared_ptr<void> device_reference_;  // a timed mark that ran at device_reference_us_
+  double device_reference_us_ = 0;          // system-clock µs
 };
 
 /// A span on the main track while the result lives, when `tracer` is set and enabled; nothing

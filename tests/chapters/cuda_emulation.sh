@@ -92,5 +92,40 @@ if [ -x "$EMUL/emul_comm_check" ]; then
 else
   echo "skip: the NCCL transport pairs (a build without the CUDA toolkit has no NCCL emulation)"
 fi
+# The GPU's timeline in --trace (common/report/trace.hpp: timed CUDA events on each thread's
+# stream). The emulated events run when they are recorded, so each GPU span must be its host
+# span: every forward, backward, optimizer, step and collective span has its twin on the GPU's
+# track, starting within 2 ms of it (two clock readings apart, on a busy 2-core machine), and the
+# overlap scripts/trace_overlap.py reads from the GPU's streams is the host tracks' within 5
+# points. The CPU run of the same command has no GPU track.
+timeline() {  # timeline CHAPTER ARGS...
+  local ch=$1; shift
+  local name=trace_${ch:0:2}
+  run gpu_$name 2 $EMUL/emul_ch$ch "${common[@]}" "$@" --device cuda --trace "$WORK/gpu_$name.json"
+  run cpu_$name 2 ch$ch "${common[@]}" "$@" --trace "$WORK/cpu_$name.json"
+  python3 - "$WORK/gpu_$name.json" "$WORK/cpu_$name.json" "$SRC/scripts/trace_overlap.py" <<'PY' || exit 1
+import json, subprocess, sys
+gpu, cpu, tool = sys.argv[1:]
+events = [e for e in json.load(open(gpu))["traceEvents"] if e.get("ph") == "X"]
+for rank in (0, 1):
+    for host, device in ((0, 2), (1, 3)):
+        h = [e for e in events if e["pid"] == rank and e["tid"] == host and e["cat"] != "wait"]
+        d = [e for e in events if e["pid"] == rank and e["tid"] == device]
+        assert h and [e["name"] for e in h] == [e["name"] for e in d], \
+            f"rank {rank}: track {device} is not track {host}'s spans: {len(d)} vs {len(h)}"
+        worst = max(abs(a["ts"] - b["ts"]) for a, b in zip(h, d))
+        assert worst < 2000, f"rank {rank}: a GPU span {worst:.0f} us from its host span"
+def overlap(*args):
+    out = subprocess.run([sys.executable, tool, *args], check=True, capture_output=True, text=True)
+    return [row["overlap"] for row in json.loads(out.stdout.splitlines()[-1])]
+on_host, on_gpu = overlap(gpu), overlap(gpu, "--gpu")
+assert all(abs(a - b) < 0.05 for a, b in zip(on_host, on_gpu)), (on_host, on_gpu)
+assert not any(e.get("tid") in (2, 3) for e in json.load(open(cpu))["traceEvents"]), \
+    "the CPU run's trace has a GPU track"
+print(f"timeline: GPU tracks mirror the host's; overlap host {on_host}, GPU {on_gpu}")
+PY
+}
+timeline 05_ddp_buckets --bucket-cap-mb 0.5
+timeline 08_zero3 --grad-accum-steps 2
 echo "PASS: chapters 01-08 with --device cuda on the emulated GPU layer match the CPU; NCCL" \
-  "moves what MPI moves, bit for bit"
+  "moves what MPI moves, bit for bit; the GPU's timeline is traced"

@@ -9,6 +9,7 @@
 // (launch bounds, the grid-stride loops, cuBLAS's own results); scripts/gpu-check does that.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -99,16 +100,27 @@ StreamLog& stream_log() {
   return log;
 }
 }  // namespace emul
-void* record_stream_event() {
+// An event: its serial number and when it ran, which here is when it was recorded (the host's
+// steady clock), so the GPU's timeline in --trace mirrors the host's spans.
+struct EmulatedEvent {
+  uint64_t serial;
+  std::chrono::steady_clock::time_point at;
+};
+void* record_stream_event(bool) {
   const uint64_t serial = ++events_recorded;
   emul::stream_log().recorded = serial;
-  return new uint64_t(serial);
+  return new EmulatedEvent{serial, std::chrono::steady_clock::now()};
+}
+double stream_event_elapsed_ms(void* from, void* to) {
+  return std::chrono::duration<double, std::milli>(static_cast<EmulatedEvent*>(to)->at -
+                                                   static_cast<EmulatedEvent*>(from)->at)
+      .count();
 }
 void wait_stream_event(void* event) {
-  emul::stream_log().waited = *static_cast<uint64_t*>(event);
+  emul::stream_log().waited = static_cast<EmulatedEvent*>(event)->serial;
 }
 void destroy_stream_event(void* event) {
-  delete static_cast<uint64_t*>(event);
+  delete static_cast<EmulatedEvent*>(event);
 }
 void synchronize_stream() {
   ++emul::stream_log().synchronized;

@@ -51,8 +51,11 @@ class CudaBackend : public DeviceBackend {
   void free_staging(void* p) override { free_pinned(p); }
   void copy(void* dst, const void* src, int64_t bytes) override { copy_any(dst, src, bytes); }
   void zero(void* p, int64_t bytes) override { zero_bytes(p, bytes); }
-  std::shared_ptr<void> mark_queued_work() override {
-    return {record_stream_event(), destroy_stream_event};
+  std::shared_ptr<void> mark_queued_work(bool timed) override {
+    return {record_stream_event(timed), destroy_stream_event};
+  }
+  double elapsed_ms(const std::shared_ptr<void>& from, const std::shared_ptr<void>& to) override {
+    return stream_event_elapsed_ms(from.get(), to.get());
   }
   void wait_for_mark(const std::shared_ptr<void>& mark) override {
     if (mark) wait_stream_event(mark.get());

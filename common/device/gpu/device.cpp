@@ -165,11 +165,19 @@ void device_synchronize() {
   CUDA_CALL(cudaDeviceSynchronize());
 }
 
-void* record_stream_event() {
+void* record_stream_event(bool timed) {
   cudaEvent_t event = nullptr;
-  CUDA_CALL(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  CUDA_CALL(cudaEventCreateWithFlags(&event, timed ? cudaEventDefault : cudaEventDisableTiming));
   CUDA_CALL(cudaEventRecord(event, cudaStreamPerThread));
   return event;
+}
+
+double stream_event_elapsed_ms(void* from, void* to) {
+  CUDA_CALL(cudaEventSynchronize(static_cast<cudaEvent_t>(to)));
+  float ms = 0;
+  CUDA_CALL(
+      cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(from), static_cast<cudaEvent_t>(to)));
+  return ms;
 }
 
 void wait_stream_event(void* event) {

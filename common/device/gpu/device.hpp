@@ -76,8 +76,11 @@ void device_synchronize();
 // The calling host thread's stream (the backend's mark_queued_work, wait_for_mark and
 // finish_queued_work: common/core/device_backend.hpp).
 /// An event recorded after the work queued so far on the calling thread's stream (a
-/// cudaEvent_t, without timing); free it with destroy_stream_event.
-void* record_stream_event();
+/// cudaEvent_t, with timing only when `timed`); free it with destroy_stream_event.
+void* record_stream_event(bool timed = false);
+/// Milliseconds from timed event `from` to timed event `to`, once `to` has run (it waits:
+/// cudaEventSynchronize, then cudaEventElapsedTime).
+double stream_event_elapsed_ms(void* from, void* to);
 /// The calling thread's stream waits for `event` (cudaStreamWaitEvent; the host does not wait).
 void wait_stream_event(void* event);
 void destroy_stream_event(void* event);
