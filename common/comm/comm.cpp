@@ -68,18 +68,12 @@ DeviceTransport* Communicator::transport_for(
 
 namespace {
 
-// Counts a message of n elements of elem_bytes as MPI moves it: one per INT_MAX piece.
-void count_sent(Communicator::Counters& c, int64_t n, int elem_bytes) {
-  for (auto [off, k] : split_count(n)) {
-    c.messages_sent += 1;
-    c.bytes_sent += k * elem_bytes;
-  }
-}
-void count_received(Communicator::Counters& c, int64_t n, int elem_bytes) {
-  for (auto [off, k] : split_count(n)) {
-    c.messages_received += 1;
-    c.bytes_received += k * elem_bytes;
-  }
+// Counts a point-to-point call's messages as MPI moves them, `sent` and `received` elements of
+// elem_bytes: one message per INT_MAX piece (split_count) each way.
+void count_messages(Communicator::Counters& c, int64_t sent, int64_t received, int elem_bytes) {
+  for (auto [off, k] : split_count(sent)) c.messages_sent += 1, c.bytes_sent += k * elem_bytes;
+  for (auto [off, k] : split_count(received))
+    c.messages_received += 1, c.bytes_received += k * elem_bytes;
 }
 
 }  // namespace
@@ -150,7 +144,7 @@ void Communicator::send_raw(const void* data, int64_t size, int dest, int elem_b
   const MPI_Datatype type = elem_bytes == 4 ? MPI_FLOAT : MPI_UINT16_T;
   Counters& c = counter("send");
   if (scope_.empty()) c.calls += 1;
-  count_sent(c, size, elem_bytes);
+  count_messages(c, size, 0, elem_bytes);
   if (DeviceTransport* t = transport_for({{data, size}}))
     return t->sendrecv(data, size * elem_bytes, dest, nullptr, 0, dest);
   HostStage stage(data, size * elem_bytes, /*fill=*/true);
@@ -165,7 +159,7 @@ void Communicator::recv_raw(void* data, int64_t size, int src, int elem_bytes) {
   const MPI_Datatype type = elem_bytes == 4 ? MPI_FLOAT : MPI_UINT16_T;
   Counters& c = counter("recv");
   if (scope_.empty()) c.calls += 1;
-  count_received(c, size, elem_bytes);
+  count_messages(c, 0, size, elem_bytes);
   if (DeviceTransport* t = transport_for({{data, size}}))
     return t->sendrecv(nullptr, 0, src, data, size * elem_bytes, src);
   HostStage stage(data, size * elem_bytes, /*fill=*/false);
@@ -195,8 +189,7 @@ void Communicator::sendrecv_raw(const void* send_data, int64_t send_n, int dest,
   const MPI_Datatype type = elem_bytes == 4 ? MPI_FLOAT : MPI_UINT16_T;
   Counters& c = counter("sendrecv");
   if (scope_.empty()) c.calls += 1;
-  count_sent(c, send_n, elem_bytes);
-  count_received(c, recv_n, elem_bytes);
+  count_messages(c, send_n, recv_n, elem_bytes);
   if (DeviceTransport* t = transport_for({{send_data, send_n}, {recv_data, recv_n}}))
     return t->sendrecv(send_data, send_n * elem_bytes, dest, recv_data, recv_n * elem_bytes, src);
   HostStage send_stage(send_data, send_n * elem_bytes, /*fill=*/true);

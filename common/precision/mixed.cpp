@@ -12,8 +12,6 @@ namespace ringzero {
 
 namespace {
 
-constexpr size_t kBlock = 512;  // conversion blocks on the stack: no allocation, stays in L1
-
 // dst16[i] = to_16(to_32(dst16[i]) + to_32(to_16(src[i]))): the fp32 gradient is first rounded
 // to 16 bits (the dtype of a 16-bit op's output), then accumulated in 16 bits.
 void accumulate_rounded(Dtype dtype, std::span<uint16_t> dst16, std::span<const float> src) {
@@ -158,31 +156,22 @@ void MasterWeights::step_with(std::span<uint16_t> params16, int64_t n_grads, flo
   RZ_CHECK(static_cast<int64_t>(params16.size()) == n_grads && n_grads == master_.size(),
            "MasterWeights::step: " << params16.size() << " params, " << n_grads
                                    << " grads, state for " << master_.size());
-  // Blocks of fp32 gradients: on the stack on the host; on a device a Scratch there of at most
-  // kScratchBlock elements (256 KiB, uncounted as the host's 2 KiB block is). The same element
-  // operations in the same order either way: the same bits.
-  const Device device = master_.device();
-  const int64_t block = device == Device::cpu ? static_cast<int64_t>(kBlock)
-                                              : std::min(kScratchBlock, master_.size());
-  float stack[kBlock];
-  Scratch<float> scratch(device == Device::cpu ? 0 : block, device);
-  const std::span<float> g_block = device == Device::cpu ? std::span<float>(stack) : scratch.span();
+  // Blocks of fp32 gradients (for_each_block: on the stack on the host, a Scratch on a device),
+  // element by element, so the same bits either way.
   int64_t begin = 0;
   for (size_t s = 0; s < sizes_.size(); ++s) {
     const int64_t t = ++steps_[s];
     // AdamW::step's constants and its one element formula (kernels.hpp), on the fp32 master:
     // the same bits as fp32 training's update of the same gradient.
     const kernels::AdamWStep k = adamw_step_constants(options_, t);
-    for (int64_t b = begin, end = begin + sizes_[s]; b < end; b += block) {
-      const auto at = static_cast<size_t>(b);
-      const auto n = static_cast<size_t>(std::min<int64_t>(block, end - b));
-      const std::span<float> g = g_block.first(n);
+    for_each_block<float>(sizes_[s], master_.device(), [&](size_t i, std::span<float> g) {
+      const size_t at = static_cast<size_t>(begin) + i;
       load(at, g);
       if (grad_factor != 1.0f) scale_in_place(g, grad_factor);
       adamw_update(master_.data() + at, exp_avg_.data() + at, exp_avg_sq_.data() + at, g.data(),
-                   static_cast<int64_t>(n), k);  // common/core/optim.hpp: host or device
-      convert_to_half(dtype_, master_.span().subspan(at, n), params16.subspan(at, n));
-    }
+                   std::ssize(g), k);  // common/core/optim.hpp: host or device
+      convert_to_half(dtype_, master_.span().subspan(at, g.size()), params16.subspan(at, g.size()));
+    });
     begin += sizes_[s];
   }
 }

@@ -100,12 +100,6 @@ NcclTransport::~NcclTransport() {
   if (ready_) cudaEventDestroy(static_cast<cudaEvent_t>(ready_));
 }
 
-void NcclTransport::after_compute() {
-  auto ready = static_cast<cudaEvent_t>(ready_);
-  CUDA_CALL(cudaEventRecord(ready, cudaStreamPerThread));  // the calling thread's stream
-  CUDA_CALL(cudaStreamWaitEvent(as_stream(stream_), ready, 0));
-}
-
 void NcclTransport::synchronize(const char* op) {
   // As the communicator waits for MPI (comm_wait.cpp): spinning on the step's thread; testing
   // and sleeping on a communication thread, which gives up when its rank stops at an error. Then
@@ -127,53 +121,53 @@ void NcclTransport::synchronize(const char* op) {
   }
 }
 
+template <class Queue>
+void NcclTransport::run(const char* op, Queue queue) {
+  const std::lock_guard lock(mutex_);
+  auto ready = static_cast<cudaEvent_t>(ready_);
+  CUDA_CALL(cudaEventRecord(ready, cudaStreamPerThread));  // the calling thread's stream
+  CUDA_CALL(cudaStreamWaitEvent(as_stream(stream_), ready, 0));
+  queue(as_comm(nccl_), as_stream(stream_));
+  synchronize(op);
+}
+
 void NcclTransport::sendrecv(const void* send, int64_t send_bytes, int dest, void* recv,
                              int64_t recv_bytes, int src) {
-  const std::lock_guard lock(mutex_);
-  after_compute();
   // One group: NCCL starts both sides together, so every rank of a ring sending to its right
   // and receiving from its left cannot deadlock (NCCL docs, "Point-to-point communication").
-  NCCL_CALL(ncclGroupStart());
-  if (send_bytes > 0)
-    NCCL_CALL(ncclSend(send, static_cast<size_t>(send_bytes), ncclUint8, dest, as_comm(nccl_),
-                       as_stream(stream_)));
-  if (recv_bytes > 0)
-    NCCL_CALL(ncclRecv(recv, static_cast<size_t>(recv_bytes), ncclUint8, src, as_comm(nccl_),
-                       as_stream(stream_)));
-  NCCL_CALL(ncclGroupEnd());
-  synchronize("sendrecv");
+  run("sendrecv", [&](ncclComm_t comm, cudaStream_t stream) {
+    NCCL_CALL(ncclGroupStart());
+    if (send_bytes > 0)
+      NCCL_CALL(ncclSend(send, static_cast<size_t>(send_bytes), ncclUint8, dest, comm, stream));
+    if (recv_bytes > 0)
+      NCCL_CALL(ncclRecv(recv, static_cast<size_t>(recv_bytes), ncclUint8, src, comm, stream));
+    NCCL_CALL(ncclGroupEnd());
+  });
 }
 
 void NcclTransport::broadcast(float* buf, int64_t n, int root) {
-  const std::lock_guard lock(mutex_);
-  after_compute();
-  NCCL_CALL(ncclBroadcast(buf, buf, static_cast<size_t>(n), ncclFloat32, root, as_comm(nccl_),
-                          as_stream(stream_)));
-  synchronize("broadcast");
+  run("broadcast", [&](ncclComm_t comm, cudaStream_t stream) {
+    NCCL_CALL(ncclBroadcast(buf, buf, static_cast<size_t>(n), ncclFloat32, root, comm, stream));
+  });
 }
 
 void NcclTransport::all_reduce(float* buf, int64_t n) {
-  const std::lock_guard lock(mutex_);
-  after_compute();
-  NCCL_CALL(ncclAllReduce(buf, buf, static_cast<size_t>(n), ncclFloat32, ncclSum, as_comm(nccl_),
-                          as_stream(stream_)));
-  synchronize("all_reduce");
+  run("all_reduce", [&](ncclComm_t comm, cudaStream_t stream) {
+    NCCL_CALL(ncclAllReduce(buf, buf, static_cast<size_t>(n), ncclFloat32, ncclSum, comm, stream));
+  });
 }
 
 void NcclTransport::reduce_scatter(const float* in, float* out, int64_t n) {
-  const std::lock_guard lock(mutex_);
-  after_compute();
-  NCCL_CALL(ncclReduceScatter(in, out, static_cast<size_t>(n), ncclFloat32, ncclSum, as_comm(nccl_),
-                              as_stream(stream_)));
-  synchronize("reduce_scatter");
+  run("reduce_scatter", [&](ncclComm_t comm, cudaStream_t stream) {
+    NCCL_CALL(
+        ncclReduceScatter(in, out, static_cast<size_t>(n), ncclFloat32, ncclSum, comm, stream));
+  });
 }
 
 void NcclTransport::all_gather(const float* in, float* out, int64_t n) {
-  const std::lock_guard lock(mutex_);
-  after_compute();
-  NCCL_CALL(ncclAllGather(in, out, static_cast<size_t>(n), ncclFloat32, as_comm(nccl_),
-                          as_stream(stream_)));
-  synchronize("all_gather");
+  run("all_gather", [&](ncclComm_t comm, cudaStream_t stream) {
+    NCCL_CALL(ncclAllGather(in, out, static_cast<size_t>(n), ncclFloat32, comm, stream));
+  });
 }
 
 std::unique_ptr<DeviceTransport> make_nccl_transport(Communicator& comm) {

@@ -58,14 +58,17 @@ class NcclTransport final : public DeviceTransport {
   void all_gather(const float* in, float* out, int64_t n) override;
 
  private:
-  // The communication stream waits for the work the calling thread has queued so far.
-  void after_compute();
+  // One call, `op`: under the lock, the communication stream waits for the work the calling
+  // thread has queued so far, `queue(comm, stream)` queues NCCL's work on it, and the call
+  // returns when that is done (synchronize).
+  template <class Queue>
+  void run(const char* op, Queue queue);
   // Waits until everything queued on the communication stream is done (Communicator::wait_until:
   // a communication thread gives up when its rank stops at an error, aborting NCCL). op: the call.
   void synchronize(const char* op);
   int gpu_ = -1;
   void* nccl_ = nullptr;    // ncclComm_t
-  void* stream_ = nullptr;  // cudaStream_t, non-blocking: overlaps the compute stream
+  void* stream_ = nullptr;  // cudaStream_t, non-blocking: overlaps the callers' streams
   void* ready_ = nullptr;   // cudaEvent_t recorded on the caller's stream before each call
   // One call at a time: NCCL calls of one communicator must be issued in the same order on
   // every rank, and ready_ is shared.
