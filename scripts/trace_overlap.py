@@ -7,8 +7,10 @@
 Per rank: the time the communication track was busy (the union of its spans: the comm thread's
 collectives, or the GPU communication stream's), and how much of that the compute track's
 forward and backward spans covered at the same moment (the main thread's, or the GPU compute
-stream's): overlap = covered / busy. The optimizer step is not counted as compute (ZeRO-1/2's
-all-gathers overlap it by design, a different lesson). On the host the compute track is the
+stream's), less the main thread's waits for the communication queue: a bucket launched inside a
+layer's backward may be waited for there (--no-overlap; ZeRO-2 freeing a bucket), and the layer's
+span then holds that wait (common/report/trace.hpp). overlap = covered / busy. The optimizer step
+is not counted as compute (ZeRO-1/2's all-gathers overlap it by design, a different lesson). On the host the compute track is the
 main thread's wall clock, which also runs while a core is shared; on the GPU it is when the GPU
 ran the work (CUDA events, common/report/trace.hpp). Prints one line per rank and a JSON line
 ({"rank": r, "comm_ms": ..., "overlapped_ms": ..., "overlap": ...} per rank) for scripts.
@@ -44,15 +46,45 @@ def covered(intervals, by):
     return total
 
 
+def minus(intervals, holes):
+    """The disjoint sorted `intervals` with the disjoint sorted `holes` cut out."""
+    out = []
+    for start, end in intervals:
+        for h_start, h_end in holes:
+            if h_end <= start or h_start >= end:
+                continue
+            if h_start > start:
+                out.append([start, h_start])
+            start = max(start, h_end)
+        if start < end:
+            out.append([start, end])
+    return out
+
+
+def spans_of(events):
+    """The complete events ("ph": "X"), checked: a --trace file's spans have these fields."""
+    spans = []
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        if not all(isinstance(e.get(k), (int, float)) for k in ("pid", "tid", "ts", "dur")):
+            raise ValueError(f"a span without a numeric pid, tid, ts and dur: {e}")
+        spans.append(e)
+    return spans
+
+
 def overlap(events, gpu):
     compute_tid, comm_tid = TRACKS[gpu]
-    ranks = sorted({e["pid"] for e in events if e.get("ph") == "X"})
+    spans = spans_of(events)
     rows = []
-    for r in ranks:
-        spans = [e for e in events if e.get("ph") == "X" and e["pid"] == r]
-        comm = union((e["ts"], e["ts"] + e["dur"]) for e in spans if e["tid"] == comm_tid)
-        compute = union((e["ts"], e["ts"] + e["dur"]) for e in spans
-                        if e["tid"] == compute_tid and e.get("cat") in ("forward", "backward"))
+    for r in sorted({e["pid"] for e in spans}):
+        mine = [e for e in spans if e["pid"] == r]
+        comm = union((e["ts"], e["ts"] + e["dur"]) for e in mine if e["tid"] == comm_tid)
+        waits = union((e["ts"], e["ts"] + e["dur"]) for e in mine
+                      if e["tid"] == TRACKS[False][0] and e.get("cat") == "wait")
+        compute = minus(union((e["ts"], e["ts"] + e["dur"]) for e in mine
+                              if e["tid"] == compute_tid and e.get("cat") in ("forward", "backward")),
+                        waits)
         busy = sum(end - start for start, end in comm)
         hidden = covered(comm, compute)
         rows.append({"rank": r, "comm_ms": busy / 1e3, "overlapped_ms": hidden / 1e3,
@@ -66,11 +98,19 @@ def main():
     ap.add_argument("--gpu", action="store_true", help="the GPU's streams (--device cuda)")
     args = ap.parse_args()
     try:
-        events = json.load(open(args.trace))["traceEvents"]
-    except (OSError, ValueError, KeyError) as e:
+        with open(args.trace, "rb") as f:
+            text = f.read()
+    except OSError as e:
+        sys.exit(f"trace_overlap.py: cannot read {args.trace} ({e.strerror})")
+    try:
+        trace = json.loads(text)
+        events = trace.get("traceEvents") if isinstance(trace, dict) else None
+        if not isinstance(events, list):
+            raise ValueError('no "traceEvents" list')
+        rows = overlap(events, args.gpu)
+    except (ValueError, KeyError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         sys.exit(f"trace_overlap.py: {args.trace} is not a --trace file ({e}); make one with "
                  "--trace FILE")
-    rows = overlap(events, args.gpu)
     if not any(row["comm_ms"] > 0 for row in rows):
         sys.exit(f"trace_overlap.py: {args.trace} has no span on the "
                  f"{'GPU communication stream' if args.gpu else 'comm thread'}: "

@@ -88,12 +88,7 @@ Communicator::Counters Communicator::recount_as_metrics(
     }
     auto it = snapshot.find(op->first);
     const Counters before = it == snapshot.end() ? Counters{} : it->second;
-    const Counters& c = op->second;
-    moved.calls += c.calls - before.calls;
-    moved.messages_sent += c.messages_sent - before.messages_sent;
-    moved.bytes_sent += c.bytes_sent - before.bytes_sent;
-    moved.messages_received += c.messages_received - before.messages_received;
-    moved.bytes_received += c.bytes_received - before.bytes_received;
+    moved.add(op->second).add(before, -1);
     if (it == snapshot.end()) {
       op = counters_.erase(op);  // an operation only the moved traffic used
     } else {
@@ -101,25 +96,14 @@ Communicator::Counters Communicator::recount_as_metrics(
       ++op;
     }
   }
-  Counters& m = counters_["metrics"];
-  m.calls += moved.calls;
-  m.messages_sent += moved.messages_sent;
-  m.bytes_sent += moved.bytes_sent;
-  m.messages_received += moved.messages_received;
-  m.bytes_received += moved.bytes_received;
+  counters_["metrics"].add(moved);
   return moved;
 }
 
 Communicator::Counters Communicator::training_traffic() const {
   Counters sum;
-  for (const auto& [op, c] : counters_) {
-    if (op == "metrics") continue;
-    sum.calls += c.calls;
-    sum.messages_sent += c.messages_sent;
-    sum.bytes_sent += c.bytes_sent;
-    sum.messages_received += c.messages_received;
-    sum.bytes_received += c.bytes_received;
-  }
+  for (const auto& [op, c] : counters_)
+    if (op != "metrics") sum.add(c);
   return sum;
 }
 

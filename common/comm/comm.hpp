@@ -44,6 +44,15 @@ class Communicator {
  public:
   struct Counters {
     int64_t calls = 0, messages_sent = 0, bytes_sent = 0, messages_received = 0, bytes_received = 0;
+    /// Adds `other` field by field, times `sign` (-1: a difference from a snapshot).
+    Counters& add(const Counters& other, int64_t sign = 1) {
+      calls += sign * other.calls;
+      messages_sent += sign * other.messages_sent;
+      bytes_sent += sign * other.bytes_sent;
+      messages_received += sign * other.messages_received;
+      bytes_received += sign * other.bytes_received;
+      return *this;
+    }
   };
 
   /// Initialises MPI (requesting MPI_THREAD_MULTIPLE, requiring at least SERIALIZED, so one

@@ -128,6 +128,7 @@ struct Run::Loop {
   StepLogger& logger;
   const int N, rank;
   const int64_t steps, K;
+  const int64_t first_step;  // the step this run starts after (a resumed run's checkpoint)
   StepTimes times{};
 };
 
@@ -166,11 +167,13 @@ int Run::run(LessonOptions& options,
   state.tracer = &tracer;
   state.logger = &logger;
   state.steps = steps;
-  for (auto& e : extensions_) e->after_setup(state);
+  for (auto& e : extensions_) e->after_setup(state);  // a resumed run's state.step
+  note_trace_steps(steps - state.step);
 
   // The loop: one train_step per global batch, the step line, evaluation after each epoch.
   const int64_t K = config_.grad_accum_steps, per_epoch = sampler.steps_per_epoch();
-  Loop loop{state, train_step, data, *model, *lesson, sampler, tracer, logger, N, rank, steps, K};
+  Loop loop{state,  train_step, data, *model, *lesson, sampler,   tracer,
+            logger, N,          rank, steps,  K,       state.step};
   // A run resumed at the end of an epoch (or at its last step) starts in that epoch, with no
   // step left in it: the run it continues may have stopped between that step's checkpoint and
   // the epoch's evaluation, which is then done here (StepLogger::continue_after drops a
@@ -233,10 +236,14 @@ void Run::start_lesson(Lesson& lesson, Tracer& tracer) {
 
 nlohmann::json Run::announce_start(const Lesson& lesson, int64_t psi, int64_t steps) {
   print0(start_line(lesson, psi, steps));
-  if (!trace_path_.empty() && trace_steps_ > steps)
-    print0("note: --trace-steps " + std::to_string(trace_steps_) + " is more than this run's " +
-           std::to_string(steps) + " steps: the trace holds all " + std::to_string(steps));
   return comm_ ? finish_setup(*comm_) : nlohmann::json();
+}
+
+void Run::note_trace_steps(int64_t steps_left) {
+  if (!trace_path_.empty() && trace_steps_ > steps_left)
+    print0("note: --trace-steps " + std::to_string(trace_steps_) + " is more than the " +
+           std::to_string(steps_left) + " steps this run trains: the trace holds " +
+           (steps_left > 0 ? "all " + std::to_string(steps_left) : std::string("none")));
 }
 
 void Run::train_one_step(Loop& loop, int64_t epoch, int64_t t) {
@@ -246,7 +253,8 @@ void Run::train_one_step(Loop& loop, int64_t epoch, int64_t t) {
   Stopwatch watch;
   clock.start();
   for (auto& e : extensions_) e->before_step(state);
-  tracer.set_enabled(!trace_path_.empty() && state.step < trace_steps_);
+  // --trace-steps: the first steps of this run (after a resumed run's checkpoint)
+  tracer.set_enabled(!trace_path_.empty() && state.step - loop.first_step < trace_steps_);
   Step step{loop.model, loop.K, ++state.step, [&, t](int64_t micro_step) {
               return make_batch(loop.data.train, rank_micro_batch(loop.sampler, t, loop.rank,
                                                                   loop.N, loop.K, micro_step));

@@ -218,8 +218,10 @@ class Run {
   void verify_same_start(Model& model, const TrainTestData& data);
   /// After the lesson object is built: ledger peaks, the --explain text, the trace's tracks.
   void start_lesson(Lesson& lesson, Tracer& tracer);
-  /// Prints the start-up line (and the --trace-steps note); returns finish_setup()'s record.
+  /// Prints the start-up line; returns finish_setup()'s record.
   nlohmann::json announce_start(const Lesson& lesson, int64_t psi, int64_t steps);
+  /// With --trace: a note when --trace-steps exceeds the `steps_left` this run trains.
+  void note_trace_steps(int64_t steps_left);
   /// One optimizer step at position t of `epoch`: train_step, the step line, after_step hooks.
   void train_one_step(Loop& loop, int64_t epoch, int64_t t);
   /// The evaluation after `epoch`: the lesson's own, or the driver's; the eval line.

@@ -57,9 +57,8 @@ Tracer::Opening Tracer::open() {
   if (mark) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!device_reference_) {  // the GPU's clock on the host's, once: a mark on an idle stream
-      finish_device_work();
+      finish_device_work();    // so the mark runs as it is recorded
       device_reference_ = mark_device_work(true);
-      device_elapsed_ms(device_reference_, device_reference_);  // waits until it has run
       device_reference_us_ = epoch_us() + now_us();
     }
   }
@@ -69,14 +68,15 @@ Tracer::Opening Tracer::open() {
 void Tracer::close(const Opening& opening, std::string name, std::string cat, int track,
                    nlohmann::json args) {
   if (!enabled()) return;
-  if (opening.device) {
-    std::shared_ptr<void> end = mark_device_work(true);
-    std::lock_guard<std::mutex> lock(mutex_);
+  std::shared_ptr<void> end = opening.device ? mark_device_work(true) : nullptr;
+  const double dur = now_us() - opening.start_us;
+  std::lock_guard<std::mutex> lock(mutex_);  // both, or neither
+  if (end) {
     const int gpu_track = track == kCommTrack ? kGpuCommTrack : kGpuComputeTrack;
     device_spans_.push_back({{name, cat, gpu_track, 0, 0, next_seq_++, args}, opening.device, end});
   }
-  complete(std::move(name), std::move(cat), track, opening.start_us, now_us() - opening.start_us,
-           std::move(args));
+  events_.push_back({std::move(name), std::move(cat), track, opening.start_us, std::max(dur, 0.0),
+                     next_seq_++, std::move(args)});
 }
 
 void Tracer::read_device_spans_locked() const {

@@ -15,8 +15,9 @@
 // open() to when it finished the work queued by close(), read from timed CUDA events on the
 // thread's stream (common/core/device_backend.hpp's timed marks) once the trace is read. The
 // GPU's clock is put on the host's by one event recorded while its stream was idle. A
-// collective's NCCL kernels run on NCCL's stream, which the communication thread waits for, so
-// its GPU span ends when they have. On the host and the emulated device nothing more is recorded.
+// collective's NCCL kernels run on NCCL's stream, which the communication thread waits for by
+// polling, so its GPU span ends when the thread has seen them finish (tens of µs late). On the
+// host and the emulated device nothing more is recorded.
 //
 // Clocks: timestamps are microseconds since the tracer's epoch, read from the system clock,
 // which every process of a node shares exactly (and nodes share to NTP's accuracy).
@@ -144,9 +145,12 @@ inline std::optional<Tracer::Span> span_if(Tracer* tracer, const char* name, con
 
 /// Adds hooks to every layer of `model`: spans "forward <layer>" and "backward <layer>" (cat
 /// "forward" / "backward") on the main track, e.g. "backward 2 (Linear)". They bracket the
-/// compute only: the pre hook runs after the hooks already added (ZeRO-3's gather and wait),
-/// the post hook before them (its release and reduce-scatter). The hooks stay for the model's
-/// lifetime and record only while the tracer is enabled.
+/// layer's compute and what runs inside it: the pre hook runs after the hooks already added
+/// (ZeRO-3's gather and wait), the post hook before them (its release and reduce-scatter), but
+/// a parameter's gradient-ready hook runs inside the backward (chapters 05-07 launch a bucket
+/// there), so a wait it makes (--no-overlap, ZeRO-2 freeing a bucket) is a "wait" span inside
+/// the layer's (scripts/trace_overlap.py takes it out of the compute). The hooks stay for the
+/// model's lifetime and record only while the tracer is enabled.
 void trace_layers(Tracer& tracer, Model& model);
 
 /// Collective: every rank takes rank 0's epoch (now, on rank 0), sent with all_reduce_metrics.

@@ -64,6 +64,15 @@ run keep 2 ch06_zero1 "${base[@]}" --max-steps 12 --checkpoint-dir "$WORK/keep_c
   --keep-checkpoints 2
 kept=$(cd "$WORK/keep_ck" && echo step_*)
 [ "$kept" = "step_00000009 step_00000012" ] || { echo "FAILED: kept $kept"; exit 1; }
-run keep_resume 2 ch06_zero1 "${base[@]}" --max-steps 14 --resume "$WORK/keep_ck"
+run keep_resume 2 ch06_zero1 "${base[@]}" --max-steps 14 --resume "$WORK/keep_ck" \
+  --trace "$WORK/keep_resume.json" --trace-steps 5
 grep -q "resumed from .*step_00000012" "$WORK/keep_resume.log"
 echo "ok: --keep-checkpoints 2 kept $kept; --resume DIR took step 12"
+# --trace-steps counts this run's steps: the resumed run traces its steps 13 and 14, and says so.
+grep -q "more than the 2 steps this run trains: the trace holds all 2" "$WORK/keep_resume.log" || {
+  echo "FAILED: no --trace-steps note for the 2 steps left"; cat "$WORK/keep_resume.log"; exit 1; }
+traced=$(python3 -c 'import json, sys
+print(" ".join(sorted({e["name"] for e in json.load(open(sys.argv[1]))["traceEvents"]
+                       if e.get("cat") == "step" and e["pid"] == 0})))' "$WORK/keep_resume.json")
+[ "$traced" = "step 13 step 14" ] || { echo "FAILED: the resumed run traced '$traced'"; exit 1; }
+echo "ok: the resumed run traced $traced"

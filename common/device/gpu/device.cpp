@@ -24,6 +24,8 @@ void check_cublas(cublasStatus_t rc, const char* call) {
 
 bool tf32 = false;
 
+// One handle, for the step's thread (the forward and backward products; the communication thread
+// runs no product): a cuBLAS handle is not for two threads at once.
 cublasHandle_t blas() {
   static cublasHandle_t handle = [] {
     cublasHandle_t h;

@@ -6,6 +6,7 @@
 // default stream, not the legacy one (device.hpp).
 #include <cuda_runtime.h>
 
+#include <memory>
 #include <vector>
 
 #include "common/core/check.hpp"
@@ -91,11 +92,12 @@ double reduce_sum(int64_t n, Term term) {
   RZ_CHECK(rc == cudaSuccess, "cudaMallocAsync of "
                                   << blocks * sizeof(double)
                                   << " bytes for a reduction failed: " << cudaGetErrorString(rc));
+  const auto pool_free = [](double* p) { cudaFreeAsync(p, cudaStreamPerThread); };
+  const std::unique_ptr<double, decltype(pool_free)> owner(partials, pool_free);  // also on error
   sum_kernel<<<blocks, kThreads, 0, cudaStreamPerThread>>>(partials, n, term);
   check_launch("sum");
   std::vector<double> host(static_cast<size_t>(blocks));
   rc = cudaMemcpy(host.data(), partials, host.size() * sizeof(double), cudaMemcpyDeviceToHost);
-  cudaFreeAsync(partials, cudaStreamPerThread);
   RZ_CHECK(rc == cudaSuccess, "reading a reduction's partial sums failed: "
                                   << cudaGetErrorString(rc));
   double total = 0.0;
