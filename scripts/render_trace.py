@@ -10,6 +10,8 @@ thread (green, labelled with its bucket), the wait for the buckets (grey), the o
 --steps a:b shows optimizer steps a..b (1-based, as traced) of rank 0, with a small margin;
 --steps auto:K shows the K consecutive steps (after step 1) that took least time on rank 0: on
 a busy machine, the window least disturbed by other processes.
+--gpu adds, for a --device cuda trace, each rank's GPU compute and GPU communication streams
+(the spans as the GPU ran them, from CUDA events: common/report/trace.hpp) below its threads.
 Needs matplotlib: Debian's python3-matplotlib, which scripts/setup installs.
 """
 import argparse
@@ -60,6 +62,7 @@ def main():
     p.add_argument("--title", default=None)
     p.add_argument("--comm-label", default="all-reduce (comm thread)", help="legend of the comm thread's bars")
     p.add_argument("--wait-label", default="wait for buckets", help="legend of the main thread's waits (grey)")
+    p.add_argument("--gpu", action="store_true", help="also the GPU's streams (a --device cuda trace)")
     args = p.parse_args()
 
     events = json.load(open(args.trace))["traceEvents"]
@@ -83,7 +86,11 @@ def main():
         margin = 0.02 * (t1 - t0)
         t0, t1 = t0 - margin, t1 + margin
 
-    rows = [(r, tid) for r in ranks for tid in (0, 1)]
+    tids = (0, 1, 2, 3) if args.gpu else (0, 1)  # main, comm; GPU compute, GPU comm streams
+    if args.gpu and not any(e["tid"] in (2, 3) for e in spans):
+        sys.exit(f"render_trace.py: {args.trace} has no GPU stream track; --gpu needs a trace of a "
+                 "--device cuda run")
+    rows = [(r, tid) for r in ranks for tid in tids]
     y = {row: len(rows) - 1 - i for i, row in enumerate(rows)}
     fig, ax = plt.subplots(figsize=(13, 0.55 * len(rows) + 1.4), dpi=110)
     # Width of one character of a 7-point label, in ms of the x axis (axes ~88 % of the figure).
@@ -113,7 +120,8 @@ def main():
             ax.plot([x, x], [y[(e["pid"], e["tid"])] + 0.38, y[(e["pid"], e["tid"])] + 0.62], color="black", lw=1)
 
     ax.set_yticks([y[row] for row in rows])
-    ax.set_yticklabels([f"rank {r} {'main' if tid == 0 else 'comm'}" for r, tid in rows])
+    names = {0: "main", 1: "comm", 2: "GPU compute", 3: "GPU comm"}
+    ax.set_yticklabels([f"rank {r} {names[tid]}" for r, tid in rows])
     ax.set_xlim(0, (t1 - t0) / 1e3)
     ax.set_xlabel("time (ms)")
     ax.grid(axis="x", alpha=0.3)

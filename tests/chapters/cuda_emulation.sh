@@ -124,6 +124,11 @@ assert not any(e.get("tid") in (2, 3) for e in json.load(open(cpu))["traceEvents
     "the CPU run's trace has a GPU track"
 print(f"timeline: GPU tracks mirror the host's; overlap host {on_host}, GPU {on_gpu}")
 PY
+  # scripts/render_trace.py draws the GPU's rows too (where matplotlib is: scripts/setup has it).
+  if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then
+    "$SRC/scripts/render_trace.py" "$WORK/gpu_$name.json" "$WORK/gpu_$name.png" --gpu >/dev/null || exit 1
+    [ -s "$WORK/gpu_$name.png" ] || { echo "FAILED: render_trace.py --gpu drew nothing"; exit 1; }
+  fi
 }
 timeline 05_ddp_buckets --bucket-cap-mb 0.5
 timeline 08_zero3 --grad-accum-steps 2
