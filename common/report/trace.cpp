@@ -38,17 +38,20 @@ void Tracer::complete(std::string name, std::string cat, int track, double ts_us
                       nlohmann::json args) {
   if (!enabled()) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  const int64_t seq = next_seq_++;
-  events_.push_back({std::move(name), std::move(cat), track, ts_us, dur_us < 0 ? 0 : dur_us, seq,
-                     std::move(args)});
+  push_locked(
+      {std::move(name), std::move(cat), track, ts_us, std::max(dur_us, 0.0), 0, std::move(args)});
+}
+
+void Tracer::push_locked(TraceEvent event) {
+  event.seq = next_seq_++;
+  events_.push_back(std::move(event));
 }
 
 void Tracer::instant(std::string name, std::string cat, int track, nlohmann::json args) {
   if (!enabled()) return;
   const double ts = now_us();
   std::lock_guard<std::mutex> lock(mutex_);
-  const int64_t seq = next_seq_++;
-  events_.push_back({std::move(name), std::move(cat), track, ts, -1, seq, std::move(args)});
+  push_locked({std::move(name), std::move(cat), track, ts, -1, 0, std::move(args)});
 }
 
 Tracer::Opening Tracer::open() {
@@ -75,8 +78,8 @@ void Tracer::close(const Opening& opening, std::string name, std::string cat, in
     const int gpu_track = track == kCommTrack ? kGpuCommTrack : kGpuComputeTrack;
     device_spans_.push_back({{name, cat, gpu_track, 0, 0, next_seq_++, args}, opening.device, end});
   }
-  events_.push_back({std::move(name), std::move(cat), track, opening.start_us, std::max(dur, 0.0),
-                     next_seq_++, std::move(args)});
+  push_locked({std::move(name), std::move(cat), track, opening.start_us, std::max(dur, 0.0), 0,
+               std::move(args)});
 }
 
 void Tracer::read_device_spans_locked() const {

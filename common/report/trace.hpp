@@ -124,6 +124,8 @@ class Tracer {
     std::shared_ptr<void> start, end;
   };
   void read_device_spans_locked() const;
+  // Appends `event` with the next seq (mutex_ held).
+  void push_locked(TraceEvent event);
 
   std::atomic<bool> enabled_;
   std::chrono::system_clock::time_point epoch_;

@@ -64,12 +64,13 @@ void copy_to_host(void* dst, const void* src, int64_t bytes) {
 void copy_on_device(void* dst, const void* src, int64_t bytes) {
   if (bytes > 0) std::memmove(dst, src, static_cast<size_t>(bytes));
 }
-void* allocate_zeroed(int64_t bytes) {
+void* pool_allocate(int64_t bytes, const char* what, bool) {  // always zero-filled here
+  if (bytes == 0) return nullptr;
   void* p = std::calloc(static_cast<size_t>(bytes), 1);
-  RZ_CHECK(p != nullptr, "out of memory: " << bytes << " bytes");
+  RZ_CHECK(p != nullptr, "out of memory: " << bytes << " bytes for " << what);
   return p;
 }
-void free_allocation(void* p) {
+void pool_free(void* p) {
   std::free(p);
 }
 void* allocate_pinned(int64_t bytes) {  // host memory is host memory here

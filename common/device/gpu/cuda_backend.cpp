@@ -45,8 +45,8 @@ class CudaBackend : public DeviceBackend {
   CudaBackend() : name_(require_gpu(0)) {}
   std::string name() const override { return name_; }
 
-  void* allocate(int64_t bytes) override { return allocate_zeroed(bytes); }
-  void free(void* p) override { free_allocation(p); }
+  void* allocate(int64_t bytes) override { return pool_allocate(bytes, "a tensor", true); }
+  void free(void* p) override { pool_free(p); }
   void* allocate_staging(int64_t bytes) override { return allocate_pinned(bytes); }
   void free_staging(void* p) override { free_pinned(p); }
   void copy(void* dst, const void* src, int64_t bytes) override { copy_any(dst, src, bytes); }

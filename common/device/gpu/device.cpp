@@ -61,9 +61,6 @@ std::string require_gpu(int device) {
   return prop.name;
 }
 
-namespace {
-// Every allocation of this layer: `bytes` from CUDA's stream-ordered pool on the calling thread's
-// stream (cudaMallocAsync; the pool keeps freed memory, see require_gpu), zero-filled when asked.
 void* pool_allocate(int64_t bytes, const char* what, bool zero) {
   void* p = nullptr;
   if (bytes == 0) return p;
@@ -74,12 +71,10 @@ void* pool_allocate(int64_t bytes, const char* what, bool zero) {
   if (zero) CUDA_CALL(cudaMemsetAsync(p, 0, static_cast<size_t>(bytes), cudaStreamPerThread));
   return p;
 }
-// Back to the pool once the calling thread's queued work is done (cudaFreeAsync): no device-wide
-// synchronisation, as cudaFree has.
+
 void pool_free(void* p) {
   if (p != nullptr) CUDA_CALL(cudaFreeAsync(p, cudaStreamPerThread));
 }
-}  // namespace
 
 float* DeviceAllocator::allocate(int64_t size, MemTag tag, bool zero) {
   return static_cast<float*>(pool_allocate(size * 4, mem_tag_name(tag), zero));
@@ -132,14 +127,6 @@ void copy_on_device(void* dst, const void* src, int64_t bytes) {
   if (bytes > 0)
     CUDA_CALL(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice,
                               cudaStreamPerThread));
-}
-
-void* allocate_zeroed(int64_t bytes) {
-  return pool_allocate(bytes, "a tensor", true);
-}
-
-void free_allocation(void* p) {
-  pool_free(p);
 }
 
 void* allocate_pinned(int64_t bytes) {

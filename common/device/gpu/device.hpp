@@ -57,11 +57,15 @@ void copy_to_host(void* dst, const void* src, int64_t bytes);
 /// Device -> device, `bytes` bytes, in stream order with the kernels (cudaMemcpyAsync on the
 /// calling thread's stream).
 void copy_on_device(void* dst, const void* src, int64_t bytes);
-/// The CUDA backend's memory (cuda_backend.cpp; not counted here: the LedgerArray or Tensor on
-/// Device::cuda that asked counts them). `bytes` of GPU memory, zero-filled (cudaMallocAsync +
-/// cudaMemsetAsync). Errors: cudaMallocAsync's, naming the bytes and the fix.
-void* allocate_zeroed(int64_t bytes);
-void free_allocation(void* p);
+/// Every allocation of this layer (the CUDA backend's tensors and buffers, DeviceBuffer,
+/// device_alloc, a reduction's partial sums): `bytes` of GPU memory from CUDA's stream-ordered pool
+/// on the calling thread's stream (cudaMallocAsync; the pool keeps what is freed), zero-filled
+/// when `zero`; not counted here (the LedgerArray or Tensor that asked counts it). `what` names it
+/// in the error. bytes == 0: null. Errors: cudaMallocAsync's, naming the bytes and the fix.
+void* pool_allocate(int64_t bytes, const char* what, bool zero);
+/// Back to the pool once the calling thread's queued work is done (cudaFreeAsync: no device-wide
+/// synchronisation, as cudaFree has). Null: nothing.
+void pool_free(void* p);
 /// `bytes` of page-locked host memory (cudaHostAlloc), uninitialised: the host side of a staged
 /// message. Errors: cudaHostAlloc's, naming the bytes.
 void* allocate_pinned(int64_t bytes);

@@ -6,7 +6,6 @@
 // default stream, not the legacy one (device.hpp).
 #include <cuda_runtime.h>
 
-#include <memory>
 #include <vector>
 
 #include "common/core/check.hpp"
@@ -83,21 +82,18 @@ __global__ void sum_kernel(double* partials, int64_t n, Term term) {
 
 // The block partials come from CUDA's pool on the calling thread's stream, per call: two host
 // threads (the step's and the communication thread) may reduce at once, and the pool neither
-// synchronises the device nor returns the memory to the driver (device.cpp's pool_allocate).
+// synchronises the device nor returns the memory to the driver (device.hpp's pool_allocate).
 template <typename Term>
 double reduce_sum(int64_t n, Term term) {
   const int blocks = n / kThreads + 1 < 1024 ? static_cast<int>(n / kThreads + 1) : 1024;
-  double* partials = nullptr;
-  cudaError_t rc = cudaMallocAsync(&partials, blocks * sizeof(double), cudaStreamPerThread);
-  RZ_CHECK(rc == cudaSuccess, "cudaMallocAsync of "
-                                  << blocks * sizeof(double)
-                                  << " bytes for a reduction failed: " << cudaGetErrorString(rc));
-  const auto pool_free = [](double* p) { cudaFreeAsync(p, cudaStreamPerThread); };
-  const std::unique_ptr<double, decltype(pool_free)> owner(partials, pool_free);  // also on error
+  auto* partials = static_cast<double*>(
+      pool_allocate(blocks * sizeof(double), "a reduction's partial sums", /*zero=*/false));
   sum_kernel<<<blocks, kThreads, 0, cudaStreamPerThread>>>(partials, n, term);
-  check_launch("sum");
+  check_launch("sum");  // an error here ends the run: the partials are not worth freeing
   std::vector<double> host(static_cast<size_t>(blocks));
-  rc = cudaMemcpy(host.data(), partials, host.size() * sizeof(double), cudaMemcpyDeviceToHost);
+  const cudaError_t rc =
+      cudaMemcpy(host.data(), partials, host.size() * sizeof(double), cudaMemcpyDeviceToHost);
+  pool_free(partials);
   RZ_CHECK(rc == cudaSuccess, "reading a reduction's partial sums failed: "
                                   << cudaGetErrorString(rc));
   double total = 0.0;
