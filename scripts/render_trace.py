@@ -16,7 +16,7 @@ Needs matplotlib: Debian's python3-matplotlib, which scripts/setup installs.
 """
 import argparse
 import json
-
+import re
 import sys
 
 try:
@@ -54,6 +54,65 @@ def labels(name):
     return [core] if not wait else ["wait"]
 
 
+def die(msg):
+    sys.exit(f"render_trace.py: {msg}")
+
+
+def load(path):
+    """(spans, instants) of a --trace file, checked: spans have a numeric pid, tid, ts and dur."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read()
+    except OSError as e:
+        die(f"cannot read {path} ({e.strerror})")
+    try:
+        trace = json.loads(text)
+        events = trace.get("traceEvents") if isinstance(trace, dict) else None
+        if not isinstance(events, list):
+            raise ValueError('no "traceEvents" list')
+        events = [e for e in events if isinstance(e, dict) and e.get("ph") in ("X", "i")]
+        for e in events:
+            if not all(isinstance(e.get(k), (int, float)) for k in ("pid", "tid", "ts")) or (
+                    e["ph"] == "X" and not isinstance(e.get("dur"), (int, float))):
+                raise ValueError(f"an event without a numeric pid, tid, ts (and dur): {e}")
+            e["name"], e["cat"] = str(e.get("name", "")), str(e.get("cat", ""))
+    except (ValueError, RecursionError) as e:  # JSON and UTF-8 errors are ValueErrors
+        die(f"{path} is not a --trace file ({e}); make one with a chapter's --trace FILE")
+    spans = [e for e in events if e["ph"] == "X"]
+    if not spans:
+        die(f"{path} holds no spans: trace a run of chapters 05-08 (--trace FILE)")
+    return spans, [e for e in events if e["ph"] == "i"]
+
+
+def step_window(spans, rank, spec):
+    """The [t0, t1] of --steps `spec` on `rank`: a:b, the a-th to b-th traced steps (1-based, in
+    the order traced: a resumed run's first traced step is 1 here, whatever its number), or
+    auto:K, the K consecutive steps after the first that took least time."""
+    steps = sorted((e for e in spans if e["pid"] == rank and e["cat"] == "step"),
+                   key=lambda e: e["ts"])
+    n = len(steps)
+    if n == 0:
+        die(f"--steps {spec}: rank {rank} has no step spans in this trace")
+    m = re.fullmatch(r"(auto|[0-9]+):([0-9]+)", spec)
+    if not m:
+        die(f"--steps {spec!r}: give a:b (the a-th to b-th traced steps, 1 <= a <= b <= {n}) or "
+            f"auto:K (1 <= K <= {n})")
+    if m[1] == "auto":
+        k = int(m[2])
+        if not 1 <= k <= n:
+            die(f"--steps auto:{k}: this trace holds {n} steps; give 1 <= K <= {n}")
+        cost = lambda i: sum(e["dur"] for e in steps[i:i + k])  # noqa: E731
+        a = min(range(1, n - k + 1), key=cost) if n > k else 0  # after the first (warm-up) step
+        b = a + k - 1
+        print(f"showing {steps[a]['name']}..{steps[b]['name']}")
+    else:
+        a, b = int(m[1]) - 1, int(m[2]) - 1
+        if not 0 <= a <= b < n:
+            die(f"--steps {spec}: this trace holds {n} steps ({steps[0]['name']}..{steps[-1]['name']}); "
+                f"give 1 <= a <= b <= {n}")
+    return steps[a]["ts"], steps[b]["ts"] + steps[b]["dur"]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace")
@@ -64,28 +123,19 @@ def main():
     p.add_argument("--wait-label", default="wait for buckets", help="legend of the main thread's waits (grey)")
     p.add_argument("--gpu", action="store_true", help="also the GPU's streams (a --device cuda trace)")
     args = p.parse_args()
-
-    events = json.load(open(args.trace))["traceEvents"]
-    spans = [e for e in events if e.get("ph") == "X"]
-    instants = [e for e in events if e.get("ph") == "i"]
+    spans, instants = load(args.trace)
     ranks = sorted({e["pid"] for e in spans})
-
     t0, t1 = min(e["ts"] for e in spans), max(e["ts"] + e["dur"] for e in spans)
     if args.steps:
-        steps = {e["name"]: e for e in spans if e["pid"] == ranks[0] and e["cat"] == "step"}
-        first, second = args.steps.split(":")
-        if first == "auto":
-            k, n = int(second), len(steps)
-            cost = lambda a: sum(steps[f"step {s}"]["dur"] for s in range(a, a + k))  # noqa: E731
-            a = min(range(2, n - k + 2), key=cost)
-            b = a + k - 1
-            print(f"showing steps {a}..{b}")
-        else:
-            a, b = int(first), int(second)
-        t0, t1 = steps[f"step {a}"]["ts"], steps[f"step {b}"]["ts"] + steps[f"step {b}"]["dur"]
+        t0, t1 = step_window(spans, ranks[0], args.steps)
         margin = 0.02 * (t1 - t0)
         t0, t1 = t0 - margin, t1 + margin
+    if t1 <= t0:
+        die(f"{args.trace}: its spans take no time; nothing to draw")
+    draw(args, spans, instants, ranks, t0, t1)
 
+
+def draw(args, spans, instants, ranks, t0, t1):
     tids = (0, 1, 2, 3) if args.gpu else (0, 1)  # main, comm; GPU compute, GPU comm streams
     if args.gpu and not any(e["tid"] in (2, 3) for e in spans):
         sys.exit(f"render_trace.py: {args.trace} has no GPU stream track; --gpu needs a trace of a "
@@ -132,7 +182,11 @@ def main():
     if args.title:
         ax.set_title(args.title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(args.png)
+    try:
+        fig.savefig(args.png)
+    except (OSError, ValueError) as e:  # a missing folder, a format matplotlib does not write
+        die(f"cannot write {args.png} ({getattr(e, 'strerror', None) or e}); give a .png path in "
+            "an existing folder")
     print(f"wrote {args.png}")
 
 

@@ -7,9 +7,10 @@
 Per rank: the time the communication track was busy (the union of its spans: the comm thread's
 collectives, or the GPU communication stream's), and how much of that the compute track's
 forward and backward spans covered at the same moment (the main thread's, or the GPU compute
-stream's), less the main thread's waits for the communication queue: a bucket launched inside a
-layer's backward may be waited for there (--no-overlap; ZeRO-2 freeing a bucket), and the layer's
-span then holds that wait (common/report/trace.hpp). overlap = covered / busy. The optimizer step
+stream's), less the main thread's waits for the communication queue (on the GPU, their twins on
+the compute stream): a bucket launched inside a layer's backward may be waited for there
+(--no-overlap; ZeRO-2 freeing a bucket), and the layer's span then holds that wait
+(common/report/trace.hpp, common/comm/comm_queue.hpp). overlap = covered / busy. The optimizer step
 is not counted as compute (ZeRO-1/2's all-gathers overlap it by design, a different lesson). On the host the compute track is the
 main thread's wall clock, which also runs while a core is shared; on the GPU it is when the GPU
 ran the work (CUDA events, common/report/trace.hpp). Prints one line per rank and a JSON line
@@ -80,8 +81,11 @@ def overlap(events, gpu):
     for r in sorted({e["pid"] for e in spans}):
         mine = [e for e in spans if e["pid"] == r]
         comm = union((e["ts"], e["ts"] + e["dur"]) for e in mine if e["tid"] == comm_tid)
+        # The main thread's waits, on the compute track's own clock: on the GPU their twins, the
+        # compute stream's idle gaps (the host's wait starts while the stream still runs the
+        # work queued before it, so the host's interval would cut real kernels out).
         waits = union((e["ts"], e["ts"] + e["dur"]) for e in mine
-                      if e["tid"] == TRACKS[False][0] and e.get("cat") == "wait")
+                      if e["tid"] == compute_tid and e.get("cat") == "wait")
         compute = minus(union((e["ts"], e["ts"] + e["dur"]) for e in mine
                               if e["tid"] == compute_tid and e.get("cat") in ("forward", "backward")),
                         waits)

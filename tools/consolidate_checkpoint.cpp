@@ -16,6 +16,7 @@
 #include <filesystem>
 
 #include "common/core/check.hpp"
+#include "common/driver/config.hpp"
 #include "common/io/atomic_file.hpp"
 #include "common/io/checkpoint.hpp"
 #include "common/io/safetensors.hpp"
@@ -53,9 +54,12 @@ int main(int argc, char** argv) {
                  "also write a replicated checkpoint (world size 1) into this directory");
   if (int rc = parse_flags(app, argc, argv); rc >= 0) return rc;
   return run_main([&] {
+    refuse_multi_process_launch("consolidate_checkpoint",
+                                "write the same files at once. Run scripts/consolidate without "
+                                "mpirun: it reads every rank's shards itself");
     RZ_CHECK(!out.empty() || !optimizer_out.empty() || !as_checkpoint.empty(),
              "nothing to write: give OUT.safetensors, --optimizer-state or --as-checkpoint");
-    const std::string resolved = resolve_checkpoint(dir);
+    const std::string resolved = resolve_checkpoint(dir, "the checkpoint");
     // Written whole or not at all, never over a FIFO or into a checkpoint (the one being read
     // included: its model.safetensors or manifest.json would be destroyed), one file each.
     check_outputs({{"OUT", out}, {"--optimizer-state", optimizer_out}}, "");
@@ -76,7 +80,13 @@ int main(int argc, char** argv) {
       std::printf("%s: %zu optimizer tensors\n", optimizer_out.c_str(), all.size());
     }
     if (!as_checkpoint.empty()) {
-      write_replicated_checkpoint(ckpt, as_checkpoint);
+      try {
+        write_replicated_checkpoint(ckpt, as_checkpoint);
+      } catch (const fs::filesystem_error& e) {  // read-only, full, no permission
+        RZ_CHECK(false, "--as-checkpoint " << as_checkpoint << ": cannot write the checkpoint ("
+                                           << e.code().message() << " at " << e.path1().string()
+                                           << "); give a writable directory");
+      }
       std::printf("%s: replicated checkpoint written\n", as_checkpoint.c_str());
     }
     return 0;

@@ -103,25 +103,25 @@ class CommQueue {
 
   /// Waits for job `ticket` and every one before it, traced as "wait <its name>" on the main
   /// track (the communication the compute did not hide). Rethrows a job's error.
+  /// On a GPU each wait also has its twin on the compute stream: the stream's idle gap, which
+  /// scripts/trace_overlap.py --gpu takes out of the compute around it.
   void wait(uint64_t ticket) {
     const ExposedWait exposed;  // --attribute
-    const double start = now();
+    const Tracer::Opening opening = tracing() ? tracer_->open() : Tracer::Opening();
     thread_.wait(ticket);
     const auto it = names_.find(ticket);
     if (it == names_.end()) return;
-    if (tracing())
-      tracer_->complete("wait " + it->second, "wait", Tracer::kMainTrack, start, now() - start);
+    if (tracing()) tracer_->close(opening, "wait " + it->second, "wait", Tracer::kMainTrack);
     names_.erase(names_.begin(), std::next(it));  // done: this one and every one before it
   }
-  /// Waits for every queued job, traced as a "wait for collectives" span on the main track;
-  /// rethrows a job's error.
+  /// Waits for every queued job, traced as a "wait for collectives" span on the main track (and
+  /// its GPU twin, as wait()'s); rethrows a job's error.
   void wait_all() {
     const ExposedWait exposed;  // --attribute
-    const double start = now();
+    const Tracer::Opening opening = tracing() ? tracer_->open() : Tracer::Opening();
     thread_.wait_all();
     names_.clear();
-    if (tracing())
-      tracer_->complete("wait for collectives", "wait", Tracer::kMainTrack, start, now() - start);
+    if (tracing()) tracer_->close(opening, "wait for collectives", "wait", Tracer::kMainTrack);
   }
   /// Drains and stops the communication thread as its destructor would (CommThread::stop: when
   /// an exception is unwinding, queued collectives are dropped and a running one gives up), for

@@ -82,9 +82,12 @@ void add_run_flags(CLI::App& app, TrainConfig& c) {
       ->check(seed_range);
   app.add_flag("--no-shuffle", c.no_shuffle, "step t uses samples [t B, (t+1) B) in file order");
   app.add_option("--log-every", c.log_every, "print the step line every N optimizer steps");
-  app.add_option("--metrics", c.metrics, "write JSON lines (step, eval, summary) to this file");
-  app.add_option("--init-from", c.init_from, "initial parameters from a safetensors file");
-  app.add_option("--save-final", c.save_final, "write final parameters to a safetensors file");
+  app.add_option("--metrics", c.metrics, "write JSON lines (step, eval, summary) to this file")
+      ->check(non_empty_path("a file"));
+  app.add_option("--init-from", c.init_from, "initial parameters from a safetensors file")
+      ->check(non_empty_path("a safetensors file"));
+  app.add_option("--save-final", c.save_final, "write final parameters to a safetensors file")
+      ->check(non_empty_path("a safetensors file"));
   app.add_option("--eval-every-epoch", c.eval_every_epoch,
                  "1: evaluate on the test set after each epoch, 0: never");
 }
@@ -103,13 +106,7 @@ void add_precision_flags(CLI::App& app, TrainConfig& c) {
 
 // Checkpoints and --resume (common/io/checkpoint.hpp).
 void add_checkpoint_flags(CLI::App& app, TrainConfig& c) {
-  // An empty value (an unset shell variable: --resume "$CKPT") is an error, not "not given".
-  const CLI::Validator non_empty(
-      [](std::string& v) {
-        return v.empty() ? std::string("an empty path; give a directory, or leave the flag out")
-                         : std::string();
-      },
-      "PATH");
+  const CLI::Validator non_empty = non_empty_path("a directory");
   app.add_option("--checkpoint-dir", c.checkpoint_dir,
                  "write checkpoints to D/step_SSSSSSSS (docs/checkpoints.md); with no "
                  "--checkpoint-every, only at the end of the run")
@@ -125,6 +122,15 @@ void add_checkpoint_flags(CLI::App& app, TrainConfig& c) {
 }
 
 }  // namespace
+
+CLI::Validator non_empty_path(const std::string& give) {
+  return CLI::Validator(
+      [give](std::string& v) {
+        return v.empty() ? "an empty path; give " + give + ", or leave the flag out"
+                         : std::string();
+      },
+      "PATH");
+}
 
 void in_help_group(CLI::App& app, const std::string& group, const std::function<void()>& add) {
   const size_t before = app.get_options().size();
@@ -225,7 +231,7 @@ int64_t total_steps_checked(int64_t epochs, int64_t steps_per_epoch, int64_t max
                      "use fewer --epochs or set --max-steps");
 }
 
-void refuse_multi_process_launch(const std::string& chapter) {
+void refuse_multi_process_launch(const std::string& program, const std::string& instead) {
   // SLURM_STEP_NUM_TASKS, not SLURM_NTASKS: srun sets it for the tasks it launches, while
   // SLURM_NTASKS describes the whole allocation (salloc -n 4, an sbatch script) and is set for
   // a single process started inside it too.
@@ -234,12 +240,13 @@ void refuse_multi_process_launch(const std::string& chapter) {
     const char* value = std::getenv(var);
     if (value == nullptr) continue;
     const long n = std::strtol(value, nullptr, 10);
-    RZ_CHECK(n <= 1, chapter << " runs on one process, but the launcher started " << n << " ("
-                             << var << "=" << value
-                             << "): each copy would train alone and write the same files. Run "
-                                "it without mpirun, or use ch03_data_parallel (or a later "
-                                "chapter) for "
-                             << n << " ranks");
+    RZ_CHECK(n <= 1, program << " runs on one process, but the launcher started " << n << " ("
+                             << var << "=" << value << "): each copy would "
+                             << (instead.empty() ? "train alone and write the same files. Run it "
+                                                   "without mpirun, or use ch03_data_parallel "
+                                                   "(or a later chapter) for " +
+                                                       std::to_string(n) + " ranks"
+                                                 : instead));
   }
 }
 

@@ -64,6 +64,10 @@ struct TrainConfig {
 /// chapter has --grad-accum-steps (chapter 01 does not).
 void add_train_flags(CLI::App& app, TrainConfig& config, bool with_grad_accum);
 
+/// A CLI11 check for a path flag: an empty value (an unset shell variable, --metrics "$OUT") is
+/// an error naming `give` (e.g. "a file"), not "not given", so no output is silently dropped.
+CLI::Validator non_empty_path(const std::string& give);
+
 /// Runs `add` and puts every option it added to `app` that has no group of its own into the
 /// --help group `group`. A
 /// chapter's own flags stay in the first group ("Options"), so --help lists them first and the
@@ -91,9 +95,10 @@ int64_t total_steps_checked(int64_t epochs, int64_t steps_per_epoch, int64_t max
 /// For the single-process chapters (01, 02): fails when a launcher (mpirun, srun) started this
 /// binary as one of several processes, detected from the launcher's environment
 /// (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_SIZE... without initialising MPI). N copies would each
-/// train alone and overwrite each other's files. The message names `chapter` and the chapter
-/// to use instead (ch03_data_parallel or later).
-void refuse_multi_process_launch(const std::string& chapter);
+/// train alone and overwrite each other's files. The message names `program` and the chapter
+/// to use instead (ch03_data_parallel or later), or, for a tool, `instead`: what each copy would
+/// do and the fix.
+void refuse_multi_process_launch(const std::string& program, const std::string& instead = "");
 
 /// Parses argv; returns an exit code to return immediately (--help: 0, a bad flag: 2 after
 /// printing CLI11's message naming it), or -1 to carry on.

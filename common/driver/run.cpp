@@ -56,8 +56,8 @@ std::vector<std::unique_ptr<Extension>> extensions() {
   list.push_back(checkpoint_extension());               // --checkpoint-*, --resume (checkpoint.hpp)
   list.push_back(collective_check_extension());  // --check-collectives (collective_check.hpp)
   list.push_back(gradient_scan_extension());     // where a gradient first turns non-finite
-  list.push_back(attribution_extension());  // --attribute, --delay-rank (attribution.hpp)
-  list.push_back(part_comparison_extension());  // the account predicted beside (part_model.hpp)
+  list.push_back(attribution_extension());       // --attribute, --delay-rank (attribution.hpp)
+  list.push_back(part_comparison_extension());   // the account predicted beside (part_model.hpp)
   return list;
 }
 
@@ -68,15 +68,21 @@ Run::Run(int argc, char** argv, Chapter chapter)
                        ": " + chapter_.title);  // the folder's number
   add_train_flags(cli_.app, config_, chapter_.grad_accum);
   in_help_group(cli_.app, "Tracing and state", [&] {
-    if (chapter_.trace) {
-      cli_.app.add_option("--trace", trace_path_,
-                          "write a Chrome trace (ui.perfetto.dev) of the first --trace-steps steps");
+    // Chapters 01-04 take --trace only to refuse it (check_output_paths), outside --help.
+    CLI::Option* trace = cli_.app.add_option(
+        "--trace", trace_path_,
+        "write a Chrome trace (ui.perfetto.dev) of the first --trace-steps steps");
+    if (chapter_.trace)
       cli_.app.add_option("--trace-steps", trace_steps_, "optimizer steps to trace")
-          ->check(CLI::Range(1, 1000000));
-    }
+          ->check(CLI::Range(1, 1000000))
+          ->needs(trace->check(non_empty_path("a .json file")));
+    else
+      trace->group("");
     if (chapter_.optimizer_state)
-      cli_.app.add_option("--save-optimizer-state", optimizer_state_path_,
-                          "write AdamW's state, gathered, to a safetensors file");
+      cli_.app
+          .add_option("--save-optimizer-state", optimizer_state_path_,
+                      "write AdamW's state, gathered, to a safetensors file")
+          ->check(non_empty_path("a safetensors file"));
   });
   // The extensions' flags (device, checks, cost model, attribution): each in its own group.
   in_help_group(cli_.app, "Device and checks", [&] {
@@ -183,8 +189,7 @@ int Run::run(LessonOptions& options,
        epoch <= config_.epochs && (state.step < steps || (epoch == first_epoch && state.step > 0));
        ++epoch) {
     sampler.set_epoch(epoch - 1);
-    for (int64_t t = state.step - (epoch - 1) * per_epoch; t < per_epoch && state.step < steps;
-         ++t)
+    for (int64_t t = state.step - (epoch - 1) * per_epoch; t < per_epoch && state.step < steps; ++t)
       train_one_step(loop, epoch, t);  // the step line, then after_step (checkpoints)
     if (config_.eval_every_epoch) evaluate_epoch(loop, epoch);
   }
@@ -211,6 +216,9 @@ void Run::check_output_paths(int rank) {
   // Rank 0 writes these: checked before training, not after it, and every rank stops if one
   // fails (each rank's --checkpoint-dir is checked the same way, checkpoint_guard.cpp).
   check_on_every_rank(comm_.get(), [&] {
+    RZ_CHECK(chapter_.trace || cli_.app.count("--trace") == 0,
+             "--trace: this chapter has no communication thread to trace; --trace is chapters "
+             "05-08's (e.g. mpirun -np 2 build/bin/ch05_ddp_buckets --trace ddp.json)");
     if (rank == 0)
       check_outputs({{"--save-final", config_.save_final},
                      {"--metrics", config_.metrics},

@@ -115,8 +115,8 @@ struct CheckpointData {
 
 /// The committed checkpoint `path` names: a directory with manifest.json, or the newest
 /// committed step_* directory below it. Errors: path missing, nothing committed in it (names
-/// the directories without a manifest).
-std::string resolve_checkpoint(const std::string& path);
+/// the directories without a manifest), each naming `flag`, the option that gave the path.
+std::string resolve_checkpoint(const std::string& path, const std::string& flag = "--resume");
 
 /// Reads and checks a committed checkpoint: a known format_version, every file present with the
 /// manifest's size and CRC-32, each field covered exactly once. Errors name the file and field.

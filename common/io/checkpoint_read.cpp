@@ -79,10 +79,10 @@ void copy_file_record(const nlohmann::json& rec, CheckpointData& ck,
 
 }  // namespace
 
-std::string resolve_checkpoint(const std::string& path) {
-  RZ_CHECK(fs::exists(path), "--resume " << path << ": no such file or directory");
+std::string resolve_checkpoint(const std::string& path, const std::string& flag) {
+  RZ_CHECK(fs::exists(path), flag << " " << path << ": no such file or directory");
   if (fs::exists(fs::path(path) / kManifest)) return path;
-  RZ_CHECK(fs::is_directory(path), "--resume " << path << " is not a checkpoint directory");
+  RZ_CHECK(fs::is_directory(path), flag << " " << path << " is not a checkpoint directory");
   // A step_* directory itself: read_checkpoint names its missing manifest.
   if (step_of_dir_name(fs::path(path).lexically_normal().filename().string()) >= 0) return path;
   int64_t best = -1;
@@ -95,12 +95,12 @@ std::string resolve_checkpoint(const std::string& path) {
     else
       uncommitted += " " + e.path().filename().string();
   }
-  RZ_CHECK(best >= 0,
-           "--resume " << path << ": no committed checkpoint (no step_*/" << kManifest << ")"
-                       << (uncommitted.empty()
-                               ? std::string()
-                               : "; without a manifest (interrupted writes):" + uncommitted)
-                       << ". Point --resume at a --checkpoint-dir of an earlier run");
+  RZ_CHECK(best >= 0, flag << " " << path << ": no committed checkpoint (no step_*/" << kManifest
+                           << ")"
+                           << (uncommitted.empty()
+                                   ? std::string()
+                                   : "; without a manifest (interrupted writes):" + uncommitted)
+                           << ". Point " << flag << " at a --checkpoint-dir of an earlier run");
   return (fs::path(path) / step_dir_name(best)).string();
 }
 

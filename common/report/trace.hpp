@@ -9,8 +9,8 @@
 // Perfetto (ui.perfetto.dev) or chrome://tracing. scripts/render_trace.py draws it as a PNG.
 //
 // The GPU's timeline (--device cuda): every span begun with open() and ended with close() (the
-// Span, the layers' hooks, the communication queue's jobs) is recorded twice, as the host ran
-// it and as the GPU ran it, on the GPU track of its thread (main: "GPU compute stream"; comm:
+// Span, the layers' hooks, the communication queue's jobs and waits) is recorded twice, as the host
+// ran it and as the GPU ran it, on the GPU track of its thread (main: "GPU compute stream"; comm:
 // "GPU communication stream"): from when the GPU reached the work the thread had queued at
 // open() to when it finished the work queued by close(), read from timed CUDA events on the
 // thread's stream (common/core/device_backend.hpp's timed marks) once the trace is read. The

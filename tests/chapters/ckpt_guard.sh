@@ -68,6 +68,20 @@ echo "ok: resumed from c1, saved step 8 and kept the newest 2"
 refused empty_resume "--resume: an empty path" -- "${C1[@]}" --max-steps 2 --resume ""
 refused empty_dir "--checkpoint-dir: an empty path" -- "${C1[@]}" --max-steps 2 --checkpoint-dir ""
 refused empty_resume_np2 "--resume: an empty path" -- "${M[@]}" -np 2 "$BIN/ch06_zero1" "${T[@]}" --max-steps 2 --resume ""
+# Every path flag: an empty value was taken as "not given" (a run from random weights for
+# --init-from, an output silently not written for the others).
+for flag in --init-from --metrics --save-final; do
+  refused "empty$flag" "$flag: an empty path; give" -- "${C1[@]}" --max-steps 2 "$flag" ""
+done
+for flag in --trace --save-optimizer-state; do
+  refused "empty${flag}_np2" "$flag: an empty path; give" \
+    -- "${M[@]}" -np 2 "$BIN/ch06_zero1" "${T[@]}" --max-steps 2 "$flag" ""
+done
+# --trace-steps without --trace traced nothing, silently; --trace on chapters 01-04 was "not expected".
+refused trace_steps_alone "--trace-steps requires --trace" \
+  -- "${M[@]}" -np 2 "$BIN/ch05_ddp_buckets" "${T[@]}" --max-steps 2 --trace-steps 2
+refused trace_ch01 "--trace: this chapter has no communication thread to trace; --trace is chapters 05-08's" \
+  -- "${C1[@]}" --max-steps 2 --trace "$WORK/t.json"
 
 # --- F2: unwritable --checkpoint-dir, before step 1 -----------------------------------------
 touch "$WORK/afile"

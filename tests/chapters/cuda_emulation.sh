@@ -94,7 +94,7 @@ else
 fi
 # The GPU's timeline in --trace (common/report/trace.hpp: timed CUDA events on each thread's
 # stream). The emulated events run when they are recorded, so each GPU span must be its host
-# span: every forward, backward, optimizer, step and collective span has its twin on the GPU's
+# span: every forward, backward, optimizer, step, wait and collective span has its twin on the GPU's
 # track, starting within 2 ms of it (two clock readings apart, on a busy 2-core machine), and the
 # overlap scripts/trace_overlap.py reads from the GPU's streams is the host tracks' within 5
 # points. The CPU run of the same command has no GPU track.
@@ -109,7 +109,7 @@ gpu, cpu, tool = sys.argv[1:]
 events = [e for e in json.load(open(gpu))["traceEvents"] if e.get("ph") == "X"]
 for rank in (0, 1):
     for host, device in ((0, 2), (1, 3)):
-        h = [e for e in events if e["pid"] == rank and e["tid"] == host and e["cat"] != "wait"]
+        h = [e for e in events if e["pid"] == rank and e["tid"] == host]
         d = [e for e in events if e["pid"] == rank and e["tid"] == device]
         assert h and [e["name"] for e in h] == [e["name"] for e in d], \
             f"rank {rank}: track {device} is not track {host}'s spans: {len(d)} vs {len(h)}"

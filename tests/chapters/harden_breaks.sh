@@ -71,6 +71,18 @@ fails as_itself "--as-checkpoint $WORK/cz/step_00000002 is (or is inside) the co
   "$BIN/consolidate_checkpoint" "$WORK/cz" --as-checkpoint "$WORK/cz/step_00000002"
 [ "$(sha256sum "$WORK/D/step_00000004/"* | sha256sum)" = "$before" ] || { echo "FAILED B4: D changed"; exit 1; }
 "$BIN/consolidate_checkpoint" "$WORK/cz" --as-checkpoint "$WORK/fresh" >/dev/null  # a new directory: fine
+# Its own words, not --resume's; one process only (two under mpirun wrote the same files twice).
+fails consolidate_missing "the checkpoint $WORK/nonexistent: no such file or directory" -- \
+  "$BIN/consolidate_checkpoint" "$WORK/nonexistent" "$WORK/x.safetensors"
+fails consolidate_np2 "consolidate_checkpoint runs on one process, but the launcher started 2" -- \
+  "$MPIRUN" -np 2 --oversubscribe "$BIN/consolidate_checkpoint" "$WORK/cz" "$WORK/np2.safetensors"
+[ ! -e "$WORK/np2.safetensors" ] || { echo "FAILED consolidate_np2: it wrote the file"; exit 1; }
+if is_root && unshare -m true 2>/dev/null; then  # a read-only mount: the error names the flag
+  mkdir -p "$WORK/ro"
+  fails consolidate_readonly "--as-checkpoint $WORK/ro/new: cannot write the checkpoint (" -- \
+    unshare -m bash -c "mount -o bind,ro '$WORK/ro' '$WORK/ro' && exec \"\$@\"" x \
+    "$BIN/consolidate_checkpoint" "$WORK/cz" --as-checkpoint "$WORK/ro/new"
+fi
 
 # --- B5: a refused run keeps the previous metrics -----------------------------------------------
 "${C1[@]}" --max-steps 4 --checkpoint-dir "$WORK/c5" --metrics "$WORK/m5.jsonl" >/dev/null
