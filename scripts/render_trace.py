@@ -16,6 +16,8 @@ Needs matplotlib: Debian's python3-matplotlib, which scripts/setup installs.
 """
 import argparse
 import json
+import math
+import os
 import re
 import sys
 
@@ -72,9 +74,9 @@ def load(path):
             raise ValueError('no "traceEvents" list')
         events = [e for e in events if isinstance(e, dict) and e.get("ph") in ("X", "i")]
         for e in events:
-            if not all(isinstance(e.get(k), (int, float)) for k in ("pid", "tid", "ts")) or (
-                    e["ph"] == "X" and not isinstance(e.get("dur"), (int, float))):
-                raise ValueError(f"an event without a numeric pid, tid, ts (and dur): {e}")
+            keys = ("pid", "tid", "ts", "dur") if e["ph"] == "X" else ("pid", "tid", "ts")
+            if not all(isinstance(e.get(k), (int, float)) and math.isfinite(e[k]) for k in keys):
+                raise ValueError(f"an event without a finite numeric pid, tid, ts (and dur): {e}")
             e["name"], e["cat"] = str(e.get("name", "")), str(e.get("cat", ""))
     except (ValueError, RecursionError) as e:  # JSON and UTF-8 errors are ValueErrors
         die(f"{path} is not a --trace file ({e}); make one with a chapter's --trace FILE")
@@ -123,6 +125,11 @@ def main():
     p.add_argument("--wait-label", default="wait for buckets", help="legend of the main thread's waits (grey)")
     p.add_argument("--gpu", action="store_true", help="also the GPU's streams (a --device cuda trace)")
     args = p.parse_args()
+    ext = os.path.splitext(args.png)[1].lower()
+    if ext not in (".png", ".svg", ".pdf") or os.path.basename(args.png) == ext:
+        die(f"{args.png!r}: give an output file ending in .png (or .svg, .pdf)")
+    if os.path.isdir(args.png) or not os.path.isdir(os.path.dirname(args.png) or "."):
+        die(f"cannot write {args.png}: give a .png path in an existing folder")
     spans, instants = load(args.trace)
     ranks = sorted({e["pid"] for e in spans})
     t0, t1 = min(e["ts"] for e in spans), max(e["ts"] + e["dur"] for e in spans)

@@ -18,6 +18,7 @@ ran the work (CUDA events, common/report/trace.hpp). Prints one line per rank an
 """
 import argparse
 import json
+import math
 import sys
 
 TRACKS = {False: (0, 1), True: (2, 3)}  # (compute, communication): common/report/trace.hpp
@@ -68,8 +69,9 @@ def spans_of(events):
     for e in events:
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
-        if not all(isinstance(e.get(k), (int, float)) for k in ("pid", "tid", "ts", "dur")):
-            raise ValueError(f"a span without a numeric pid, tid, ts and dur: {e}")
+        if not all(isinstance(e.get(k), (int, float)) and math.isfinite(e[k])
+                   for k in ("pid", "tid", "ts", "dur")):
+            raise ValueError(f"a span without a finite numeric pid, tid, ts and dur: {e}")
         spans.append(e)
     return spans
 
@@ -112,7 +114,7 @@ def main():
         if not isinstance(events, list):
             raise ValueError('no "traceEvents" list')
         rows = overlap(events, args.gpu)
-    except (ValueError, KeyError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    except (ValueError, KeyError, RecursionError) as e:  # JSON and UTF-8 errors are ValueErrors
         sys.exit(f"trace_overlap.py: {args.trace} is not a --trace file ({e}); make one with "
                  "--trace FILE")
     if not any(row["comm_ms"] > 0 for row in rows):

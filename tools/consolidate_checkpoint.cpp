@@ -12,7 +12,10 @@
 // checkpoint (world size 1) that any chapter can --resume from.
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "common/core/check.hpp"
@@ -36,6 +39,11 @@ static void check_as_checkpoint(const std::string& dir) {
     RZ_CHECK(c.filename().string().rfind("step_", 0) != 0 || !fs::exists(c / "manifest.json"),
              "--as-checkpoint " << dir << " is (or is inside) the committed checkpoint "
                                 << c.string() << "; give a directory of its own");
+  fs::path existing = d;  // the directory, or the nearest one above it that exists
+  while (!fs::exists(existing)) existing = existing.parent_path();
+  RZ_CHECK(::access(existing.c_str(), W_OK) == 0,  // before OUT is written, not after
+           "--as-checkpoint " << dir << ": cannot write in " << existing.string() << " ("
+                              << std::strerror(errno) << "); give a writable directory");
   if (kind.empty()) return;
   for (const auto& e : fs::directory_iterator(d))
     RZ_CHECK(e.path().filename().string().rfind("step_", 0) != 0,

@@ -126,8 +126,9 @@ void add_checkpoint_flags(CLI::App& app, TrainConfig& c) {
 CLI::Validator non_empty_path(const std::string& give) {
   return CLI::Validator(
       [give](std::string& v) {
-        return v.empty() ? "an empty path; give " + give + ", or leave the flag out"
-                         : std::string();
+        return v.find_first_not_of(" \t") == std::string::npos  // "" or only blanks
+                   ? "an empty path; give " + give + ", or leave the flag out"
+                   : std::string();
       },
       "PATH");
 }

@@ -64,8 +64,9 @@ struct TrainConfig {
 /// chapter has --grad-accum-steps (chapter 01 does not).
 void add_train_flags(CLI::App& app, TrainConfig& config, bool with_grad_accum);
 
-/// A CLI11 check for a path flag: an empty value (an unset shell variable, --metrics "$OUT") is
-/// an error naming `give` (e.g. "a file"), not "not given", so no output is silently dropped.
+/// A CLI11 check for a path flag: an empty or blank value (an unset shell variable, --metrics
+/// "$OUT") is an error naming `give` (e.g. "a file"), not "not given" or a file named " ", so no
+/// output is silently dropped.
 CLI::Validator non_empty_path(const std::string& give);
 
 /// Runs `add` and puts every option it added to `app` that has no group of its own into the

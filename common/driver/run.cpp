@@ -68,16 +68,15 @@ Run::Run(int argc, char** argv, Chapter chapter)
                        ": " + chapter_.title);  // the folder's number
   add_train_flags(cli_.app, config_, chapter_.grad_accum);
   in_help_group(cli_.app, "Tracing and state", [&] {
-    // Chapters 01-04 take --trace only to refuse it (check_output_paths), outside --help.
+    // Chapters 01-04 take --trace only to refuse it (check_output_paths), with its reason.
     CLI::Option* trace = cli_.app.add_option(
         "--trace", trace_path_,
-        "write a Chrome trace (ui.perfetto.dev) of the first --trace-steps steps");
+        chapter_.trace ? "write a Chrome trace (ui.perfetto.dev) of the first --trace-steps steps"
+                       : "chapters 05-08 only (this one has no communication thread to trace)");
     if (chapter_.trace)
       cli_.app.add_option("--trace-steps", trace_steps_, "optimizer steps to trace")
           ->check(CLI::Range(1, 1000000))
           ->needs(trace->check(non_empty_path("a .json file")));
-    else
-      trace->group("");
     if (chapter_.optimizer_state)
       cli_.app
           .add_option("--save-optimizer-state", optimizer_state_path_,

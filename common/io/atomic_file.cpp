@@ -270,8 +270,7 @@ void check_output_path(const std::string& flag, const std::string& path) {
   std::string tmp;
   const int fd = make_temp_next_to(target.path, tmp);
   RZ_CHECK(fd >= 0, flag << " " << path << ": cannot create a file in " << dir << " ("
-                         << std::strerror(errno)
-                         << "); choose a writable directory before training starts");
+                         << std::strerror(errno) << "); choose a writable directory");
   ::close(fd);
   ::unlink(tmp.c_str());
 }

@@ -73,6 +73,8 @@ refused empty_resume_np2 "--resume: an empty path" -- "${M[@]}" -np 2 "$BIN/ch06
 for flag in --init-from --metrics --save-final; do
   refused "empty$flag" "$flag: an empty path; give" -- "${C1[@]}" --max-steps 2 "$flag" ""
 done
+refused blank_save_final "--save-final: an empty path; give" -- "${C1[@]}" --max-steps 2 --save-final " "
+[ ! -e " " ] || { echo "FAILED blank_save_final: it wrote a file named ' '"; exit 1; }
 for flag in --trace --save-optimizer-state; do
   refused "empty${flag}_np2" "$flag: an empty path; give" \
     -- "${M[@]}" -np 2 "$BIN/ch06_zero1" "${T[@]}" --max-steps 2 "$flag" ""

@@ -11,6 +11,7 @@
 #   bucket-cap-mb         the bucket-plan check: "bucket plans differ" (05-07; a cap that gives
 #   first-bucket-cap-mb     the same plan computes the same thing)
 #   help                  rank 1 prints --help and stops; rank 0 stops too ("--help")
+#   trace-steps           without --trace (rank 1 alone): a flag error there, "requires --trace"
 # The flag list is read from --help, so a flag added later is tested without a line here; a
 # flag whose value the script cannot derive from --help fails the test, naming it.
 # Default: chapter 05 (~45 flags, ~1 min on 2 cores). EVERY_FLAG_CHAPTERS="ch03_data_parallel
@@ -43,6 +44,7 @@ expect = {  # flag -> (must the run stop?, pattern in its output)
     "bucket-cap-mb": (True, r"bucket plans differ"),
     "first-bucket-cap-mb": (True, r"bucket plans differ"),
     "help": (True, r"--help"),
+    "trace-steps": (True, r"--trace-steps requires --trace"),  # alone on rank 1: a flag error
 }
 flags = []  # (name, type or None for a switch, default or None), from CLI11's "--name TYPE=default"
 for line in help_text.splitlines():

@@ -79,9 +79,10 @@ fails consolidate_np2 "consolidate_checkpoint runs on one process, but the launc
 [ ! -e "$WORK/np2.safetensors" ] || { echo "FAILED consolidate_np2: it wrote the file"; exit 1; }
 if is_root && unshare -m true 2>/dev/null; then  # a read-only mount: the error names the flag
   mkdir -p "$WORK/ro"
-  fails consolidate_readonly "--as-checkpoint $WORK/ro/new: cannot write the checkpoint (" -- \
+  fails consolidate_readonly "--as-checkpoint $WORK/ro/new: cannot write in $WORK/ro (Read-only" -- \
     unshare -m bash -c "mount -o bind,ro '$WORK/ro' '$WORK/ro' && exec \"\$@\"" x \
-    "$BIN/consolidate_checkpoint" "$WORK/cz" --as-checkpoint "$WORK/ro/new"
+    "$BIN/consolidate_checkpoint" "$WORK/cz" "$WORK/ro_out.safetensors" --as-checkpoint "$WORK/ro/new"
+  [ ! -e "$WORK/ro_out.safetensors" ] || { echo "FAILED consolidate_readonly: OUT written first"; exit 1; }
 fi
 
 # --- B5: a refused run keeps the previous metrics -----------------------------------------------
