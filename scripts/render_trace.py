@@ -15,11 +15,12 @@ a busy machine, the window least disturbed by other processes.
 Needs matplotlib: Debian's python3-matplotlib, which scripts/setup installs.
 """
 import argparse
-import json
-import math
 import os
 import re
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from trace_events import load_events  # noqa: E402 (beside this script)
 
 try:
     import matplotlib
@@ -61,25 +62,8 @@ def die(msg):
 
 
 def load(path):
-    """(spans, instants) of a --trace file, checked: spans have a numeric pid, tid, ts and dur."""
-    try:
-        with open(path, "rb") as f:
-            text = f.read()
-    except OSError as e:
-        die(f"cannot read {path} ({e.strerror})")
-    try:
-        trace = json.loads(text)
-        events = trace.get("traceEvents") if isinstance(trace, dict) else None
-        if not isinstance(events, list):
-            raise ValueError('no "traceEvents" list')
-        events = [e for e in events if isinstance(e, dict) and e.get("ph") in ("X", "i")]
-        for e in events:
-            keys = ("pid", "tid", "ts", "dur") if e["ph"] == "X" else ("pid", "tid", "ts")
-            if not all(isinstance(e.get(k), (int, float)) and math.isfinite(e[k]) for k in keys):
-                raise ValueError(f"an event without a finite numeric pid, tid, ts (and dur): {e}")
-            e["name"], e["cat"] = str(e.get("name", "")), str(e.get("cat", ""))
-    except (ValueError, RecursionError) as e:  # JSON and UTF-8 errors are ValueErrors
-        die(f"{path} is not a --trace file ({e}); make one with a chapter's --trace FILE")
+    """(spans, instants) of a --trace file (checked: trace_events.py)."""
+    events = load_events(path, "render_trace.py")
     spans = [e for e in events if e["ph"] == "X"]
     if not spans:
         die(f"{path} holds no spans: trace a run of chapters 05-08 (--trace FILE)")

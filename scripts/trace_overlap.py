@@ -18,8 +18,11 @@ ran the work (CUDA events, common/report/trace.hpp). Prints one line per rank an
 """
 import argparse
 import json
-import math
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from trace_events import load_events  # noqa: E402 (beside this script)
 
 TRACKS = {False: (0, 1), True: (2, 3)}  # (compute, communication): common/report/trace.hpp
 
@@ -63,22 +66,9 @@ def minus(intervals, holes):
     return out
 
 
-def spans_of(events):
-    """The complete events ("ph": "X"), checked: a --trace file's spans have these fields."""
-    spans = []
-    for e in events:
-        if not isinstance(e, dict) or e.get("ph") != "X":
-            continue
-        if not all(isinstance(e.get(k), (int, float)) and math.isfinite(e[k])
-                   for k in ("pid", "tid", "ts", "dur")):
-            raise ValueError(f"a span without a finite numeric pid, tid, ts and dur: {e}")
-        spans.append(e)
-    return spans
-
-
 def overlap(events, gpu):
     compute_tid, comm_tid = TRACKS[gpu]
-    spans = spans_of(events)
+    spans = [e for e in events if e["ph"] == "X"]
     rows = []
     for r in sorted({e["pid"] for e in spans}):
         mine = [e for e in spans if e["pid"] == r]
@@ -103,20 +93,7 @@ def main():
     ap.add_argument("trace")
     ap.add_argument("--gpu", action="store_true", help="the GPU's streams (--device cuda)")
     args = ap.parse_args()
-    try:
-        with open(args.trace, "rb") as f:
-            text = f.read()
-    except OSError as e:
-        sys.exit(f"trace_overlap.py: cannot read {args.trace} ({e.strerror})")
-    try:
-        trace = json.loads(text)
-        events = trace.get("traceEvents") if isinstance(trace, dict) else None
-        if not isinstance(events, list):
-            raise ValueError('no "traceEvents" list')
-        rows = overlap(events, args.gpu)
-    except (ValueError, KeyError, RecursionError) as e:  # JSON and UTF-8 errors are ValueErrors
-        sys.exit(f"trace_overlap.py: {args.trace} is not a --trace file ({e}); make one with "
-                 "--trace FILE")
+    rows = overlap(load_events(args.trace, "trace_overlap.py"), args.gpu)
     if not any(row["comm_ms"] > 0 for row in rows):
         sys.exit(f"trace_overlap.py: {args.trace} has no span on the "
                  f"{'GPU communication stream' if args.gpu else 'comm thread'}: "

@@ -70,7 +70,9 @@ int main(int argc, char** argv) {
     const std::string resolved = resolve_checkpoint(dir, "the checkpoint");
     // Written whole or not at all, never over a FIFO or into a checkpoint (the one being read
     // included: its model.safetensors or manifest.json would be destroyed), one file each.
-    check_outputs({{"OUT", out}, {"--optimizer-state", optimizer_out}}, "");
+    check_outputs({{"OUT", out, "model.safetensors"},
+                   {"--optimizer-state", optimizer_out, "optimizer.safetensors"}},
+                  "");
     if (!as_checkpoint.empty()) check_as_checkpoint(as_checkpoint);
     const CheckpointData ckpt = read_checkpoint(resolved);
     if (!out.empty()) {

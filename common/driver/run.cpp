@@ -219,10 +219,10 @@ void Run::check_output_paths(int rank) {
              "--trace: this chapter has no communication thread to trace; --trace is chapters "
              "05-08's (e.g. mpirun -np 2 build/bin/ch05_ddp_buckets --trace ddp.json)");
     if (rank == 0)
-      check_outputs({{"--save-final", config_.save_final},
-                     {"--metrics", config_.metrics},
-                     {"--trace", trace_path_},
-                     {"--save-optimizer-state", optimizer_state_path_}},
+      check_outputs({{"--save-final", config_.save_final, "final.safetensors"},
+                     {"--metrics", config_.metrics, "metrics.jsonl"},
+                     {"--trace", trace_path_, "trace.json"},
+                     {"--save-optimizer-state", optimizer_state_path_, "optimizer.safetensors"}},
                     config_.checkpoint_dir, {{"--init-from", config_.init_from}});
   });
 }

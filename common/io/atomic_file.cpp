@@ -83,7 +83,8 @@ bool is_stream_path(const std::string& path) {
          path.rfind("/proc/self/fd/", 0) == 0;
 }
 
-OutputTarget resolve_output(const std::string& flag, const std::string& path) {
+OutputTarget resolve_output(const std::string& flag, const std::string& path,
+                            const std::string& example_name) {
   struct stat st {};
   // This process's own streams: whatever they are (a terminal, a pipe, the file a shell
   // redirected to), written through and appended to, never replaced.
@@ -103,10 +104,7 @@ OutputTarget resolve_output(const std::string& flag, const std::string& path) {
   }
   if (S_ISCHR(st.st_mode)) return {path, true};
   RZ_CHECK(!S_ISDIR(st.st_mode), flag << " " << path << " is a directory; give a file name, e.g. "
-                                      << path << "/out"
-                                      << (flag == "--trace"     ? ".json"
-                                          : flag == "--metrics" ? ".jsonl"
-                                                                : ".safetensors"));
+                                      << path << "/" << example_name);
   RZ_CHECK(S_ISREG(st.st_mode),
            flag << " " << path << " is " << kind_of_mode(st.st_mode)
                 << "; an output must be a regular file (or a character device such as /dev/null): "
@@ -253,9 +251,10 @@ void RecordFile::append(std::string_view record) {
   ++records_;
 }
 
-void check_output_path(const std::string& flag, const std::string& path) {
+void check_output_path(const std::string& flag, const std::string& path,
+                       const std::string& example_name) {
   if (path.empty()) return;
-  const OutputTarget target = resolve_output(flag, path);  // not a directory, FIFO, ...
+  const OutputTarget target = resolve_output(flag, path, example_name);  // not a directory, ...
   if (target.device) {  // a terminal that is not this process's, say: fails now, not at the end
     const int fd = ::open(target.path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
     RZ_CHECK(fd >= 0, flag << " " << path << ": cannot open it for writing ("

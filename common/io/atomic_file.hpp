@@ -77,8 +77,9 @@ class RecordFile {
 /// Checks before training that `path` (given by `flag`, e.g. "--save-final") can be written:
 /// resolve_output accepts it, and the directory of the file it names accepts a new file (one is
 /// created and removed again). An empty path is accepted (the output is off). Errors name the
-/// flag, the path, the OS reason and the fix.
-void check_output_path(const std::string& flag, const std::string& path);
+/// flag, the path, the OS reason and the fix (for a directory: PATH/`example_name`).
+void check_output_path(const std::string& flag, const std::string& path,
+                       const std::string& example_name = "out");
 
 /// "a directory", "a FIFO (named pipe)", "a socket", "a block device", "a character device",
 /// "a regular file", "a dangling symbolic link" (a link to nothing, or a loop) for what stands
@@ -90,13 +91,15 @@ std::string file_kind(const std::string& path);
 /// stays). `device` is true for a character device (/dev/null, /dev/tty) and for this
 /// process's own streams (/dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N: a terminal, a
 /// pipe or the file a shell redirected to): written through, appended, no temporary file and
-/// no rename. Errors (naming `flag`, the path and what stands there): a directory, FIFO,
+/// no rename. Errors (naming `flag`, the path and what stands there): a directory (the fix
+/// suggests PATH/`example_name`, a file name of the caller's kind, e.g. "trace.json"), FIFO,
 /// socket or block device, a loop of symlinks.
 struct OutputTarget {
   std::string path;
   bool device = false;
 };
-OutputTarget resolve_output(const std::string& flag, const std::string& path);
+OutputTarget resolve_output(const std::string& flag, const std::string& path,
+                            const std::string& example_name = "out");
 
 /// Refuses two paths (flag, path) that land on the same file (after resolve_output: a symlink
 /// and its target, or two hard links, are one file), naming both flags and the file, before

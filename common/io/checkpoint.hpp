@@ -145,12 +145,17 @@ void write_replicated_checkpoint(const CheckpointData& ckpt, const std::string& 
 void check_outside_checkpoints(const std::string& flag, const std::string& path,
                                const std::string& checkpoint_dir);
 
-/// Before anything is written: each output (flag, path) passes check_output_path and
+/// An output a run will write: the flag that names it, the path given (empty: off), and a
+/// file name of its kind for the fix when the path is a directory ("trace.json" for --trace).
+struct OutputPath {
+  std::string flag, path, example_name;
+};
+
+/// Before anything is written: each output passes check_output_path and
 /// check_outside_checkpoints, and no two of the outputs and `inputs` (files read, e.g.
-/// --init-from) land on one file (check_distinct_outputs). Empty paths are outputs turned off.
-/// Errors name the flag, the path and the fix.
-void check_outputs(const std::vector<std::pair<std::string, std::string>>& outputs,
-                   const std::string& checkpoint_dir,
+/// --init-from, as (flag, path)) land on one file (check_distinct_outputs). Empty paths are
+/// outputs turned off. Errors name the flag, the path and the fix.
+void check_outputs(const std::vector<OutputPath>& outputs, const std::string& checkpoint_dir,
                    const std::vector<std::pair<std::string, std::string>>& inputs = {});
 
 /// --checkpoint-dir / --checkpoint-every / --keep-checkpoints / --resume for one run.

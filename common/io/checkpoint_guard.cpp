@@ -140,17 +140,16 @@ void check_outside_checkpoints(const std::string& flag, const std::string& path,
                 << checkpoint_dir << " (a later save would fail there); give another file name");
 }
 
-void check_outputs(const std::vector<std::pair<std::string, std::string>>& outputs,
-                   const std::string& checkpoint_dir,
+void check_outputs(const std::vector<OutputPath>& outputs, const std::string& checkpoint_dir,
                    const std::vector<std::pair<std::string, std::string>>& inputs) {
-  for (const auto& [flag, path] : outputs) {
-    check_output_path(flag, path);
-    check_outside_checkpoints(flag, path, checkpoint_dir);
-  }
   std::vector<std::pair<std::string, std::string>> all;  // the inputs that exist, the outputs
   for (const auto& input : inputs)
     if (file_kind(input.second) == "a regular file") all.push_back(input);  // else: its loader says
-  all.insert(all.end(), outputs.begin(), outputs.end());
+  for (const OutputPath& out : outputs) {
+    check_output_path(out.flag, out.path, out.example_name);
+    check_outside_checkpoints(out.flag, out.path, checkpoint_dir);
+    all.emplace_back(out.flag, out.path);
+  }
   check_distinct_outputs(all);
 }
 

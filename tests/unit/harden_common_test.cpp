@@ -110,8 +110,9 @@ TEST_CASE("write_file_atomically replaces whole files; check_output_path fails e
   REQUIRE_THROWS_WITH(
       check_output_path("--save-final", dir.file("missing/w.safetensors")),
       Contains("--save-final " + dir.file("missing/w.safetensors")) && Contains("does not exist"));
-  REQUIRE_THROWS_WITH(check_output_path("--trace", dir.file("d")),
-                      Contains("--trace " + dir.file("d") + " is a directory"));
+  REQUIRE_THROWS_WITH(check_output_path("--trace", dir.file("d"), "trace.json"),
+                      Contains("--trace " + dir.file("d") + " is a directory") &&
+                          Contains("e.g. " + dir.file("d") + "/trace.json"));
   if (geteuid() != 0) {  // root writes anywhere: the permission case needs a normal user
     std::filesystem::create_directory(dir.file("ro"));
     chmod(dir.file("ro").c_str(), 0555);
