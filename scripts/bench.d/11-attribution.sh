@@ -7,8 +7,10 @@
 #   - straggler (--delay-rank 1:DELAY_MS, default 100): in how many runs rank 1 was named, and
 #     how much longer the others waited than it did;
 #   - planted causes, each against the clean run (mean over ranks): which part grew the most,
-#     and by how much: tiny buckets (--bucket-cap-mb TINY_MB, default 0.01, chapters 05-07), overlap off
-#     (--no-overlap, 05-08), oversubscribed cores (every rank on core 0: taskset -c 0, 03-08).
+#     by how much, and whether it names the cause (one of the parts docs/attribution.md says the
+#     cause should grow; the count of those named is printed last): tiny buckets (--bucket-cap-mb TINY_MB, default 0.01, chapters 05-07), overlap off
+#     (--no-overlap, 05-08), oversubscribed cores (every rank on core 0: taskset -c 0, 03-08;
+#     on the cluster, below, HOGS busy processes on the nodes' compute core).
 #     Accumulation without no_sync (05 only; no flag plants it, it is a change to the chapter): a
 #     copy of the source as the working tree has it (tracked files with their uncommitted edits,
 #     and untracked ones git does not ignore) in $TMP/nosync-src, chapter 05 built there
@@ -22,12 +24,16 @@
 # ONLY="clean slow": only these runs (the tables skip what was not run; clean is every
 # cause's reference). CHAPTERS="05_ddp_buckets": only these chapters.
 # ON_CLUSTER=1: across the nodes of `scripts/cluster up` instead (N: the cluster's ranks; the
-# scripts/cluster-tour model, four hidden layers of 512, global batch 256 N, STEPS (default 20);
-# oversubscribed cores left out: `scripts/cluster run` places the ranks itself). There the nodes
-# share the compute cores, so a sleeping rank lends its share to the others: a delay shorter
-# than their compute is absorbed, not waited for (docs/attribution.md); give DELAY_MS=200. With
-# a core for communication (--comm-core), 0.01 MiB buckets hide behind backward: TINY_MB=0.002
-# makes their per-message latency the step's largest part.
+# scripts/cluster-tour model, four hidden layers of 512, global batch 256 N, STEPS (default 20)).
+# There the nodes share the compute cores, so a sleeping rank lends its share to the others: a
+# delay shorter than their compute is absorbed, not waited for (docs/attribution.md); give
+# DELAY_MS=200. `scripts/cluster run` places the ranks itself, so oversubscribed cores are
+# planted beside them: HOGS (default: one per rank) busy processes pinned to the nodes' compute
+# cores for the run, each node's core shared with one more runnable process. A bucket holds at
+# least one parameter and that MLP has 10, so tiny buckets run on a model of many small
+# parameters, TINY_HIDDEN (default 32 hidden layers of 128: 66 parameters), against a clean run
+# of that model (tinyref); with a core for communication (--comm-core), TINY_MB=0.002 makes
+# their per-message latency show.
 # Prints Markdown tables (docs/attribution.md shows the last measured run). Wall-clock figures:
 # run on a quiet machine; never part of the tests.
 #   N=4 REPEATS=20 DELAY_MS=50 scripts/bench.d/11-attribution.sh
@@ -49,22 +55,38 @@ want clean || { echo "ONLY=\"$ONLY\": add clean, the first table and every cause
 data=()
 [ -d /usr/share/datasets/fashion-mnist ] && data=(--data fashion-mnist)
 common=(--model mlp "${data[@]}" --global-batch-size $((24 * N)) --max-steps 30 --eval-every-epoch 0 --log-every 1000 --attribute)
+model=()  # the MLP's hidden layers: the chapters' default here, the tour's on the cluster
 launch=(mpirun -np "$N" --oversubscribe --bind-to none)
 if [ "${ON_CLUSTER:-0}" = 1 ]; then
   state=/run/ringzero-cluster/${CLUSTER:-rz}/config
   [ -f "$state" ] || { echo "ON_CLUSTER=1: no cluster is up; scripts/cluster up --nodes 4 --slots 1 --bandwidth 1gbit --comm-core" >&2; exit 1; }
   N=$(( $(sed -n 's/^nodes=//p' "$state") * $(sed -n 's/^slots=//p' "$state") ))
-  common=(--model mlp "${data[@]}" --hidden-sizes 512,512,512,512 --global-batch-size $((256 * N))
+  model=(--hidden-sizes 512,512,512,512)
+  common=(--model mlp "${data[@]}" --global-batch-size $((256 * N))
           --max-steps "${STEPS:-20}" --eval-every-epoch 0 --log-every 1000 --attribute)
   launch=(scripts/cluster run --)
-  trap 'scripts/cluster shape 1 up >/dev/null; rm -rf "$TMP"' EXIT  # never leave a link slow
+  compute_cpus=$(sed -n 's/^compute_cpus=//p' "$state")
+  HOGS=${HOGS:-$N}
+  TINY_HIDDEN=${TINY_HIDDEN:-$(printf '128,%.0s' $(seq 31))128}
+  # never leave a link slow, nor a busy process behind
+  trap 'scripts/cluster shape 1 up >/dev/null; stop_hogs; rm -rf "$TMP"' EXIT
 fi
+hogs=()
+start_hogs() {  # HOGS busy processes on the nodes' compute cores (all cores without --comm-core)
+  local cpus=${compute_cpus:-0-$(($(nproc) - 1))}
+  for _ in $(seq "$HOGS"); do taskset -c "$cpus" sh -c 'while :; do :; done' & hogs+=($!); done
+}
+stop_hogs() {
+  [ ${#hogs[@]} -eq 0 ] || { kill "${hogs[@]}" 2>/dev/null; wait "${hogs[@]}" 2>/dev/null || true; hogs=(); }
+}
 
-run() {  # run TAG CHAPTER ARGS... (PIN=CPUS: every rank on those cores; BINDIR: the chapter's)
+run() {  # run TAG CHAPTER ARGS... (PIN=CPUS: every rank on those cores; BINDIR: the chapter's;
+         # MODEL: the hidden layers, else the run's model)
   local tag=$1 ch=$2; shift 2
-  local pin=()
+  local pin=() hidden=("${model[@]}")
   [ -n "${PIN:-}" ] && pin=(taskset -c "$PIN")
-  timeout 600 "${pin[@]}" "${launch[@]}" "${BINDIR:-$BUILD/bin}/ch$ch" "${common[@]}" "$@" \
+  [ -n "${MODEL:-}" ] && hidden=(--hidden-sizes "$MODEL")
+  timeout 600 "${pin[@]}" "${launch[@]}" "${BINDIR:-$BUILD/bin}/ch$ch" "${common[@]}" "${hidden[@]}" "$@" \
     --metrics "$TMP/$tag.jsonl" >"$TMP/$tag.log" 2>&1 || { echo "FAILED: $tag"; cat "$TMP/$tag.log"; exit 1; }
 }
 
@@ -103,9 +125,19 @@ for ch in "${chapters[@]}"; do
   for r in $(seq "$REPEATS"); do
     want clean && run "clean_${ch}_$r" "$ch"
     want late && run "late_${ch}_$r" "$ch" --delay-rank "1:$DELAY_MS"
-    if want oversubscribed && [ "${ON_CLUSTER:-0}" != 1 ]; then PIN=0 run "oversubscribed_${ch}_$r" "$ch"; fi
+    if want oversubscribed; then
+      if [ "${ON_CLUSTER:-0}" != 1 ]; then PIN=0 run "oversubscribed_${ch}_$r" "$ch"
+      else start_hogs; run "oversubscribed_${ch}_$r" "$ch"; stop_hogs; fi
+    fi
     if want tiny; then
-      case $ch in 05_* | 06_* | 07_*) run "tiny_${ch}_$r" "$ch" --bucket-cap-mb "$TINY_MB" ;; esac
+      case $ch in 05_* | 06_* | 07_*)
+        if [ -n "${TINY_HIDDEN:-}" ]; then  # its own reference: a clean run of that model
+          MODEL=$TINY_HIDDEN run "tinyref_${ch}_$r" "$ch"
+          MODEL=$TINY_HIDDEN run "tiny_${ch}_$r" "$ch" --bucket-cap-mb "$TINY_MB"
+        else
+          run "tiny_${ch}_$r" "$ch" --bucket-cap-mb "$TINY_MB"
+        fi ;;
+      esac
     fi
     if want serial; then
       case $ch in 05_* | 06_* | 07_* | 08_*) run "serial_${ch}_$r" "$ch" --no-overlap ;; esac
@@ -122,10 +154,10 @@ for ch in "${chapters[@]}"; do
   done
 done
 
-python3 - "$TMP" "$N" "$REPEATS" "$DELAY_MS" "$GRAD_ACCUM_STEPS" "${chapters[@]}" <<'PY'
+python3 - "$TMP" "$N" "$REPEATS" "$DELAY_MS" "$GRAD_ACCUM_STEPS" "${ON_CLUSTER:-0}" "${chapters[@]}" <<'PY'
 import json, os, sys
 tmp, N, R, delay, K = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
-chapters = sys.argv[6:]
+on_cluster, chapters = sys.argv[6] == "1", sys.argv[7:]
 parts = ("forward", "backward", "optimizer", "communication", "peer_wait", "copies", "other")
 def load(tag):
     lines = [json.loads(l) for l in open(f"{tmp}/{tag}.jsonl")]
@@ -152,19 +184,32 @@ for ch in late_chapters:
     named = sum(1 for a in late if a["late_rank"] == 1)
     waits = [a["late_by_ms"] for a in late]
     print(f"| {ch} | {named}/{R} | {min(waits):.1f}-{max(waits):.1f} |")
-causes = (("tiny", "tiny buckets", "clean"), ("serial", "overlap off", "clean"),
-          ("oversubscribed", "all ranks on one core", "clean"), ("slow", "a slow link (node 1)", "clean"),
-          ("nosync", "accumulation without no_sync", "nosyncref"))  # its reference: clean at its K
+# Tiny buckets on a model of their own (TINY_HIDDEN) are measured against that model's clean runs.
+tiny_ref = "tinyref" if any(os.path.exists(f"{tmp}/tinyref_{c}_1.jsonl") for c in chapters) else "clean"
+crowded = "busy processes on the compute core" if on_cluster else "all ranks on one core"
+# Each cause, its reference, and the parts that name it when one of them grew most
+# (docs/attribution.md, "Planting a cause": what should grow).
+compute_or_wait = {"forward", "backward", "optimizer", "peer_wait"}  # a descheduled rank, its peers
+causes = (("tiny", "tiny buckets" + (" (many parameters)" if tiny_ref == "tinyref" else ""), tiny_ref,
+           {"communication", "peer_wait"}),
+          ("serial", "overlap off", "clean", {"communication"}),
+          ("oversubscribed", crowded, "clean", compute_or_wait),
+          ("slow", "a slow link (node 1)", "clean", {"communication", "peer_wait"}),
+          ("nosync", "accumulation without no_sync", "nosyncref", {"communication"}))  # ref: clean at its K
 print(f"\nPlanted causes against clean, N = {N}, mean over ranks and {R} runs:\n")
-print("| cause | chapter | part grown most | clean ms | with the cause ms | step clean -> with |")
-print("|---|---|---|---:|---:|---|")
-for tag, cause, ref in causes:
+print("| cause | chapter | part grown most | named | clean ms | with the cause ms | step clean -> with |")
+print("|---|---|---|---|---:|---:|---|")
+named = []
+for tag, cause, ref, expected in causes:
     for ch in [c for c in chapters if os.path.exists(f"{tmp}/{tag}_{c}_1.jsonl")]:
         runs = {t: [load(f"{t}_{ch}_{r}")[0] for r in range(1, R + 1)] for t in (ref, tag)}
         c, t = ({p: mean([over_ranks(a, p) for a in runs[k]]) for p in parts} for k in (ref, tag))
         top = max(parts, key=lambda p: t[p] - c[p])
-        print(f"| {cause} | {ch} | {top} | {c[top]:.2f} | {t[top]:.2f} | "
-              f"{sum(c.values()):.1f} -> {sum(t.values()):.1f} |")
+        named.append(top in expected)
+        print(f"| {cause} | {ch} | {top} | {'yes' if top in expected else 'no'} | {c[top]:.2f} | "
+              f"{t[top]:.2f} | {sum(c.values()):.1f} -> {sum(t.values()):.1f} |")
+if named:
+    print(f"\nNamed (the part grown most is one the cause should grow): {sum(named)} of {len(named)}.")
 if os.path.exists(f"{tmp}/nosync_05_ddp_buckets_1.jsonl"):
     # The plant must change what is sent, not what is learnt: every rank's bytes per step exactly
     # K times (K all-reduces of the same buckets), the losses the same but for rounding (a sum of
