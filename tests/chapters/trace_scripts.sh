@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The trace scripts (scripts/trace_overlap.py, scripts/render_trace.py, both reading through
+# scripts/trace_events.py) on hand-made traces, no chapter run:
+#  - trace_overlap.py's numbers on a trace whose answer is known: rank 0's communication
+#    [50, 150] µs beside a backward [0, 100] (50 of 100 µs hidden: 0.5); rank 1's [0, 40] beside
+#    a forward [0, 40] that holds a wait [20, 30] for the queue (the wait is not compute: 30 of 40
+#    µs hidden, 0.75). The same spans on the GPU's tracks (tids 2, 3) with --gpu. Tolerance
+#    1e-12: the script sums whole microseconds in floats and divides by 1e3;
+#  - every bad input refused by both scripts with exit status 1, the reason named, no traceback:
+#    a missing file, a directory, bad JSON, JSON that is not a trace, a span whose tid is a
+#    boolean, a NaN or an infinite timestamp, JSON nested 100,000 deep, a trace with no spans;
+#  - render_trace.py draws the known trace to a non-empty PNG.
+# render_trace.py needs matplotlib (Debian's python3-matplotlib, which scripts/setup installs for
+# /usr/bin/python3); without it only trace_overlap.py is checked, and the test says so.
+source "$(dirname "$0")/lib.bash"
+SRC=${SRC:-$(cd "$(dirname "$0")/../.." && pwd)}
+cd "$WORK"  # the scripts find trace_events.py beside themselves, not in the working directory
+
+span() {  # span PID TID CAT TS DUR
+  printf '{"ph":"X","name":"%s","cat":"%s","pid":%s,"tid":%s,"ts":%s,"dur":%s}' "$3" "$3" "$1" "$2" "$4" "$5"
+}
+known() {  # known COMPUTE_TID COMM_TID: the trace described above, on those tracks
+  local c=$1 m=$2
+  echo "{\"traceEvents\":[$(span 0 "$c" backward 0 100),$(span 0 "$m" comm 50 100),$(span 1 "$c" forward 0 40),$(span 1 "$c" wait 20 10),$(span 1 "$m" comm 0 40),{\"ph\":\"i\",\"name\":\"step 1\",\"pid\":0,\"tid\":0,\"ts\":0}]}"
+}
+known 0 1 >host.json
+known 2 3 >gpu.json
+
+check_overlap() {  # check_overlap TRACE [--gpu]
+  python3 "$SRC/scripts/trace_overlap.py" "$@" >overlap.out
+  python3 - overlap.out <<'PY'
+import json, sys
+rows = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+want = [(0, 0.100, 0.050, 0.50), (1, 0.040, 0.030, 0.75)]
+got = [(r["rank"], r["comm_ms"], r["overlapped_ms"], r["overlap"]) for r in rows]
+assert len(got) == 2 and all(g[0] == w[0] and all(abs(a - b) <= 1e-12 for a, b in zip(g[1:], w[1:]))
+                             for g, w in zip(got, want)), f"FAILED: overlap {got}, expected {want}"
+print(f"ok: trace_overlap.py {got}")
+PY
+}
+check_overlap host.json
+check_overlap gpu.json --gpu
+
+tools=(trace_overlap.py)
+if /usr/bin/python3 -c "import matplotlib" 2>/dev/null; then tools+=(render_trace.py)
+else echo "note: no matplotlib in /usr/bin/python3 (scripts/setup installs it): render_trace.py not checked"; fi
+
+# bad INPUT-FILE EXPECTED-REGEX: each tool refuses it with status 1, the reason, no traceback.
+bad() {
+  local input=$1 want=$2 tool
+  for tool in "${tools[@]}"; do
+    local args=(python3 "$SRC/scripts/$tool" "$input")
+    [ "$tool" = render_trace.py ] && args=(/usr/bin/python3 "$SRC/scripts/$tool" "$input" "$WORK/out.png")
+    local rc=0
+    timeout 60 "${args[@]}" >bad.out 2>&1 || rc=$?
+    if [ "$rc" != 1 ] || ! grep -Eq "$want" bad.out || grep -q Traceback bad.out; then
+      echo "FAILED: $tool $input: status $rc (expected 1 and /$want/):"; cat bad.out; exit 1
+    fi
+    echo "ok: $tool refuses $(basename "$input"): $(head -c 160 bad.out)"
+  done
+}
+bad "$WORK/missing.json" "cannot read .*missing.json"
+mkdir -p adir; bad "$WORK/adir" "cannot read .*adir"
+echo '{"traceEvents": [' >cut.json; bad "$WORK/cut.json" "is not a --trace file"
+echo '[1, 2]' >list.json; bad "$WORK/list.json" 'no "traceEvents" list'
+echo "{\"traceEvents\":[$(span 0 true backward 0 1)]}" >booltid.json
+bad "$WORK/booltid.json" "without a finite numeric pid, tid, ts, dur"
+echo "{\"traceEvents\":[$(span 0 0 backward NaN 1)]}" >nan.json
+bad "$WORK/nan.json" "without a finite numeric"
+echo "{\"traceEvents\":[$(span 0 0 backward Infinity 1)]}" >inf.json
+bad "$WORK/inf.json" "without a finite numeric"
+python3 -c 'print("[" * 100000 + "]" * 100000)' >deep.json; bad "$WORK/deep.json" "is not a --trace file"
+echo '{"traceEvents":[{"ph":"i","name":"step 1","pid":0,"tid":0,"ts":0}]}' >nospans.json
+bad "$WORK/nospans.json" "no span"
+
+if [[ " ${tools[*]} " == *" render_trace.py "* ]]; then
+  /usr/bin/python3 "$SRC/scripts/render_trace.py" host.json "$WORK/known.png" >/dev/null
+  [ -s known.png ] || { echo "FAILED: render_trace.py drew nothing"; exit 1; }
+  echo "ok: render_trace.py drew the known trace ($(stat -c %s known.png) bytes)"
+fi
