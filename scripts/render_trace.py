@@ -19,7 +19,7 @@ import os
 import re
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 from trace_events import load_events  # noqa: E402 (beside this script)
 
 try:

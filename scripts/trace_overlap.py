@@ -21,7 +21,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 from trace_events import load_events  # noqa: E402 (beside this script)
 
 TRACKS = {False: (0, 1), True: (2, 3)}  # (compute, communication): common/report/trace.hpp

@@ -69,10 +69,12 @@ int main(int argc, char** argv) {
              "nothing to write: give OUT.safetensors, --optimizer-state or --as-checkpoint");
     const std::string resolved = resolve_checkpoint(dir, "the checkpoint");
     // Written whole or not at all, never over a FIFO or into a checkpoint (the one being read
-    // included: its model.safetensors or manifest.json would be destroyed), one file each.
+    // included: its model.safetensors or manifest.json would be destroyed), nor under a step
+    // directory's name in the --checkpoint-dir that holds it (a later --resume would stop at
+    // it), one file each.
     check_outputs({{"OUT", out, "model.safetensors"},
                    {"--optimizer-state", optimizer_out, "optimizer.safetensors"}},
-                  "");
+                  std::filesystem::path(resolved).parent_path().string());
     if (!as_checkpoint.empty()) check_as_checkpoint(as_checkpoint);
     const CheckpointData ckpt = read_checkpoint(resolved);
     if (!out.empty()) {

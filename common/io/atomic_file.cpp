@@ -104,7 +104,7 @@ OutputTarget resolve_output(const std::string& flag, const std::string& path,
   }
   if (S_ISCHR(st.st_mode)) return {path, true};
   RZ_CHECK(!S_ISDIR(st.st_mode), flag << " " << path << " is a directory; give a file name, e.g. "
-                                      << path << "/" << example_name);
+                                      << path << (path.ends_with('/') ? "" : "/") << example_name);
   RZ_CHECK(S_ISREG(st.st_mode),
            flag << " " << path << " is " << kind_of_mode(st.st_mode)
                 << "; an output must be a regular file (or a character device such as /dev/null): "

@@ -69,7 +69,7 @@ if [ "${ON_CLUSTER:-0}" = 1 ]; then
   HOGS=${HOGS:-$N}
   TINY_HIDDEN=${TINY_HIDDEN:-$(printf '128,%.0s' $(seq 31))128}
   # never leave a link slow, nor a busy process behind
-  trap 'scripts/cluster shape 1 up >/dev/null; stop_hogs; rm -rf "$TMP"' EXIT
+  trap 'stop_hogs; scripts/cluster shape 1 up >/dev/null || true; rm -rf "$TMP"' EXIT
 fi
 hogs=()
 start_hogs() {  # HOGS busy processes on the nodes' compute cores (all cores without --comm-core)
@@ -77,7 +77,7 @@ start_hogs() {  # HOGS busy processes on the nodes' compute cores (all cores wit
   for _ in $(seq "$HOGS"); do taskset -c "$cpus" sh -c 'while :; do :; done' & hogs+=($!); done
 }
 stop_hogs() {
-  [ ${#hogs[@]} -eq 0 ] || { kill "${hogs[@]}" 2>/dev/null; wait "${hogs[@]}" 2>/dev/null || true; hogs=(); }
+  [ ${#hogs[@]} -eq 0 ] || { kill "${hogs[@]}" 2>/dev/null || true; wait "${hogs[@]}" 2>/dev/null || true; hogs=(); }
 }
 
 run() {  # run TAG CHAPTER ARGS... (PIN=CPUS: every rank on those cores; BINDIR: the chapter's;

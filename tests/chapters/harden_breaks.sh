@@ -77,6 +77,13 @@ fails consolidate_missing "the checkpoint $WORK/nonexistent: no such file or dir
 fails consolidate_np2 "consolidate_checkpoint runs on one process, but the launcher started 2" -- \
   "$MPIRUN" -np 2 --oversubscribe "$BIN/consolidate_checkpoint" "$WORK/cz" "$WORK/np2.safetensors"
 [ ! -e "$WORK/np2.safetensors" ] || { echo "FAILED consolidate_np2: it wrote the file"; exit 1; }
+# OUT under a step directory's name beside the checkpoint it reads: a later --resume would stop there.
+fails consolidate_step_name "OUT $WORK/cz/step_00000009 takes the name of a checkpoint step directory" -- \
+  "$BIN/consolidate_checkpoint" "$WORK/cz" "$WORK/cz/step_00000009"
+[ ! -e "$WORK/cz/step_00000009" ] || { echo "FAILED consolidate_step_name: it wrote the file"; exit 1; }
+mkdir -p "$WORK/outdir"  # a directory as OUT: the fix names a file of OUT's kind, one slash
+fails consolidate_out_dir "OUT $WORK/outdir/ is a directory; give a file name, e.g. $WORK/outdir/model.safetensors" -- \
+  "$BIN/consolidate_checkpoint" "$WORK/cz" "$WORK/outdir/"
 if is_root && unshare -m true 2>/dev/null; then  # a read-only mount: the error names the flag
   mkdir -p "$WORK/ro"
   fails consolidate_readonly "--as-checkpoint $WORK/ro/new: cannot write in $WORK/ro (Read-only" -- \

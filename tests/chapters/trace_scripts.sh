@@ -7,8 +7,9 @@
 #    µs hidden, 0.75). The same spans on the GPU's tracks (tids 2, 3) with --gpu. Tolerance
 #    1e-12: the script sums whole microseconds in floats and divides by 1e3;
 #  - every bad input refused by both scripts with exit status 1, the reason named, no traceback:
-#    a missing file, a directory, bad JSON, JSON that is not a trace, a span whose tid is a
-#    boolean, a NaN or an infinite timestamp, JSON nested 100,000 deep, a trace with no spans;
+#    a missing file, a directory, a FIFO, bad JSON, JSON that is not a trace, a span whose tid is
+#    a boolean, a NaN, infinite or 401-digit timestamp, one whose end overflows, a negative
+#    duration, JSON nested 100,000 deep, a trace with no spans;
 #  - render_trace.py draws the known trace to a non-empty PNG.
 # render_trace.py needs matplotlib (Debian's python3-matplotlib, which scripts/setup installs for
 # /usr/bin/python3); without it only trace_overlap.py is checked, and the test says so.
@@ -60,7 +61,8 @@ bad() {
   done
 }
 bad "$WORK/missing.json" "cannot read .*missing.json"
-mkdir -p adir; bad "$WORK/adir" "cannot read .*adir"
+mkdir -p adir; bad "$WORK/adir" "adir is not a regular file"
+mkfifo fifo; bad "$WORK/fifo" "fifo is not a regular file"  # not a read that blocks forever
 echo '{"traceEvents": [' >cut.json; bad "$WORK/cut.json" "is not a --trace file"
 echo '[1, 2]' >list.json; bad "$WORK/list.json" 'no "traceEvents" list'
 echo "{\"traceEvents\":[$(span 0 true backward 0 1)]}" >booltid.json
@@ -70,6 +72,12 @@ bad "$WORK/nan.json" "without a finite numeric"
 echo "{\"traceEvents\":[$(span 0 0 backward Infinity 1)]}" >inf.json
 bad "$WORK/inf.json" "without a finite numeric"
 python3 -c 'print("[" * 100000 + "]" * 100000)' >deep.json; bad "$WORK/deep.json" "is not a --trace file"
+echo "{\"traceEvents\":[$(span 0 0 backward 0 "1$(printf '0%.0s' $(seq 400))")]}" >huge.json
+bad "$WORK/huge.json" "int too large to convert to float"  # an integer no float holds
+echo "{\"traceEvents\":[$(span 0 0 backward 1e308 1e308)]}" >overflow.json
+bad "$WORK/overflow.json" "an end beyond any number"
+echo "{\"traceEvents\":[$(span 0 1 comm 0 10),$(span 0 1 comm 20 -1)]}" >negative.json
+bad "$WORK/negative.json" "a negative duration"
 echo '{"traceEvents":[{"ph":"i","name":"step 1","pid":0,"tid":0,"ts":0}]}' >nospans.json
 bad "$WORK/nospans.json" "no span"
 
