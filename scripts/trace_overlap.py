@@ -19,6 +19,7 @@ ran the work (CUDA events, common/report/trace.hpp). Prints one line per rank an
 import argparse
 import json
 import os
+import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
@@ -89,6 +90,7 @@ def overlap(events, gpu):
 
 
 def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # | head: end quietly, as a shell tool does
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("trace")
     ap.add_argument("--gpu", action="store_true", help="the GPU's streams (--device cuda)")

@@ -89,6 +89,12 @@ OutputTarget resolve_output(const std::string& flag, const std::string& path,
   // This process's own streams: whatever they are (a terminal, a pipe, the file a shell
   // redirected to), written through and appended to, never replaced.
   if (is_stream_path(path) && ::stat(path.c_str(), &st) == 0) return {path, true};
+  if (path.ends_with('/')) {  // "/" itself: only the example
+    const std::string bare = path.substr(0, path.find_last_not_of('/') + 1);
+    RZ_CHECK(false, flag << " " << path << " ends in /, so it names a directory; give a file path, "
+                         << "e.g. " << path << example_name
+                         << (bare.empty() ? "" : ", or " + bare + " without the /"));
+  }
   if (::stat(path.c_str(), &st) != 0) {  // nothing there yet, or a link to nothing yet
     std::string p = path;
     for (int hops = 0; hops < 40; ++hops) {  // Linux's own limit on a chain of links
@@ -104,7 +110,7 @@ OutputTarget resolve_output(const std::string& flag, const std::string& path,
   }
   if (S_ISCHR(st.st_mode)) return {path, true};
   RZ_CHECK(!S_ISDIR(st.st_mode), flag << " " << path << " is a directory; give a file name, e.g. "
-                                      << path << (path.ends_with('/') ? "" : "/") << example_name);
+                                      << path << "/" << example_name);
   RZ_CHECK(S_ISREG(st.st_mode),
            flag << " " << path << " is " << kind_of_mode(st.st_mode)
                 << "; an output must be a regular file (or a character device such as /dev/null): "
@@ -262,10 +268,13 @@ void check_output_path(const std::string& flag, const std::string& path,
     ::close(fd);
     return;
   }
-  const std::string dir = directory_of(target.path);
-  RZ_CHECK(std::filesystem::is_directory(dir), flag << " " << path << ": directory " << dir
-                                                    << " does not exist; create it (mkdir -p "
-                                                    << dir << ") or choose another path");
+  const std::string dir = directory_of(target.path), kind = file_kind(dir);
+  RZ_CHECK(kind.empty() || kind == "a directory", flag << " " << path << ": " << dir << " is "
+                                                       << kind
+                                                       << ", not a directory; choose another path");
+  RZ_CHECK(!kind.empty(), flag << " " << path << ": directory " << dir
+                               << " does not exist; create it (mkdir -p " << dir
+                               << ") or choose another path");
   std::string tmp;
   const int fd = make_temp_next_to(target.path, tmp);
   RZ_CHECK(fd >= 0, flag << " " << path << ": cannot create a file in " << dir << " ("

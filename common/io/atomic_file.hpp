@@ -91,7 +91,8 @@ std::string file_kind(const std::string& path);
 /// stays). `device` is true for a character device (/dev/null, /dev/tty) and for this
 /// process's own streams (/dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N: a terminal, a
 /// pipe or the file a shell redirected to): written through, appended, no temporary file and
-/// no rename. Errors (naming `flag`, the path and what stands there): a directory (the fix
+/// no rename. Errors (naming `flag`, the path and what stands there): a path ending in /, which
+/// names a directory whatever stands there, and a directory (for both the fix
 /// suggests PATH/`example_name`, a file name of the caller's kind, e.g. "trace.json"), FIFO,
 /// socket or block device, a loop of symlinks.
 struct OutputTarget {

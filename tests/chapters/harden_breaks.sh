@@ -81,9 +81,19 @@ fails consolidate_np2 "consolidate_checkpoint runs on one process, but the launc
 fails consolidate_step_name "OUT $WORK/cz/step_00000009 takes the name of a checkpoint step directory" -- \
   "$BIN/consolidate_checkpoint" "$WORK/cz" "$WORK/cz/step_00000009"
 [ ! -e "$WORK/cz/step_00000009" ] || { echo "FAILED consolidate_step_name: it wrote the file"; exit 1; }
-mkdir -p "$WORK/outdir"  # a directory as OUT: the fix names a file of OUT's kind, one slash
-fails consolidate_out_dir "OUT $WORK/outdir/ is a directory; give a file name, e.g. $WORK/outdir/model.safetensors" -- \
-  "$BIN/consolidate_checkpoint" "$WORK/cz" "$WORK/outdir/"
+mkdir -p "$WORK/outdir"  # a directory as OUT: the fix names a file of OUT's kind
+fails consolidate_out_dir "OUT $WORK/outdir is a directory; give a file name, e.g. $WORK/outdir/model.safetensors" -- \
+  "$BIN/consolidate_checkpoint" "$WORK/cz" "$WORK/outdir"
+# A path ending in / names a directory, whatever stands there (one, a file, nothing yet): never
+# "mkdir -p" a file's name.
+: >"$WORK/afile.safetensors"
+for p in "$WORK/outdir/" "$WORK/afile.safetensors/" "$WORK/notyet/"; do
+  fails "consolidate_slash_$(basename "$p")" "OUT $p ends in /, so it names a directory; give a file path, e.g. ${p}model.safetensors, or ${p%/} without the /" -- \
+    "$BIN/consolidate_checkpoint" "$WORK/cz" "$p"
+done
+fails consolidate_under_file "OUT $WORK/afile.safetensors/x.safetensors: $WORK/afile.safetensors is a regular file, not a directory" -- \
+  "$BIN/consolidate_checkpoint" "$WORK/cz" "$WORK/afile.safetensors/x.safetensors"
+[ ! -e "$WORK/notyet" ] || { echo "FAILED consolidate_slash: it made notyet"; exit 1; }
 if is_root && unshare -m true 2>/dev/null; then  # a read-only mount: the error names the flag
   mkdir -p "$WORK/ro"
   fails consolidate_readonly "--as-checkpoint $WORK/ro/new: cannot write in $WORK/ro (Read-only" -- \
