@@ -8,9 +8,10 @@
 #     how much longer the others waited than it did;
 #   - planted causes, each against the clean run (mean over ranks): which part grew the most,
 #     by how much, and whether it names the cause (one of the parts docs/attribution.md says the
-#     cause should grow; the count of those named is printed last): tiny buckets (--bucket-cap-mb TINY_MB, default 0.01, chapters 05-07), overlap off
-#     (--no-overlap, 05-08), oversubscribed cores (every rank on core 0: taskset -c 0, 03-08;
-#     on the cluster, below, HOGS busy processes on the nodes' compute core).
+#     cause should grow; the count of those named is printed last): tiny buckets (--bucket-cap-mb
+#     TINY_MB, default 0.01, chapters 05-07), overlap off (--no-overlap, 05-08), oversubscribed
+#     cores (every rank on core 0: taskset -c 0, 03-08; on the cluster, below, HOGS busy
+#     processes on the nodes' compute core).
 #     Accumulation without no_sync (05 only; no flag plants it, it is a change to the chapter): a
 #     copy of the source as the working tree has it (tracked files with their uncommitted edits,
 #     and untracked ones git does not ignore) in $TMP/nosync-src, chapter 05 built there
