@@ -12,10 +12,7 @@
 // checkpoint (world size 1) that any chapter can --resume from.
 #include <CLI/CLI.hpp>
 
-#include <unistd.h>
-
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 
 #include "common/core/check.hpp"
@@ -41,9 +38,10 @@ static void check_as_checkpoint(const std::string& dir) {
                                 << c.string() << "; give a directory of its own");
   fs::path existing = d;  // the directory, or the nearest one above it that exists
   while (!fs::exists(existing)) existing = existing.parent_path();
-  RZ_CHECK(::access(existing.c_str(), W_OK) == 0,  // before OUT is written, not after
-           "--as-checkpoint " << dir << ": cannot write in " << existing.string() << " ("
-                              << std::strerror(errno) << "); give a writable directory");
+  const std::string refused = file_creation_refused((existing / ".write-test").string());
+  RZ_CHECK(refused.empty(),  // before OUT is written, not after
+           "--as-checkpoint " << dir << ": cannot write in " << existing.string() << " (" << refused
+                              << "); give a writable directory");
   if (kind.empty()) return;
   for (const auto& e : fs::directory_iterator(d))
     RZ_CHECK(e.path().filename().string().rfind("step_", 0) != 0,
@@ -74,7 +72,8 @@ int main(int argc, char** argv) {
     // it), one file each.
     check_outputs({{"OUT", out, "model.safetensors"},
                    {"--optimizer-state", optimizer_out, "optimizer.safetensors"}},
-                  std::filesystem::path(resolved).parent_path().string());
+                  std::filesystem::path(resolved).parent_path().string(), {},
+                  "the checkpoint's directory");
     if (!as_checkpoint.empty()) check_as_checkpoint(as_checkpoint);
     const CheckpointData ckpt = read_checkpoint(resolved);
     if (!out.empty()) {

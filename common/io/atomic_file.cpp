@@ -275,12 +275,18 @@ void check_output_path(const std::string& flag, const std::string& path,
   RZ_CHECK(!kind.empty(), flag << " " << path << ": directory " << dir
                                << " does not exist; create it (mkdir -p " << dir
                                << ") or choose another path");
+  const std::string refused = file_creation_refused(target.path);
+  RZ_CHECK(refused.empty(), flag << " " << path << ": cannot create a file in " << dir << " ("
+                                 << refused << "); choose a writable directory");
+}
+
+std::string file_creation_refused(const std::string& stem) {
   std::string tmp;
-  const int fd = make_temp_next_to(target.path, tmp);
-  RZ_CHECK(fd >= 0, flag << " " << path << ": cannot create a file in " << dir << " ("
-                         << std::strerror(errno) << "); choose a writable directory");
+  const int fd = make_temp_next_to(stem, tmp);
+  if (fd < 0) return std::strerror(errno);
   ::close(fd);
   ::unlink(tmp.c_str());
+  return "";
 }
 
 }  // namespace ringzero

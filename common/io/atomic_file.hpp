@@ -81,6 +81,13 @@ class RecordFile {
 void check_output_path(const std::string& flag, const std::string& path,
                        const std::string& example_name = "out");
 
+/// Whether a file named like `stem` can be created now: "<stem>.tmp.XXXXXX" is created
+/// (exclusive) and removed again, so whatever would refuse the real write refuses this one
+/// too (permissions, a read-only file system, a name too long, no inodes), for root as for
+/// anyone (access(2) answers yes to root on a directory it may not write). For a directory D,
+/// pass D/".write-test". Returns "" when it can, else the OS reason (strerror).
+std::string file_creation_refused(const std::string& stem);
+
 /// "a directory", "a FIFO (named pipe)", "a socket", "a block device", "a character device",
 /// "a regular file", "a dangling symbolic link" (a link to nothing, or a loop) for what stands
 /// at `path` (symlinks followed), or "" when nothing does.

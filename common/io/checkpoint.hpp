@@ -141,9 +141,11 @@ void write_replicated_checkpoint(const CheckpointData& ckpt, const std::string& 
 /// checkpoint (a directory holding a manifest: only the checkpointer writes there, and a file
 /// added to it would be pruned with it or mistaken for one of its shards), that is
 /// `checkpoint_dir` itself, or that takes a step directory's name in it (a later save would
-/// fail there). Errors name the flag, the path and the checkpoint.
+/// fail there). Errors name the flag, the path and the checkpoint; `dir_name` is what they call
+/// `checkpoint_dir` ("the --checkpoint-dir" for a run, "the checkpoint's directory" for a tool).
 void check_outside_checkpoints(const std::string& flag, const std::string& path,
-                               const std::string& checkpoint_dir);
+                               const std::string& checkpoint_dir,
+                               const std::string& dir_name = "the --checkpoint-dir");
 
 /// An output a run will write: the flag that names it, the path given (empty: off), and a
 /// file name of its kind for the fix when the path is a directory ("trace.json" for --trace).
@@ -154,9 +156,11 @@ struct OutputPath {
 /// Before anything is written: each output passes check_output_path and
 /// check_outside_checkpoints, and no two of the outputs and `inputs` (files read, e.g.
 /// --init-from, as (flag, path)) land on one file (check_distinct_outputs). Empty paths are
-/// outputs turned off. Errors name the flag, the path and the fix.
+/// outputs turned off. Errors name the flag, the path and the fix; `dir_name` is what they
+/// call `checkpoint_dir` (check_outside_checkpoints).
 void check_outputs(const std::vector<OutputPath>& outputs, const std::string& checkpoint_dir,
-                   const std::vector<std::pair<std::string, std::string>>& inputs = {});
+                   const std::vector<std::pair<std::string, std::string>>& inputs = {},
+                   const std::string& dir_name = "the --checkpoint-dir");
 
 /// --checkpoint-dir / --checkpoint-every / --keep-checkpoints / --resume for one run.
 class Checkpointer {

@@ -4,8 +4,6 @@
 // that holds another run's checkpoints (Checkpointer::check_checkpoint_dir). Split from
 // checkpoint.cpp, which saves and loads (Checkpointer); the manifest's own field checks are in
 // checkpoint_read.cpp (read_checkpoint).
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -122,7 +120,7 @@ void check_finite_state(const CheckpointData& ck, const std::string& mpath) {
 using namespace checkpoint_format;
 
 void check_outside_checkpoints(const std::string& flag, const std::string& path,
-                               const std::string& checkpoint_dir) {
+                               const std::string& checkpoint_dir, const std::string& dir_name) {
   if (path.empty()) return;
   const OutputTarget target = resolve_output(flag, path);
   if (target.device) return;
@@ -133,21 +131,23 @@ void check_outside_checkpoints(const std::string& flag, const std::string& path,
                                    "it, or replace one of its files); write it elsewhere");
   if (checkpoint_dir.empty()) return;
   const fs::path ck = fs::weakly_canonical(fs::absolute(checkpoint_dir));
-  RZ_CHECK(out != ck, flag << " " << path << " is the --checkpoint-dir " << checkpoint_dir
+  RZ_CHECK(out != ck, flag << " " << path << " is " << dir_name << " " << checkpoint_dir
                            << "; give the output its own file");
   RZ_CHECK(out.parent_path() != ck || step_of_dir_name(out.filename().string()) < 0,
-           flag << " " << path << " takes the name of a checkpoint step directory in --checkpoint-dir "
-                << checkpoint_dir << " (a later save would fail there); give another file name");
+           flag << " " << path << " takes the name of a checkpoint step directory in " << dir_name
+                << " " << checkpoint_dir
+                << " (a later save, or --resume, would stop there); give another file name");
 }
 
 void check_outputs(const std::vector<OutputPath>& outputs, const std::string& checkpoint_dir,
-                   const std::vector<std::pair<std::string, std::string>>& inputs) {
+                   const std::vector<std::pair<std::string, std::string>>& inputs,
+                   const std::string& dir_name) {
   std::vector<std::pair<std::string, std::string>> all;  // the inputs that exist, the outputs
   for (const auto& input : inputs)
     if (file_kind(input.second) == "a regular file") all.push_back(input);  // else: its loader says
   for (const OutputPath& out : outputs) {
     check_output_path(out.flag, out.path, out.example_name);
-    check_outside_checkpoints(out.flag, out.path, checkpoint_dir);
+    check_outside_checkpoints(out.flag, out.path, checkpoint_dir, dir_name);
     all.emplace_back(out.flag, out.path);
   }
   check_distinct_outputs(all);
@@ -175,14 +175,10 @@ void Checkpointer::check_checkpoint_dir_here() {
            "--checkpoint-dir " << config_.checkpoint_dir << ": cannot create the directory ("
                                << (ec ? ec.message() : "a file of that name exists")
                                << "); give a directory in a writable place");
-  // Named by rank and pid: ranks on several nodes may share D.
-  const std::string probe =
-      (d / (".write-test." + std::to_string(rank_) + "." + std::to_string(::getpid()))).string();
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
-  RZ_CHECK(fd >= 0, "--checkpoint-dir " << config_.checkpoint_dir << " is not writable ("
-                                        << std::strerror(errno) << "); give a writable directory");
-  ::close(fd);
-  ::unlink(probe.c_str());
+  // A unique name per probe (mkstemp): ranks on several nodes may share D.
+  const std::string refused = file_creation_refused((d / ".write-test").string());
+  RZ_CHECK(refused.empty(), "--checkpoint-dir " << config_.checkpoint_dir << " is not writable ("
+                                                << refused << "); give a writable directory");
   // Another run's checkpoints: a run that did not resume from this directory must not save
   // into it, since its saves would prune them (docs/checkpoints.md, "One directory, one run").
   std::error_code same_ec;

@@ -78,7 +78,8 @@ fails consolidate_np2 "consolidate_checkpoint runs on one process, but the launc
   "$MPIRUN" -np 2 --oversubscribe "$BIN/consolidate_checkpoint" "$WORK/cz" "$WORK/np2.safetensors"
 [ ! -e "$WORK/np2.safetensors" ] || { echo "FAILED consolidate_np2: it wrote the file"; exit 1; }
 # OUT under a step directory's name beside the checkpoint it reads: a later --resume would stop there.
-fails consolidate_step_name "OUT $WORK/cz/step_00000009 takes the name of a checkpoint step directory" -- \
+# The message calls the folder what it is for this tool (it has no --checkpoint-dir).
+fails consolidate_step_name "OUT $WORK/cz/step_00000009 takes the name of a checkpoint step directory in the checkpoint's directory $WORK/cz (" -- \
   "$BIN/consolidate_checkpoint" "$WORK/cz" "$WORK/cz/step_00000009"
 [ ! -e "$WORK/cz/step_00000009" ] || { echo "FAILED consolidate_step_name: it wrote the file"; exit 1; }
 mkdir -p "$WORK/outdir"  # a directory as OUT: the fix names a file of OUT's kind
