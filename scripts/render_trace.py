@@ -10,6 +10,8 @@ thread (green, labelled with its bucket), the wait for the buckets (grey), the o
 --steps a:b shows optimizer steps a..b (1-based, as traced) of rank 0, with a small margin;
 --steps auto:K shows the K consecutive steps (after step 1) that took least time on rank 0: on
 a busy machine, the window least disturbed by other processes.
+--ranks a:b draws ranks a..b only; a trace of more than 32 ranks draws ranks 0..15 unless told
+(one row per rank and thread: hundreds of rows would be no picture to read, and no PNG).
 --gpu adds, for a --device cuda trace, each rank's GPU compute and GPU communication streams
 (the spans as the GPU ran them, from CUDA events: common/report/trace.hpp) below its threads.
 Needs matplotlib: Debian's python3-matplotlib, which scripts/setup installs.
@@ -99,6 +101,29 @@ def step_window(spans, rank, spec):
     return steps[a]["ts"], steps[b]["ts"] + steps[b]["dur"]
 
 
+MAX_RANKS = 64  # rows of a readable picture (and under matplotlib's 2^16-pixel image limit)
+
+
+def pick_ranks(ranks, spec):
+    """The ranks to draw: --ranks a:b (those of the trace in a..b), else all of at most 32,
+    else the first 16, said on stdout."""
+    if spec is None:
+        if len(ranks) <= 32:
+            return ranks
+        print(f"showing ranks {ranks[0]}..{ranks[15]} of {len(ranks)} (--ranks a:b for others)")
+        return ranks[:16]
+    m = re.fullmatch(r"(\d+):(\d+)", spec)
+    if not m or int(m[1]) > int(m[2]):
+        die(f"--ranks {spec}: give a:b with a <= b, e.g. --ranks 0:7")
+    a, b = int(m[1]), int(m[2])
+    chosen = [r for r in ranks if a <= r <= b]
+    if not chosen:
+        die(f"--ranks {spec}: this trace holds ranks {ranks[0]}..{ranks[-1]}; give a:b among them")
+    if len(chosen) > MAX_RANKS:
+        die(f"--ranks {spec}: {len(chosen)} ranks are too many rows to draw; give at most {MAX_RANKS}")
+    return chosen
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace")
@@ -107,6 +132,7 @@ def main():
     p.add_argument("--title", default=None)
     p.add_argument("--comm-label", default="all-reduce (comm thread)", help="legend of the comm thread's bars")
     p.add_argument("--wait-label", default="wait for buckets", help="legend of the main thread's waits (grey)")
+    p.add_argument("--ranks", default=None, help="a:b, the ranks to draw (default: all, or 0:15 past 32)")
     p.add_argument("--gpu", action="store_true", help="also the GPU's streams (a --device cuda trace)")
     args = p.parse_args()
     ext = os.path.splitext(args.png)[1].lower()
@@ -115,7 +141,7 @@ def main():
     if os.path.isdir(args.png) or not os.path.isdir(os.path.dirname(args.png) or "."):
         die(f"cannot write {args.png}: give a .png path in an existing folder")
     spans, instants = load(args.trace)
-    ranks = sorted({e["pid"] for e in spans})
+    ranks = pick_ranks(sorted({e["pid"] for e in spans}), args.ranks)
     t0, t1 = min(e["ts"] for e in spans), max(e["ts"] + e["dur"] for e in spans)
     if args.steps:
         t0, t1 = step_window(spans, ranks[0], args.steps)

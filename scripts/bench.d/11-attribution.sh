@@ -87,9 +87,21 @@ run() {  # run TAG CHAPTER ARGS... (PIN=CPUS: every rank on those cores; BINDIR:
   local pin=() hidden=("${model[@]}")
   [ -n "${PIN:-}" ] && pin=(taskset -c "$PIN")
   [ -n "${MODEL:-}" ] && hidden=(--hidden-sizes "$MODEL")
+  # In the background and waited for: timeout gives the run its own process group, which a
+  # Ctrl-C at the terminal does not reach, and bash runs a trap only once a foreground command
+  # ends; `wait` returns at the signal, and stop_run ends the run.
   timeout 600 "${pin[@]}" "${launch[@]}" "${BINDIR:-$BUILD/bin}/ch$ch" "${common[@]}" "${hidden[@]}" "$@" \
-    --metrics "$TMP/$tag.jsonl" >"$TMP/$tag.log" 2>&1 || { echo "FAILED: $tag"; cat "$TMP/$tag.log"; exit 1; }
+    --metrics "$TMP/$tag.jsonl" >"$TMP/$tag.log" 2>&1 &
+  current_run=$!
+  wait "$current_run" || { echo "FAILED: $tag"; cat "$TMP/$tag.log"; exit 1; }
+  current_run=
 }
+current_run=
+stop_run() {  # timeout passes the TERM on to the run's whole process group (mpirun, the ranks)
+  [ -z "$current_run" ] || { kill -TERM "$current_run" 2>/dev/null || true; wait "$current_run" 2>/dev/null || true; }
+  current_run=
+}
+trap 'echo "interrupted: the current run is stopped" >&2; stop_run; exit 130' INT TERM
 
 # Accumulation without no_sync: chapter 05 clean and planted, built in one copy of the source
 # ($TMP/nosync/clean and planted), never touching the repository's chapter.
