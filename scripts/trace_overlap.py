@@ -13,8 +13,13 @@ the compute stream): a bucket launched inside a layer's backward may be waited f
 (common/report/trace.hpp, common/comm/comm_queue.hpp). overlap = covered / busy. The optimizer step
 is not counted as compute (ZeRO-1/2's all-gathers overlap it by design, a different lesson). On the host the compute track is the
 main thread's wall clock, which also runs while a core is shared; on the GPU it is when the GPU
-ran the work (CUDA events, common/report/trace.hpp). Prints one line per rank and a JSON line
-({"rank": r, "comm_ms": ..., "overlapped_ms": ..., "overlap": ...} per rank) for scripts.
+ran the work (CUDA events, common/report/trace.hpp).
+On the host it also splits the main thread's waits for the queue: each "wait <job>" span ends
+after the job's own span on the comm track has ended ("wait for collectives": after the last
+job's); the stretch between the two is the main thread woken but not yet running again, which
+--attribute counts as communication (the queue's wait) and which a shared or crowded core
+stretches. Prints one line per rank and a JSON line ({"rank": r, "comm_ms": ..., "overlapped_ms":
+..., "overlap": ..., and on the host "wait_ms": ..., "after_done_ms": ...} per rank) for scripts.
 """
 import argparse
 import json
@@ -67,6 +72,27 @@ def minus(intervals, holes):
     return out
 
 
+def waits_after_done(mine, compute_tid, comm_tid):
+    """(wait_ms, after_done_ms): the main thread's waits for the queue, and the part of each after
+    the job it waited for had ended (the job of its name that ended last before the wait did;
+    for "wait for collectives", the last job to end before it)."""
+    ends = {}  # job name -> its spans' ends, in order
+    for e in sorted((e for e in mine if e["tid"] == comm_tid), key=lambda e: e["ts"] + e["dur"]):
+        ends.setdefault(e["name"], []).append(e["ts"] + e["dur"])
+    every_end = sorted(end for job_ends in ends.values() for end in job_ends)
+    wait_us = after_us = 0.0
+    for e in mine:
+        if e["tid"] != compute_tid or e.get("cat") != "wait":
+            continue
+        start, end = e["ts"], e["ts"] + e["dur"]
+        job = e["name"][len("wait "):] if e["name"].startswith("wait ") else None
+        done = [t for t in ends.get(job, every_end) if t <= end]
+        wait_us += end - start
+        if done:
+            after_us += end - max(done[-1], start)
+    return wait_us / 1e3, after_us / 1e3
+
+
 def overlap(events, gpu):
     compute_tid, comm_tid = TRACKS[gpu]
     spans = [e for e in events if e["ph"] == "X"]
@@ -86,6 +112,8 @@ def overlap(events, gpu):
         hidden = covered(comm, compute)
         rows.append({"rank": r, "comm_ms": busy / 1e3, "overlapped_ms": hidden / 1e3,
                      "overlap": hidden / busy if busy > 0 else 0.0})
+        if not gpu:  # the GPU's twins are the stream's idle gaps, not a thread's wake-up
+            rows[-1]["wait_ms"], rows[-1]["after_done_ms"] = waits_after_done(mine, compute_tid, comm_tid)
     return rows
 
 
@@ -101,9 +129,12 @@ def main():
                  f"{'GPU communication stream' if args.gpu else 'comm thread'}: "
                  + ("trace a --device cuda run" if args.gpu else "trace chapters 05-08"))
     for row in rows:
+        waits = (f"; the main thread waited {row['wait_ms']:.2f} ms for the queue, "
+                 f"{row['after_done_ms']:.2f} ms of it after the job had ended (woken, not yet "
+                 f"running)" if "wait_ms" in row else "")
         print(f"rank {row['rank']}: communication {row['comm_ms']:.2f} ms, "
               f"{row['overlapped_ms']:.2f} ms of it beside forward/backward "
-              f"({100 * row['overlap']:.0f} %)")
+              f"({100 * row['overlap']:.0f} %){waits}")
     print(json.dumps(rows))
 
 
