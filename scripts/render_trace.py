@@ -7,7 +7,8 @@ One row per rank and thread (rank r main thread, rank r comm thread), time on th
 milliseconds. Bars: forward (blue), backward (orange), each bucket's all-reduce on the comm
 thread (green, labelled with its bucket), the wait for the buckets (grey), the optimizer step
 (purple); a black tick on the main thread marks the moment a bucket's all-reduce is launched.
---steps a:b shows optimizer steps a..b (1-based, as traced) of rank 0, with a small margin;
+--steps a:b shows optimizer steps a..b (1-based, as traced) of the first rank drawn (rank 0
+unless --ranks says otherwise), with a small margin;
 --steps auto:K shows the K consecutive steps (after step 1) that took least time on rank 0: on
 a busy machine, the window least disturbed by other processes.
 --ranks a:b draws ranks a..b only; a trace of more than 32 ranks draws ranks 0..15 unless told
@@ -110,7 +111,7 @@ def pick_ranks(ranks, spec):
     if spec is None:
         if len(ranks) <= 32:
             return ranks
-        print(f"showing ranks {ranks[0]}..{ranks[15]} of {len(ranks)} (--ranks a:b for others)")
+        print(f"showing the first 16 of {len(ranks)} ranks ({ranks[0]}..{ranks[15]}; --ranks a:b for others)")
         return ranks[:16]
     m = re.fullmatch(r"(\d+):(\d+)", spec)
     if not m or int(m[1]) > int(m[2]):
@@ -118,7 +119,8 @@ def pick_ranks(ranks, spec):
     a, b = int(m[1]), int(m[2])
     chosen = [r for r in ranks if a <= r <= b]
     if not chosen:
-        die(f"--ranks {spec}: this trace holds ranks {ranks[0]}..{ranks[-1]}; give a:b among them")
+        held = ", ".join(map(str, ranks)) if len(ranks) <= 8 else f"{len(ranks)} ranks, {ranks[0]}..{ranks[-1]}"
+        die(f"--ranks {spec}: no rank of this trace is in {a}..{b} (it holds {held}); give a:b around some")
     if len(chosen) > MAX_RANKS:
         die(f"--ranks {spec}: {len(chosen)} ranks are too many rows to draw; give at most {MAX_RANKS}")
     return chosen
@@ -132,7 +134,7 @@ def main():
     p.add_argument("--title", default=None)
     p.add_argument("--comm-label", default="all-reduce (comm thread)", help="legend of the comm thread's bars")
     p.add_argument("--wait-label", default="wait for buckets", help="legend of the main thread's waits (grey)")
-    p.add_argument("--ranks", default=None, help="a:b, the ranks to draw (default: all, or 0:15 past 32)")
+    p.add_argument("--ranks", default=None, help="a:b, the ranks to draw (default: all; past 32, the first 16)")
     p.add_argument("--gpu", action="store_true", help="also the GPU's streams (a --device cuda trace)")
     args = p.parse_args()
     ext = os.path.splitext(args.png)[1].lower()
@@ -142,7 +144,8 @@ def main():
         die(f"cannot write {args.png}: give a .png path in an existing folder")
     spans, instants = load(args.trace)
     ranks = pick_ranks(sorted({e["pid"] for e in spans}), args.ranks)
-    t0, t1 = min(e["ts"] for e in spans), max(e["ts"] + e["dur"] for e in spans)
+    drawn = [e for e in spans if e["pid"] in set(ranks)]
+    t0, t1 = min(e["ts"] for e in drawn), max(e["ts"] + e["dur"] for e in drawn)
     if args.steps:
         t0, t1 = step_window(spans, ranks[0], args.steps)
         margin = 0.02 * (t1 - t0)

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <sstream>
 #include <vector>
 
 #include "common/core/check.hpp"
@@ -276,17 +277,26 @@ void check_output_path(const std::string& flag, const std::string& path,
                                << " does not exist; create it (mkdir -p " << dir
                                << ") or choose another path");
   const std::string refused = file_creation_refused(target.path);
-  RZ_CHECK(refused.empty(), flag << " " << path << ": cannot create a file in " << dir << " ("
-                                 << refused << "); choose a writable directory");
+  RZ_CHECK(refused.empty(),
+           flag << " " << path << ": cannot create a file in " << dir << " " << refused);
 }
 
-std::string file_creation_refused(const std::string& stem) {
+std::string file_creation_refused(const std::string& stem, const std::string& fix) {
   std::string tmp;
-  const int fd = make_temp_next_to(stem, tmp);
-  if (fd < 0) return std::strerror(errno);
+  const int fd = make_temp_next_to(stem, tmp), create_errno = errno;
+  std::ostringstream why;
+  if (fd < 0 && create_errno == ENAMETOOLONG)
+    why << "(" << std::strerror(create_errno)
+        << " with the 11 characters of the temporary file's .tmp.XXXXXX); give a shorter name";
+  else if (fd < 0)
+    why << "(" << std::strerror(create_errno) << "); " << fix;
+  if (fd < 0) return why.str();
   ::close(fd);
-  ::unlink(tmp.c_str());
-  return "";
+  const int removed = ::unlink(tmp.c_str()), remove_errno = errno;
+  if (removed != 0)  // files go in, none go out: a rename over the output fails there too
+    why << "(a new file cannot be removed again: " << std::strerror(remove_errno)
+        << "; an append-only directory? the probe " << tmp << " stays there); " << fix;
+  return why.str();
 }
 
 }  // namespace ringzero

@@ -130,7 +130,8 @@ void check_outside_checkpoints(const std::string& flag, const std::string& path,
                                 << ", where only the checkpointer writes (it would be pruned with "
                                    "it, or replace one of its files); write it elsewhere");
   if (checkpoint_dir.empty()) return;
-  const fs::path ck = fs::weakly_canonical(fs::absolute(checkpoint_dir));
+  fs::path ck = fs::weakly_canonical(fs::absolute(checkpoint_dir));
+  if (ck.filename().empty()) ck = ck.parent_path();  // "D/", before D exists: D
   RZ_CHECK(out != ck, flag << " " << path << " is " << dir_name << " " << checkpoint_dir
                            << "; give the output its own file");
   RZ_CHECK(out.parent_path() != ck || step_of_dir_name(out.filename().string()) < 0,
@@ -176,9 +177,10 @@ void Checkpointer::check_checkpoint_dir_here() {
                                << (ec ? ec.message() : "a file of that name exists")
                                << "); give a directory in a writable place");
   // A unique name per probe (mkstemp): ranks on several nodes may share D.
-  const std::string refused = file_creation_refused((d / ".write-test").string());
-  RZ_CHECK(refused.empty(), "--checkpoint-dir " << config_.checkpoint_dir << " is not writable ("
-                                                << refused << "); give a writable directory");
+  const std::string refused =
+      file_creation_refused((d / ".write-test").string(), "give a writable directory");
+  RZ_CHECK(refused.empty(),
+           "--checkpoint-dir " << config_.checkpoint_dir << " is not writable " << refused);
   // Another run's checkpoints: a run that did not resume from this directory must not save
   // into it, since its saves would prune them (docs/checkpoints.md, "One directory, one run").
   std::error_code same_ec;

@@ -98,10 +98,11 @@ run() {  # run TAG CHAPTER ARGS... (PIN=CPUS: every rank on those cores; BINDIR:
 }
 current_run=
 stop_run() {  # timeout passes the TERM on to the run's whole process group (mpirun, the ranks)
-  [ -z "$current_run" ] || { kill -TERM "$current_run" 2>/dev/null || true; wait "$current_run" 2>/dev/null || true; }
+  [ -z "$current_run" ] || { echo "interrupted: stopping the current run" >&2
+    kill -TERM "$current_run" 2>/dev/null || true; wait "$current_run" 2>/dev/null || true; }
   current_run=
 }
-trap 'echo "interrupted: the current run is stopped" >&2; stop_run; exit 130' INT TERM
+trap 'stop_run; exit 130' INT TERM HUP QUIT
 
 # Accumulation without no_sync: chapter 05 clean and planted, built in one copy of the source
 # ($TMP/nosync/clean and planted), never touching the repository's chapter.

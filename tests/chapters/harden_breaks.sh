@@ -82,6 +82,29 @@ fails consolidate_np2 "consolidate_checkpoint runs on one process, but the launc
 fails consolidate_step_name "OUT $WORK/cz/step_00000009 takes the name of a checkpoint step directory in the checkpoint's directory $WORK/cz (" -- \
   "$BIN/consolidate_checkpoint" "$WORK/cz" "$WORK/cz/step_00000009"
 [ ! -e "$WORK/cz/step_00000009" ] || { echo "FAILED consolidate_step_name: it wrote the file"; exit 1; }
+# However the checkpoint is named: with a trailing slash, /., from inside its directory, by a link.
+newest=$(basename "$(ls -d "$WORK"/cz/step_* | tail -1)")
+ln -sfn "$WORK/cz/$newest" "$WORK/cz_link"
+i=0
+for spelling in "$WORK/cz/$newest/" "$WORK/cz/$newest/." "$newest" "$WORK/cz_link"; do
+  i=$((i + 1))
+  fails "consolidate_step_name_$i" "takes the name of a checkpoint step directory in the checkpoint's directory $WORK/cz (" -- \
+    bash -c 'cd "$1" && exec "${@:2}"' x "$WORK/cz" "$BIN/consolidate_checkpoint" "$spelling" "$WORK/cz/step_00000009"
+  [ ! -e "$WORK/cz/step_00000009" ] || { echo "FAILED consolidate_step_name ($spelling): it wrote the file"; exit 1; }
+done
+# A probe that cannot be removed again (an append-only directory): refused, the probe named.
+if is_root && mkdir -p "$WORK/appendonly" && chattr +a "$WORK/appendonly" 2>/dev/null; then
+  fails consolidate_append_only "--as-checkpoint $WORK/appendonly/new: cannot write in $WORK/appendonly (a new file cannot be removed again: Operation not permitted; an append-only directory? the probe $WORK/appendonly/.write-test.tmp." -- \
+    "$BIN/consolidate_checkpoint" "$WORK/cz" "$WORK/ao_out.safetensors" --as-checkpoint "$WORK/appendonly/new"
+  chattr -a "$WORK/appendonly"
+  [ ! -e "$WORK/ao_out.safetensors" ] || { echo "FAILED consolidate_append_only: OUT written first"; exit 1; }
+fi
+ln -sfn "$WORK/nowhere" "$WORK/dangling"  # a link to nothing above the new checkpoint
+fails consolidate_dangling "--as-checkpoint $WORK/dangling/sub: $WORK/dangling is a dangling symbolic link" -- \
+  "$BIN/consolidate_checkpoint" "$WORK/cz" "$WORK/dl_out.safetensors" --as-checkpoint "$WORK/dangling/sub"
+long=$(printf 'a%.0s' $(seq 250))  # a legal name, too long with the temporary file's suffix
+fails consolidate_long_name "cannot create a file in $WORK (File name too long with the 11 characters of the temporary file's .tmp.XXXXXX); give a shorter name" -- \
+  "$BIN/consolidate_checkpoint" "$WORK/cz" "$WORK/$long"
 mkdir -p "$WORK/outdir"  # a directory as OUT: the fix names a file of OUT's kind
 fails consolidate_out_dir "OUT $WORK/outdir is a directory; give a file name, e.g. $WORK/outdir/model.safetensors" -- \
   "$BIN/consolidate_checkpoint" "$WORK/cz" "$WORK/outdir"

@@ -81,6 +81,8 @@ fails into_checkpoint_new 0 ch01_training_loop "--metrics .*/c_o2/step_00000002/
   "${T[@]}" --max-steps 1 --metrics "$WORK/c_o2/step_00000002/m.jsonl"
 fails is_checkpoint_dir 0 ch01_training_loop "--save-final .*/c_new is the --checkpoint-dir" \
   "${T[@]}" --max-steps 1 --checkpoint-dir "$WORK/c_new" --save-final "$WORK/c_new"
+fails is_checkpoint_dir_slash 0 ch01_training_loop "--save-final .*/c_new2 is the --checkpoint-dir .*/c_new2/" \
+  "${T[@]}" --max-steps 1 --checkpoint-dir "$WORK/c_new2/" --save-final "$WORK/c_new2"  # not made yet
 mkdir -p "$WORK/c_new3"  # a step directory's name in it: a later save would stop there
 fails step_name_in_checkpoint_dir 0 ch01_training_loop "--save-final .*/c_new3/step_00000001 takes the name of a checkpoint step directory in the --checkpoint-dir .*/c_new3 \\(" \
   "${T[@]}" --max-steps 1 --checkpoint-dir "$WORK/c_new3" --save-final "$WORK/c_new3/step_00000001"

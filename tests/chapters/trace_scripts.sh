@@ -102,10 +102,10 @@ if [[ " ${tools[*]} " == *" render_trace.py "* ]]; then
   spans=(); for r in $(seq 0 39); do spans+=("$(span "$r" 0 forward 0 5)" "$(span "$r" 1 comm 5 3)"); done
   (IFS=,; echo "{\"traceEvents\":[${spans[*]}]}") >many.json
   draw() { /usr/bin/python3 "$SRC/scripts/render_trace.py" many.json "$WORK/many.png" "$@" >many.out 2>&1; }
-  draw && grep -q "showing ranks 0..15 of 40 (--ranks a:b for others)" many.out ||
+  draw && grep -q "showing the first 16 of 40 ranks (0..15; --ranks a:b for others)" many.out ||
     { echo "FAILED: 40 ranks, no --ranks:"; cat many.out; exit 1; }
   rm -f many.png; draw --ranks 38:39 && [ -s many.png ] || { echo "FAILED: --ranks 38:39:"; cat many.out; exit 1; }
-  for spec_want in "5:2|give a:b with a <= b" "50:60|holds ranks 0..39" "0:39|ok"; do
+  for spec_want in "5:2|give a:b with a <= b" "50:60|no rank of this trace is in 50..60 (it holds 40 ranks, 0..39)" "0:39|ok"; do
     rc=0; draw --ranks "${spec_want%%|*}" || rc=$?
     if [ "${spec_want#*|}" = ok ]; then [ "$rc" = 0 ] && continue
     elif [ "$rc" = 1 ] && grep -q "${spec_want#*|}" many.out; then continue; fi
