@@ -132,8 +132,10 @@ def main():
     p.add_argument("png")
     p.add_argument("--steps", default=None, help="a:b, the optimizer steps to show (default: all)")
     p.add_argument("--title", default=None)
-    p.add_argument("--comm-label", default="all-reduce (comm thread)", help="legend of the comm thread's bars")
-    p.add_argument("--wait-label", default="wait for buckets", help="legend of the main thread's waits (grey)")
+    p.add_argument("--comm-label", default=None,
+                   help="legend of the comm thread's bars (default: the collectives the trace holds)")
+    p.add_argument("--wait-label", default=None,
+                   help="legend of the main thread's waits (grey; default: for buckets, or for a collective)")
     p.add_argument("--ranks", default=None, help="a:b, the ranks to draw (default: all; past 32, the first 16)")
     p.add_argument("--gpu", action="store_true", help="also the GPU's streams (a --device cuda trace)")
     args = p.parse_args()
@@ -152,6 +154,13 @@ def main():
         t0, t1 = t0 - margin, t1 + margin
     if t1 <= t0:
         die(f"{args.trace}: its spans take no time; nothing to draw")
+    comm_names = [e["name"] for e in drawn if e["tid"] in (1, 3)]
+    if args.comm_label is None:  # "all_reduce bucket 3", "all_gather 2 (forward)": the first word
+        kinds = sorted({n.split()[0].replace("_", "-") for n in comm_names if n.strip()})
+        args.comm_label = " / ".join(kinds or ["communication"]) + " (comm thread)"
+    if args.wait_label is None:
+        args.wait_label = ("wait for buckets" if any("bucket" in n for n in comm_names)
+                           else "wait for a collective")
     draw(args, spans, instants, ranks, t0, t1)
 
 

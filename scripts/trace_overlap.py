@@ -14,12 +14,16 @@ the compute stream): a bucket launched inside a layer's backward may be waited f
 is not counted as compute (ZeRO-1/2's all-gathers overlap it by design, a different lesson). On the host the compute track is the
 main thread's wall clock, which also runs while a core is shared; on the GPU it is when the GPU
 ran the work (CUDA events, common/report/trace.hpp).
-On the host it also splits the main thread's waits for the queue: each "wait <job>" span ends
-after the job's own span on the comm track has ended ("wait for collectives": after the last
-job's); the stretch between the two is the main thread woken but not yet running again, which
---attribute counts as communication (the queue's wait) and which a shared or crowded core
-stretches. Prints one line per rank and a JSON line ({"rank": r, "comm_ms": ..., "overlapped_ms":
-..., "overlap": ..., and on the host "wait_ms": ..., "after_done_ms": ...} per rank) for scripts.
+On the host it also splits the main thread's waits for the queue, each at the end of the job it
+waited for ("wait <job>": that job's span on the comm track; "wait for collectives": the last
+job to end before it): before that end, the stretch while the comm thread ran a job, and the
+stretch while it ran none (woken by the submit but not yet running: a core it waits for); after
+it, the main thread woken but not yet running again. --attribute counts all three as
+communication (the queue's wait); a shared or crowded core stretches the last two.
+Prints, per rank, per traced step (the trace's "step N" spans; totals over the trace when it has
+none), then a JSON line of totals over the trace for scripts: {"rank": r, "steps": ...,
+"comm_ms": ..., "overlapped_ms": ..., "overlap": ..., and on the host "wait_ms",
+"wait_running_ms", "wait_comm_idle_ms", "after_done_ms"} per rank.
 """
 import argparse
 import json
@@ -72,25 +76,27 @@ def minus(intervals, holes):
     return out
 
 
-def waits_after_done(mine, compute_tid, comm_tid):
-    """(wait_ms, after_done_ms): the main thread's waits for the queue, and the part of each after
-    the job it waited for had ended (the job of its name that ended last before the wait did;
-    for "wait for collectives", the last job to end before it)."""
+def split_waits(mine, compute_tid, comm_tid, comm):
+    """The main thread's waits for the queue, in ms: (all, while the comm thread ran a job,
+    while it ran none before the job's end, after the job had ended). The job of a wait is the
+    one of its name that ended last before the wait did; for "wait for collectives", the last
+    job to end before it. `comm`: the comm track's busy intervals (union)."""
     ends = {}  # job name -> its spans' ends, in order
     for e in sorted((e for e in mine if e["tid"] == comm_tid), key=lambda e: e["ts"] + e["dur"]):
         ends.setdefault(e["name"], []).append(e["ts"] + e["dur"])
     every_end = sorted(end for job_ends in ends.values() for end in job_ends)
-    wait_us = after_us = 0.0
+    total = running = after = 0.0
     for e in mine:
         if e["tid"] != compute_tid or e.get("cat") != "wait":
             continue
         start, end = e["ts"], e["ts"] + e["dur"]
         job = e["name"][len("wait "):] if e["name"].startswith("wait ") else None
         done = [t for t in ends.get(job, every_end) if t <= end]
-        wait_us += end - start
-        if done:
-            after_us += end - max(done[-1], start)
-    return wait_us / 1e3, after_us / 1e3
+        done_at = max(done[-1], start) if done else end
+        total += end - start
+        running += covered([[start, done_at]], comm)
+        after += end - done_at
+    return total / 1e3, running / 1e3, (total - running - after) / 1e3, after / 1e3
 
 
 def overlap(events, gpu):
@@ -110,10 +116,12 @@ def overlap(events, gpu):
                         waits)
         busy = sum(end - start for start, end in comm)
         hidden = covered(comm, compute)
-        rows.append({"rank": r, "comm_ms": busy / 1e3, "overlapped_ms": hidden / 1e3,
+        steps = sum(1 for e in mine if e.get("cat") == "step")
+        rows.append({"rank": r, "steps": steps, "comm_ms": busy / 1e3, "overlapped_ms": hidden / 1e3,
                      "overlap": hidden / busy if busy > 0 else 0.0})
         if not gpu:  # the GPU's twins are the stream's idle gaps, not a thread's wake-up
-            rows[-1]["wait_ms"], rows[-1]["after_done_ms"] = waits_after_done(mine, compute_tid, comm_tid)
+            keys = ("wait_ms", "wait_running_ms", "wait_comm_idle_ms", "after_done_ms")
+            rows[-1].update(zip(keys, split_waits(mine, compute_tid, comm_tid, comm)))
     return rows
 
 
@@ -129,12 +137,18 @@ def main():
                  f"{'GPU communication stream' if args.gpu else 'comm thread'}: "
                  + ("trace a --device cuda run" if args.gpu else "trace chapters 05-08"))
     for row in rows:
-        waits = (f"; the main thread waited {row['wait_ms']:.2f} ms for the queue, "
-                 f"{row['after_done_ms']:.2f} ms of it after the job had ended (woken, not yet "
-                 f"running)" if "wait_ms" in row else "")
-        print(f"rank {row['rank']}: communication {row['comm_ms']:.2f} ms, "
-              f"{row['overlapped_ms']:.2f} ms of it beside forward/backward "
-              f"({100 * row['overlap']:.0f} %){waits}")
+        n = row["steps"]
+        per = (lambda ms: ms / n) if n else (lambda ms: ms)  # noqa: E731
+        print(f"rank {row['rank']}, " + (f"ms per step over {n} traced steps" if n else
+                                           "ms over the trace (no step spans)") + ":")
+        print(f"  comm thread busy {per(row['comm_ms']):.2f}, {per(row['overlapped_ms']):.2f} of it "
+              f"beside forward/backward ({100 * row['overlap']:.0f} %)")
+        if "wait_ms" in row:
+            print(f"  main thread waiting for the queue {per(row['wait_ms']):.2f}: "
+                  f"{per(row['wait_running_ms']):.2f} while the comm thread ran a job, "
+                  f"{per(row['wait_comm_idle_ms']):.2f} while it ran none (not yet running the "
+                  f"job: a core), {per(row['after_done_ms']):.2f} after the job had ended "
+                  f"(woken, not yet running)")
     print(json.dumps(rows))
 
 

@@ -17,10 +17,12 @@
 namespace ringzero {
 
 IdxArray read_idx_gz(const std::string& path, int expected_ndim) {
-  RZ_CHECK(!file_kind(path).empty(), "dataset file " << path
-                                                    << " not found; install Fashion-MNIST with "
-                                                       "scripts/setup (Debian package "
-                                                       "dataset-fashion-mnist) or pass --data-dir DIR");
+  RZ_CHECK(!file_kind(path).empty(),
+           "dataset file " << path
+                           << " not found; give --data-dir a directory that holds the four "
+                              "Fashion-MNIST .gz files (scripts/setup installs Debian's "
+                              "dataset-fashion-mnist in the default, "
+                           << kFashionMnistDir << ")");
   // A FIFO would block the read forever; a directory fails with a misleading message.
   check_input_file("dataset file", path,
                    "give --data-dir a directory holding the four Fashion-MNIST .gz files");
@@ -160,8 +162,10 @@ IdxArray decode_idx_gz(std::span<const uint8_t> gz, const std::string& path, int
 Dataset load_fashion_mnist(const std::string& dir, bool train) {
   RZ_CHECK(std::filesystem::is_directory(dir),
            "Fashion-MNIST directory " << dir
-                                      << " not found; run scripts/setup "
-                                         "(installs dataset-fashion-mnist) or pass --data-dir DIR");
+                                      << " not found; give --data-dir a directory that holds the "
+                                         "four .gz files (scripts/setup installs Debian's "
+                                         "dataset-fashion-mnist in the default, "
+                                      << kFashionMnistDir << ")");
   const std::string prefix = dir + "/" + (train ? "train" : "t10k");
   IdxArray images = read_idx_gz(prefix + "-images-idx3-ubyte.gz", 3);
   IdxArray labels = read_idx_gz(prefix + "-labels-idx1-ubyte.gz", 1);

@@ -17,6 +17,10 @@
 
 namespace ringzero {
 
+/// Where Debian's dataset-fashion-mnist (which scripts/setup installs) puts the four .gz files:
+/// --data-dir's default.
+inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+
 /// An IDX array of unsigned bytes (LeCun et al., "THE MNIST DATABASE", file format section).
 struct IdxArray {
   std::vector<int64_t> dims;

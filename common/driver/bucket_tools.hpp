@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -21,16 +22,34 @@
 
 namespace ringzero {
 
+/// Whether `mib` is a bucket cap mib_to_bytes takes (kBucketCapRange says which).
+inline bool is_bucket_cap(double mib) {
+  return std::isfinite(mib) && mib * 1024.0 * 1024.0 >= 1.0 && mib <= 1024.0 * 1024.0;
+}
+inline constexpr const char* kBucketCapRange =
+    "a finite size from 1 byte (9.6e-07) to 1 TiB (1048576); PyTorch's default is 25";
+
 /// MiB, as PyTorch's bucket_cap_mb (bucket_bytes_cap = int(bucket_cap_mb * 1024 * 1024)).
 inline int64_t mib_to_bytes(double mib) {
   // Checked here, in MiB, so the message shows what the user typed (a NaN or 1e30 would
   // otherwise reach the int64 conversion, which is undefined behaviour).
-  RZ_CHECK(std::isfinite(mib) && mib * 1024.0 * 1024.0 >= 1.0 && mib <= 1024.0 * 1024.0,
-           "--bucket-cap-mb / --first-bucket-cap-mb "
-               << mib
-               << " must be a finite size from 1 byte (9.6e-07) to 1 TiB "
-                  "(1048576); PyTorch's default is 25");
+  RZ_CHECK(is_bucket_cap(mib),
+           "--bucket-cap-mb / --first-bucket-cap-mb " << mib << " must be " << kBucketCapRange);
   return static_cast<int64_t>(mib * 1024.0 * 1024.0);
+}
+
+/// The check of --bucket-cap-mb and --first-bucket-cap-mb when the flags are read, so the
+/// error names the flag (mib_to_bytes, later, cannot tell which of the two it was given).
+inline CLI::Validator bucket_cap_size() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        try {
+          return is_bucket_cap(std::stod(value)) ? "" : value + " MiB is not " + kBucketCapRange;
+        } catch (const std::exception&) {
+          return "";  // not a number: the option's own conversion says so
+        }
+      },
+      "MiB");
 }
 
 /// Registers the bucket flags DDP and ZeRO-1/2 share, into `options` (an engine's Options:
@@ -38,10 +57,14 @@ inline int64_t mib_to_bytes(double mib) {
 /// start-up flag check: check_bucket_plans_match() reports a mismatch by the plan it changes.
 template <class Options>
 void add_bucket_flags(CommandLine& cli, Options& options) {
-  cli.app.add_option("--bucket-cap-mb", options.bucket_cap_mb,
-                     "bucket size limit in MiB (PyTorch's default: 25)");
-  cli.app.add_option("--first-bucket-cap-mb", options.first_bucket_cap_mb,
-                     "the first bucket's limit in MiB (1)");
+  cli.app
+      .add_option("--bucket-cap-mb", options.bucket_cap_mb,
+                  "bucket size limit in MiB (PyTorch's default: 25)")
+      ->check(bucket_cap_size());
+  cli.app
+      .add_option("--first-bucket-cap-mb", options.first_bucket_cap_mb,
+                  "the first bucket's limit in MiB (1)")
+      ->check(bucket_cap_size());
   cli.app.add_flag("--find-unused-parameters", options.find_unused_parameters,
                    "count a parameter that gets no gradient as a zero gradient instead of failing");
   cli.checked_elsewhere.insert(cli.checked_elsewhere.end(),

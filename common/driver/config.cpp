@@ -2,8 +2,10 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -264,6 +266,19 @@ int parse_flags(CLI::App& app, int argc, char** argv) {
                 << "' after it is not expected: leave " << argv[i - 1]
                 << " out to turn it off, or give " << argv[i - 1] << "=" << argv[i]
                 << "\nRun with --help for more information.\n";
+      return static_cast<int>(CLI::ExitCodes::ExtrasError);
+    }
+    // "--grad-accum-steps 4" to chapter 01: CLI11 lists the extras ("4 --grad-accum-steps");
+    // the flag is named, with where this chapter's flags are listed.
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i], name = arg.substr(0, arg.find('='));
+      if (name.size() < 2 || name[0] != '-' || std::isdigit(static_cast<unsigned char>(name[1])) ||
+          name[1] == '.' || app.get_option_no_throw(name) != nullptr)
+        continue;  // a value (-1, -.5), or a flag this chapter has
+      const std::string program = std::filesystem::path(argv[0]).filename().string();
+      std::cerr << program << " has no flag " << name << " (each chapter has the flags its lesson "
+                << "needs so far; later chapters add theirs): " << program
+                << " --help lists this one's\n";
       return static_cast<int>(CLI::ExitCodes::ExtrasError);
     }
     return app.exit(e);

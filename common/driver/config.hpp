@@ -15,12 +15,13 @@
 #include <vector>
 
 #include "common/core/optim.hpp"
+#include "common/data/data.hpp"
 
 namespace ringzero {
 
 struct TrainConfig {
   std::string data;  ///< fashion-mnist | synthetic; "" = the model's own
-  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::string data_dir = kFashionMnistDir;
   std::string model = "mlp";          ///< mlp (784-512-512-10, CE) | toy (1024-1024-1024-256, MSE)
   std::vector<int64_t> hidden_sizes;  ///< overrides the model's hidden widths
   int64_t epochs = 1;

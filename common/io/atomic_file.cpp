@@ -12,7 +12,6 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <sstream>
 #include <vector>
 
 #include "common/core/check.hpp"
@@ -284,19 +283,16 @@ void check_output_path(const std::string& flag, const std::string& path,
 std::string file_creation_refused(const std::string& stem, const std::string& fix) {
   std::string tmp;
   const int fd = make_temp_next_to(stem, tmp), create_errno = errno;
-  std::ostringstream why;
-  if (fd < 0 && create_errno == ENAMETOOLONG)
-    why << "(" << std::strerror(create_errno)
-        << " with the 11 characters of the temporary file's .tmp.XXXXXX); give a shorter name";
-  else if (fd < 0)
-    why << "(" << std::strerror(create_errno) << "); " << fix;
-  if (fd < 0) return why.str();
+  if (fd < 0)
+    return std::string("(") + std::strerror(create_errno) +
+           (create_errno == ENAMETOOLONG ? ", once .tmp.XXXXXX is added); give a shorter name"
+                                         : "); " + fix);
   ::close(fd);
   const int removed = ::unlink(tmp.c_str()), remove_errno = errno;
-  if (removed != 0)  // files go in, none go out: a rename over the output fails there too
-    why << "(a new file cannot be removed again: " << std::strerror(remove_errno)
-        << "; an append-only directory? the probe " << tmp << " stays there); " << fix;
-  return why.str();
+  if (removed == 0) return "";
+  // Files go in, none go out (chattr +a): the rename over the output would fail there too.
+  return std::string("(a new file cannot be removed again: ") + std::strerror(remove_errno) +
+         "; an append-only directory? the probe " + tmp + " stays there); " + fix;
 }
 
 }  // namespace ringzero

@@ -103,7 +103,7 @@ ln -sfn "$WORK/nowhere" "$WORK/dangling"  # a link to nothing above the new chec
 fails consolidate_dangling "--as-checkpoint $WORK/dangling/sub: $WORK/dangling is a dangling symbolic link" -- \
   "$BIN/consolidate_checkpoint" "$WORK/cz" "$WORK/dl_out.safetensors" --as-checkpoint "$WORK/dangling/sub"
 long=$(printf 'a%.0s' $(seq 250))  # a legal name, too long with the temporary file's suffix
-fails consolidate_long_name "cannot create a file in $WORK (File name too long with the 11 characters of the temporary file's .tmp.XXXXXX); give a shorter name" -- \
+fails consolidate_long_name "cannot create a file in $WORK (File name too long, once .tmp.XXXXXX is added); give a shorter name" -- \
   "$BIN/consolidate_checkpoint" "$WORK/cz" "$WORK/$long"
 mkdir -p "$WORK/outdir"  # a directory as OUT: the fix names a file of OUT's kind
 fails consolidate_out_dir "OUT $WORK/outdir is a directory; give a file name, e.g. $WORK/outdir/model.safetensors" -- \

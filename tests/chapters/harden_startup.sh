@@ -99,4 +99,13 @@ for ch in "ch06_zero1:ZeRO-1, fp32 + SGD): 4Ψ + 4Ψ = " "ch07_zero2:ZeRO-2, fp3
     { echo "FAILED: $b formula lacks '$text'"; grep formula "$WORK/formula_$b.log"; exit 1; }
   echo "   $b --optimizer sgd: $text"
 done
+# --- a learner's slips: each message names the flag, the value and the fix
+fails later_chapters_flag "ch01_training_loop has no flag --grad-accum-steps" "ch01_training_loop --help lists" \
+  -- "$BIN/ch01_training_loop" "${small[@]}" --grad-accum-steps 4
+fails bucket_cap_zero "--bucket-cap-mb: 0 MiB is not a finite size from 1 byte" \
+  -- "$BIN/ch05_ddp_buckets" "${small[@]}" --bucket-cap-mb 0
+fails first_bucket_cap_nan "--first-bucket-cap-mb: nan MiB is not a finite size from 1 byte" \
+  -- "$BIN/ch06_zero1" "${small[@]}" --first-bucket-cap-mb nan
+fails data_dir_missing "Fashion-MNIST directory $WORK/nofm not found; give --data-dir a directory that holds the four .gz files" \
+  -- "$BIN/ch01_training_loop" --data fashion-mnist --data-dir "$WORK/nofm" --max-steps 1
 echo "start-up hardening: all cases as expected"

@@ -4,10 +4,13 @@
 #  - trace_overlap.py's numbers on a trace whose answer is known: rank 0's communication
 #    [50, 150] µs beside a backward [0, 100] (50 of 100 µs hidden: 0.5); rank 1's [0, 40] beside
 #    a forward [0, 40] that holds a wait [20, 30] for the queue (the wait is not compute: 30 of 40
-#    µs hidden, 0.75); rank 2's jobs "all_gather 1" [0, 30] and "all_gather 2" [30, 40] beside
-#    no compute (0 hidden), its main thread waiting for all_gather 1 over [10, 45] (15 µs after
-#    that job ended: matched by name, not the 5 µs after the later job) and for collectives over
-#    [60, 70] (10 µs after the last job ended), 45 µs of waits, 25 after the jobs were done.
+#    µs hidden, 0.75); rank 2 (one traced step, [0, 100]): jobs "all_gather 1" [0, 30],
+#    "all_gather 2" [30, 40] and "all_gather 3" [80, 90] beside no compute (50 µs busy, 0
+#    hidden); its main thread waits for all_gather 1 over [10, 45] (20 µs while a job ran, 15
+#    after all_gather 1 ended: matched by name, not the 5 after the later job), for collectives
+#    over [60, 70] (all 10 after the last job ended) and for all_gather 3 over [75, 95] (5 µs
+#    with the comm thread idle, 10 while it ran, 5 after): 65 µs of waits, 30 while a job ran,
+#    5 with the comm thread idle, 30 after the jobs were done.
 #    The same spans on the GPU's tracks (tids 2, 3) with --gpu, which has no waits split (a GPU
 #    stream's idle gap is no thread's wake-up). Tolerance 1e-12: the script sums whole
 #    microseconds in floats and divides by 1e3;
@@ -30,7 +33,7 @@ named() {  # named PID TID CAT NAME TS DUR
 }
 known() {  # known COMPUTE_TID COMM_TID: the trace described above, on those tracks
   local c=$1 m=$2
-  echo "{\"traceEvents\":[$(span 0 "$c" backward 0 100),$(span 0 "$m" comm 50 100),$(span 1 "$c" forward 0 40),$(span 1 "$c" wait 20 10),$(span 1 "$m" comm 0 40),$(named 2 "$m" comm "all_gather 1" 0 30),$(named 2 "$m" comm "all_gather 2" 30 10),$(named 2 "$c" wait "wait all_gather 1" 10 35),$(named 2 "$c" wait "wait for collectives" 60 10),{\"ph\":\"i\",\"name\":\"step 1\",\"pid\":0,\"tid\":0,\"ts\":0}]}"
+  echo "{\"traceEvents\":[$(span 0 "$c" backward 0 100),$(span 0 "$m" comm 50 100),$(span 1 "$c" forward 0 40),$(span 1 "$c" wait 20 10),$(span 1 "$m" comm 0 40),$(named 2 "$m" comm "all_gather 1" 0 30),$(named 2 "$m" comm "all_gather 2" 30 10),$(named 2 "$c" wait "wait all_gather 1" 10 35),$(named 2 "$c" wait "wait for collectives" 60 10),$(named 2 "$m" comm "all_gather 3" 80 10),$(named 2 "$c" wait "wait all_gather 3" 75 20),$(named 2 "$c" step "step 1" 0 100),{\"ph\":\"i\",\"name\":\"step 1\",\"pid\":0,\"tid\":0,\"ts\":0}]}"
 }
 known 0 1 >host.json
 known 2 3 >gpu.json
@@ -41,14 +44,19 @@ check_overlap() {  # check_overlap TRACE [--gpu]
 import json, sys
 rows = json.loads(open(sys.argv[1]).read().splitlines()[-1])
 gpu = sys.argv[2] == "--gpu"
-want = [(0, 0.100, 0.050, 0.50, 0.0, 0.0), (1, 0.040, 0.030, 0.75, 0.010, 0.0),
-        (2, 0.040, 0.0, 0.0, 0.045, 0.025)]
-got = [(r["rank"], r["comm_ms"], r["overlapped_ms"], r["overlap"], r.get("wait_ms", -1),
-        r.get("after_done_ms", -1)) for r in rows]
+# rank, steps, busy, hidden, overlap; waits: all, while a job ran, comm thread idle, after
+want = [(0, 0, 0.100, 0.050, 0.50, 0.0, 0.0, 0.0, 0.0),
+        (1, 0, 0.040, 0.030, 0.75, 0.010, 0.010, 0.0, 0.0),
+        (2, 1, 0.050, 0.0, 0.0, 0.065, 0.030, 0.005, 0.030)]
+keys = ("wait_ms", "wait_running_ms", "wait_comm_idle_ms", "after_done_ms")
+got = [(r["rank"], r["steps"], r["comm_ms"], r["overlapped_ms"], r["overlap"])
+       + tuple(r.get(k, -1) for k in keys) for r in rows]
 if gpu:
-    want = [w[:4] + (-1, -1) for w in want]  # no waits split on the GPU
+    want = [w[:5] + (-1,) * 4 for w in want]  # no waits split on the GPU
 assert len(got) == 3 and all(g[0] == w[0] and all(abs(a - b) <= 1e-12 for a, b in zip(g[1:], w[1:]))
                              for g, w in zip(got, want)), f"FAILED: overlap {got}, expected {want}"
+text = open(sys.argv[1]).read()
+assert "rank 2, ms per step over 1 traced steps:" in text and "rank 0, ms over the trace (no step spans):" in text, text
 print(f"ok: trace_overlap.py {got}")
 PY
 }
