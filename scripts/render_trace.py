@@ -156,8 +156,10 @@ def main():
         die(f"{args.trace}: its spans take no time; nothing to draw")
     comm_names = [e["name"] for e in drawn if e["tid"] in (1, 3)]
     if args.comm_label is None:  # "all_reduce bucket 3", "all_gather 2 (forward)": the first word
-        kinds = sorted({n.split()[0].replace("_", "-") for n in comm_names if n.strip()})
-        args.comm_label = " / ".join(kinds or ["communication"]) + " (comm thread)"
+        kinds = sorted({n.split()[0].replace("_", "-")[:24] for n in comm_names if n.strip()})
+        shown = " / ".join(kinds) if 1 <= len(kinds) <= 3 else (
+            f"{len(kinds)} kinds of collective" if kinds else "communication")
+        args.comm_label = shown.replace("$", r"\$") + " (comm thread)"  # no mathtext
     if args.wait_label is None:
         args.wait_label = ("wait for buckets" if any("bucket" in n for n in comm_names)
                            else "wait for a collective")

@@ -102,10 +102,14 @@ class GzipReader {
 }  // namespace
 
 IdxArray decode_idx_gz(std::span<const uint8_t> gz, const std::string& path, int expected_ndim) {
+  const bool debians = path.starts_with(std::string(kFashionMnistDir) + "/");
   auto fail_file = [&](const std::string& what) {
-    RZ_CHECK(false, path << ": " << what
-                         << "; the file is corrupt, reinstall it with "
-                            "`apt-get install --reinstall dataset-fashion-mnist`");
+    RZ_CHECK(false, path << ": " << what << "; the file is corrupt, "
+                         << (debians ? "reinstall it with `apt-get install --reinstall "
+                                       "dataset-fashion-mnist`"
+                                     : std::string("replace it with a good copy (Debian's "
+                                                   "dataset-fashion-mnist puts them in ") +
+                                           kFashionMnistDir + ")"));
   };
   if (gz.size() < 2 || gz[0] != 0x1f || gz[1] != 0x8b)
     fail_file("not a gzip file (it must start with the bytes 1f 8b)");
@@ -160,10 +164,11 @@ IdxArray decode_idx_gz(std::span<const uint8_t> gz, const std::string& path, int
 }
 
 Dataset load_fashion_mnist(const std::string& dir, bool train) {
-  RZ_CHECK(std::filesystem::is_directory(dir),
-           "Fashion-MNIST directory " << dir
-                                      << " not found; give --data-dir a directory that holds the "
-                                         "four .gz files (scripts/setup installs Debian's "
+  const std::string kind = file_kind(dir);
+  RZ_CHECK(kind == "a directory", "Fashion-MNIST directory '"
+                                      << dir << "' " << (kind.empty() ? "not found" : "is " + kind)
+                                      << "; give --data-dir a directory that holds the four .gz "
+                                         "files (scripts/setup installs Debian's "
                                          "dataset-fashion-mnist in the default, "
                                       << kFashionMnistDir << ")");
   const std::string prefix = dir + "/" + (train ? "train" : "t10k");

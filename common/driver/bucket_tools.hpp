@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <exception>
 #include <string>
 #include <vector>
 
@@ -43,11 +42,10 @@ inline int64_t mib_to_bytes(double mib) {
 inline CLI::Validator bucket_cap_size() {
   return CLI::Validator(
       [](std::string& value) -> std::string {
-        try {
-          return is_bucket_cap(std::stod(value)) ? "" : value + " MiB is not " + kBucketCapRange;
-        } catch (const std::exception&) {
-          return "";  // not a number: the option's own conversion says so
-        }
+        double mib = 0;  // converted as CLI11 converts the option's value ("1e400": inf)
+        if (value.empty()) return "an empty value is not a size in MiB; PyTorch's default is 25";
+        if (!CLI::detail::lexical_cast(value, mib)) return "";  // the option's conversion says
+        return is_bucket_cap(mib) ? "" : value + " MiB is not " + kBucketCapRange;
       },
       "MiB");
 }

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -257,29 +259,38 @@ int parse_flags(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ExtrasError& e) {
+    // One write(2) per message: under mpirun the ranks' lines would otherwise interleave.
+    const auto refuse = [](const std::ostringstream& text) {
+      std::cerr << text.str() << std::flush;
+      return static_cast<int>(CLI::ExitCodes::ExtrasError);
+    };
     // "--no-shuffle false": a value after a flag, which takes none. CLI11 would only echo
     // "false"; the flag is named, with both ways to say what was meant.
     for (int i = 2; i < argc; ++i) {
       const CLI::Option* flag = app.get_option_no_throw(argv[i - 1]);
       if (flag == nullptr || flag->get_expected_max() != 0 || argv[i][0] == '-') continue;
-      std::cerr << argv[i - 1] << " is a flag and takes no value, so '" << argv[i]
-                << "' after it is not expected: leave " << argv[i - 1]
-                << " out to turn it off, or give " << argv[i - 1] << "=" << argv[i]
-                << "\nRun with --help for more information.\n";
-      return static_cast<int>(CLI::ExitCodes::ExtrasError);
+      std::ostringstream text;
+      text << argv[i - 1] << " is a flag and takes no value, so '" << argv[i]
+           << "' after it is not expected: leave " << argv[i - 1] << " out to turn it off, or give "
+           << argv[i - 1] << "=" << argv[i] << "\nRun with --help for more information.\n";
+      return refuse(text);
     }
     // "--grad-accum-steps 4" to chapter 01: CLI11 lists the extras ("4 --grad-accum-steps");
-    // the flag is named, with where this chapter's flags are listed.
-    for (int i = 1; i < argc; ++i) {
-      const std::string arg = argv[i], name = arg.substr(0, arg.find('='));
-      if (name.size() < 2 || name[0] != '-' || std::isdigit(static_cast<unsigned char>(name[1])) ||
-          name[1] == '.' || app.get_option_no_throw(name) != nullptr)
-        continue;  // a value (-1, -.5), or a flag this chapter has
-      const std::string program = std::filesystem::path(argv[0]).filename().string();
-      std::cerr << program << " has no flag " << name << " (each chapter has the flags its lesson "
-                << "needs so far; later chapters add theirs): " << program
-                << " --help lists this one's\n";
-      return static_cast<int>(CLI::ExitCodes::ExtrasError);
+    // the first extra that looks like a flag is named, with where this chapter's are listed.
+    const std::string program = std::filesystem::path(argv[0]).filename().string();
+    for (const std::string& arg : app.remaining()) {
+      const std::string name = arg.substr(0, arg.find('='));
+      if (name.size() < 2 || name[0] != '-' || name == "--" ||
+          std::isdigit(static_cast<unsigned char>(name[1])) || name[1] == '.')
+        continue;  // "--", a value (-1, -.5)
+      std::ostringstream text;
+      text << program << " has no flag " << name;
+      if (name[1] != '-' && app.get_option_no_throw("-" + name) != nullptr)
+        text << " (did you mean -" << name << "?)";
+      else
+        text << " (each chapter has the flags its lesson needs so far; later chapters add theirs)";
+      text << ": " << program << " --help lists this one's\n";
+      return refuse(text);
     }
     return app.exit(e);
   } catch (const CLI::ParseError& e) {

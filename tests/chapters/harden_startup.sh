@@ -106,6 +106,16 @@ fails bucket_cap_zero "--bucket-cap-mb: 0 MiB is not a finite size from 1 byte" 
   -- "$BIN/ch05_ddp_buckets" "${small[@]}" --bucket-cap-mb 0
 fails first_bucket_cap_nan "--first-bucket-cap-mb: nan MiB is not a finite size from 1 byte" \
   -- "$BIN/ch06_zero1" "${small[@]}" --first-bucket-cap-mb nan
-fails data_dir_missing "Fashion-MNIST directory $WORK/nofm not found; give --data-dir a directory that holds the four .gz files" \
+fails data_dir_missing "Fashion-MNIST directory '$WORK/nofm' not found; give --data-dir a directory that holds the four .gz files" \
   -- "$BIN/ch01_training_loop" --data fashion-mnist --data-dir "$WORK/nofm" --max-steps 1
+fails data_dir_file "Fashion-MNIST directory '/etc/passwd' is a regular file; give --data-dir a directory" \
+  -- "$BIN/ch01_training_loop" --data fashion-mnist --data-dir /etc/passwd --max-steps 1
+fails bucket_cap_overflow "--bucket-cap-mb: 1e400 MiB is not a finite size" \
+  -- "$BIN/ch05_ddp_buckets" "${small[@]}" --bucket-cap-mb 1e400  # inf once converted
+fails bucket_cap_empty "--first-bucket-cap-mb: an empty value is not a size in MiB" \
+  -- "$BIN/ch07_zero2" "${small[@]}" --first-bucket-cap-mb ""
+fails flag_value_not_named "The following argument was not expected: junk" \
+  -- "$BIN/ch01_training_loop" "${small[@]}" --lr -inf junk  # -inf is --lr's value, not a flag
+fails single_dash "ch01_training_loop has no flag -max-steps (did you mean --max-steps?)" \
+  -- "$BIN/ch01_training_loop" -max-steps 2
 echo "start-up hardening: all cases as expected"
