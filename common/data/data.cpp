@@ -99,17 +99,19 @@ class GzipReader {
   int64_t decoded_ = 0;
 };
 
+// What to do about a corrupt dataset file: Debian's is reinstalled, another replaced.
+std::string corrupt_file_fix(const std::string& path) {
+  if (path.starts_with(std::string(kFashionMnistDir) + "/"))
+    return "reinstall it with `apt-get install --reinstall dataset-fashion-mnist`";
+  return std::string("replace it with a good copy (Debian's dataset-fashion-mnist puts them in ") +
+         kFashionMnistDir + ")";
+}
+
 }  // namespace
 
 IdxArray decode_idx_gz(std::span<const uint8_t> gz, const std::string& path, int expected_ndim) {
-  const bool debians = path.starts_with(std::string(kFashionMnistDir) + "/");
   auto fail_file = [&](const std::string& what) {
-    RZ_CHECK(false, path << ": " << what << "; the file is corrupt, "
-                         << (debians ? "reinstall it with `apt-get install --reinstall "
-                                       "dataset-fashion-mnist`"
-                                     : std::string("replace it with a good copy (Debian's "
-                                                   "dataset-fashion-mnist puts them in ") +
-                                           kFashionMnistDir + ")"));
+    RZ_CHECK(false, path << ": " << what << "; the file is corrupt, " << corrupt_file_fix(path));
   };
   if (gz.size() < 2 || gz[0] != 0x1f || gz[1] != 0x8b)
     fail_file("not a gzip file (it must start with the bytes 1f 8b)");

@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -259,8 +258,7 @@ int parse_flags(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ExtrasError& e) {
-    // One write(2) per message: under mpirun the ranks' lines would otherwise interleave.
-    const auto refuse = [](const std::ostringstream& text) {
+    const auto refuse = [](const std::ostringstream& text) {  // one write: ranks interleave
       std::cerr << text.str() << std::flush;
       return static_cast<int>(CLI::ExitCodes::ExtrasError);
     };
@@ -280,16 +278,16 @@ int parse_flags(CLI::App& app, int argc, char** argv) {
     const std::string program = std::filesystem::path(argv[0]).filename().string();
     for (const std::string& arg : app.remaining()) {
       const std::string name = arg.substr(0, arg.find('='));
-      if (name.size() < 2 || name[0] != '-' || name == "--" ||
-          std::isdigit(static_cast<unsigned char>(name[1])) || name[1] == '.')
+      if (name.size() < 2 || name[0] != '-' || name == "--" || (name[1] >= '0' && name[1] <= '9') ||
+          name[1] == '.')
         continue;  // "--", a value (-1, -.5)
+      const bool one_dash = name[1] != '-' && app.get_option_no_throw("-" + name) != nullptr;
       std::ostringstream text;
-      text << program << " has no flag " << name;
-      if (name[1] != '-' && app.get_option_no_throw("-" + name) != nullptr)
-        text << " (did you mean -" << name << "?)";
-      else
-        text << " (each chapter has the flags its lesson needs so far; later chapters add theirs)";
-      text << ": " << program << " --help lists this one's\n";
+      text << program << " has no flag " << name
+           << (one_dash ? " (did you mean -" + name + "?)"
+                        : " (each chapter has the flags its lesson needs so far; later chapters "
+                          "add theirs)")
+           << ": " << program << " --help lists this one's\n";
       return refuse(text);
     }
     return app.exit(e);
