@@ -18,8 +18,9 @@ On the host it also splits the main thread's waits for the queue, each at the en
 waited for ("wait <job>": that job's span on the comm track; "wait for collectives": the last
 job to end before it): before that end, the stretch while the comm thread ran a job, and the
 stretch while it ran none (woken by the submit but not yet running: a core it waits for); after
-it, the main thread woken but not yet running again. --attribute counts all three as
-communication (the queue's wait); a shared or crowded core stretches the last two.
+it, the main thread woken but not yet running again. --attribute counts all three as the
+queue's wait (communication, less what the comm thread spent waiting for a peer: peer_wait); a
+shared or crowded core stretches the last two.
 Prints, per rank, per traced step (the trace's "step N" spans; totals over the trace when it has
 none), then a JSON line of totals over the trace for scripts: {"rank": r, "steps": ...,
 "comm_ms": ..., "overlapped_ms": ..., "overlap": ..., and on the host "wait_ms",
