@@ -83,8 +83,8 @@ void check_output_path(const std::string& flag, const std::string& path,
 
 /// Whether a file named like `stem` can be created now: "<stem>.tmp.XXXXXX" is created
 /// (exclusive) and removed again, so whatever would refuse the real write refuses this one
-/// too (permissions, a read-only file system, no inodes), for root as for anyone (access(2)
-/// answers yes to root on a directory it may not write). For a directory D, pass
+/// too (permissions, a read-only file system, no inodes, an NFS server that maps root to
+/// nobody), where access(2) tests only the permissions and the mount. For a directory D, pass
 /// D/".write-test". Returns "" when it can; else "(the OS reason); " and the fix: `fix`, or, for
 /// a name too long with the temporary file's suffix, a shorter name; for a directory that takes
 /// files in but lets none go (chattr +a: a rename over the output fails too), the probe left
