@@ -24,41 +24,6 @@
 using namespace ringzero;
 namespace fs = std::filesystem;
 
-// --as-checkpoint DIR makes a new checkpoint: DIR must be a directory (or not exist yet) that
-// holds no checkpoint and is none, nor lies inside one (its step directory would mix with
-// another run's, or be written into the checkpoint being read).
-static void check_as_checkpoint(const std::string& dir) {
-  const fs::path d = fs::absolute(dir).lexically_normal();
-  std::error_code ec;  // a directory we may not look into: the checks below name it
-  const std::string kind = file_kind(dir);
-  RZ_CHECK(kind.empty() || kind == "a directory",
-           "--as-checkpoint " << dir << " is " << kind << "; give a directory for the new checkpoint");
-  for (fs::path c = d; !c.empty() && c != c.parent_path(); c = c.parent_path())
-    RZ_CHECK(c.filename().string().rfind("step_", 0) != 0 || !fs::exists(c / "manifest.json", ec),
-             "--as-checkpoint " << dir << " is (or is inside) the committed checkpoint "
-                                << c.string() << "; give a directory of its own");
-  // The directory, or the nearest entry above it that exists (a dangling link counts: it is
-  // where making the checkpoint's directories would fail), which must be a directory we can write.
-  fs::path existing = d;
-  while (!fs::exists(fs::symlink_status(existing, ec)) && existing != existing.parent_path())
-    existing = existing.parent_path();
-  const std::string above = file_kind(existing.string());
-  RZ_CHECK(above == "a directory", "--as-checkpoint " << dir << ": " << existing.string() << " is "
-                                                      << (above.empty() ? "not readable" : above)
-                                                      << ", not a directory; give a directory");
-  const std::string refused =
-      file_creation_refused((existing / ".write-test").string(), "give a writable directory");
-  RZ_CHECK(
-      refused.empty(),  // before OUT is written, not after
-      "--as-checkpoint " << dir << ": cannot write in " << existing.string() << " " << refused);
-  if (kind.empty()) return;
-  for (const auto& e : fs::directory_iterator(d))
-    RZ_CHECK(e.path().filename().string().rfind("step_", 0) != 0,
-             "--as-checkpoint " << dir << " already holds " << e.path().filename().string()
-                                << " (another run's checkpoints, which the new one would mix "
-                                   "with); give an empty or new directory");
-}
-
 // The directory that holds step directory `step_dir` (resolve_checkpoint's answer), however it
 // was written: "ck/step_X/", "ck/step_X/.", "step_X" from inside ck, a link to it.
 static std::string checkpoint_folder(const std::string& step_dir) {
@@ -88,7 +53,7 @@ int main(int argc, char** argv) {
     check_outputs({{"OUT", out, "model.safetensors"},
                    {"--optimizer-state", optimizer_out, "optimizer.safetensors"}},
                   checkpoint_folder(resolved), {}, "the checkpoint's directory");
-    if (!as_checkpoint.empty()) check_as_checkpoint(as_checkpoint);
+    if (!as_checkpoint.empty()) check_new_checkpoint_dir("--as-checkpoint", as_checkpoint);
     const CheckpointData ckpt = read_checkpoint(resolved);
     if (!out.empty()) {
       write_file_atomically(out, safetensors_bytes(consolidated_state_dict(ckpt, false)));

@@ -137,6 +137,12 @@ std::map<std::string, NamedTensor> consolidated_state_dict(const CheckpointData&
 /// out_dir/step_SSSSSSSS, world size 1: what scripts/consolidate --as-checkpoint makes.
 void write_replicated_checkpoint(const CheckpointData& ckpt, const std::string& out_dir);
 
+/// Before write_replicated_checkpoint: `dir` (given by `flag`) must be a directory, or not exist
+/// yet under one a file can be created in, that is no committed checkpoint nor lies inside one
+/// and holds no step directory (the new one would mix with another run's, or be written into
+/// the checkpoint being read). Errors name the flag, the path and the fix.
+void check_new_checkpoint_dir(const std::string& flag, const std::string& dir);
+
 /// Refuses an output (`flag` `path`, e.g. --save-final) that would land inside a committed
 /// checkpoint (a directory holding a manifest: only the checkpointer writes there, and a file
 /// added to it would be pruned with it or mistaken for one of its shards), that is

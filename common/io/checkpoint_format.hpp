@@ -57,7 +57,9 @@ inline int64_t step_of_dir_name(const std::string& name) {
 inline std::string committed_checkpoint_holding(const std::filesystem::path& path) {
   const std::filesystem::path p = std::filesystem::absolute(path).lexically_normal();
   for (std::filesystem::path d = p; !d.empty() && d != d.root_path(); d = d.parent_path()) {
-    if (step_of_dir_name(d.filename().string()) >= 0 && std::filesystem::exists(d / kManifest))
+    std::error_code unreadable;  // a directory we may not look into holds nothing we know of
+    if (step_of_dir_name(d.filename().string()) >= 0 &&
+        std::filesystem::exists(d / kManifest, unreadable))
       return d.string();
     if (d == d.parent_path()) break;
   }

@@ -1,7 +1,8 @@
 // checkpoint_guard: what a checkpointed run refuses before it trains. At resume: a checkpoint
 // written with other flags, for another model layout (check_resume_fits) or from another
 // training set (check_same_data); before step 1: a --checkpoint-dir that cannot be written or
-// that holds another run's checkpoints (Checkpointer::check_checkpoint_dir). Split from
+// that holds another run's checkpoints (Checkpointer::check_checkpoint_dir); before a tool
+// writes a new checkpoint, its directory (check_new_checkpoint_dir). Split from
 // checkpoint.cpp, which saves and loads (Checkpointer); the manifest's own field checks are in
 // checkpoint_read.cpp (read_checkpoint).
 
@@ -152,6 +153,35 @@ void check_outputs(const std::vector<OutputPath>& outputs, const std::string& ch
     all.emplace_back(out.flag, out.path);
   }
   check_distinct_outputs(all);
+}
+
+void check_new_checkpoint_dir(const std::string& flag, const std::string& dir) {
+  const fs::path d = fs::absolute(dir).lexically_normal();
+  const std::string kind = file_kind(dir), holder = committed_checkpoint_holding(d);
+  RZ_CHECK(kind.empty() || kind == "a directory",
+           flag << " " << dir << " is " << kind << "; give a directory for the new checkpoint");
+  RZ_CHECK(holder.empty(), flag << " " << dir << " is (or is inside) the committed checkpoint "
+                                << holder << "; give a directory of its own");
+  // The directory, or the nearest entry above it that exists (a dangling link counts: it is
+  // where making the checkpoint's directories would fail), which must be a directory we can write.
+  fs::path existing = d;
+  std::error_code ec;  // an entry we may not look at: the checks below name it
+  while (!fs::exists(fs::symlink_status(existing, ec)) && existing != existing.parent_path())
+    existing = existing.parent_path();
+  const std::string above = file_kind(existing.string());
+  RZ_CHECK(above == "a directory", flag << " " << dir << ": " << existing.string() << " is "
+                                        << (above.empty() ? "not readable" : above)
+                                        << ", not a directory; give a directory");
+  const std::string refused =
+      file_creation_refused((existing / ".write-test").string(), "give a writable directory");
+  RZ_CHECK(refused.empty(),
+           flag << " " << dir << ": cannot write in " << existing.string() << " " << refused);
+  if (kind.empty()) return;
+  for (const auto& e : fs::directory_iterator(d))
+    RZ_CHECK(step_of_dir_name(e.path().filename().string()) < 0,
+             flag << " " << dir << " already holds " << e.path().filename().string()
+                  << " (another run's checkpoints, which the new one would mix with); give an "
+                     "empty or new directory");
 }
 
 void Checkpointer::check_checkpoint_dir() {
