@@ -4,11 +4,8 @@
 //   mpirun -np 2 build/bin/ch05_ddp_buckets --model toy --explain-buckets --trace ddp.json
 //   mpirun -np 4 build/bin/ch05_ddp_buckets --grad-accum-steps 4   # sends in micro-step 4 only
 //
-// Same training as chapter 04, same ring, same traffic; what changes is WHEN the gradients
-// travel. DDP (ddp.hpp, driven by step.hpp) groups them into buckets in reverse layer
-// order (buckets.hpp) and all-reduces each bucket on a communication thread as soon as backward
-// has produced its last gradient, while backward goes on with the earlier layers. --trace
-// writes the timeline that shows it (open it in ui.perfetto.dev, or see the chapter README).
+// Same training as chapter 04, same ring, same traffic; what changes is when the gradients
+// travel: bucket by bucket during backward (ddp.hpp).
 #include "chapters/05_ddp_buckets/step.hpp"
 #include "common/driver/run.hpp"
 
@@ -21,5 +18,5 @@ int main(int argc, char** argv) {
            .trace = true});
   DDPFlags flags;
   return run.train<DDPTraining>(
-      flags, +[](DDPTraining& lesson, const Step& step) { return train_step(lesson.engine, step); });
+      flags, [](auto& lesson, const Step& step) { return train_step(lesson.engine, step); });
 }

@@ -1,10 +1,8 @@
-// Chapter 05's step: training with DDP (ddp.hpp), gradient buckets all-reduced during
-// backward, and no_sync for gradient accumulation.
+// Chapter 05's step: training with DDP (ddp.hpp), gradients all-reduced bucket by bucket.
 //
-// Provides: train_step() over the DDP engine and DDPTraining, the lesson the driver runs: the
-// engine and its description (common/driver/engine_lesson.hpp); its flags are DDPFlags
-// (options.hpp). Leaves out: the bucket plan (buckets.hpp), the hooks (readiness.hpp), the
-// all-reduce (ddp.hpp), the precision (common/precision/precision.hpp).
+// Provides: train_step() over the engine, and the lesson the driver runs: the engine and its
+// description (common/driver/engine_lesson.hpp).
+// Leaves out: the buckets, their readiness and collectives (ddp.hpp, buckets.hpp, readiness.hpp).
 #pragma once
 
 #include "chapters/05_ddp_buckets/ddp.hpp"
@@ -19,25 +17,25 @@ namespace ringzero {
 /// backward all-reducing bucket after bucket, and the same optimizer step on every rank.
 /// Returns the global batch's mean loss (on every rank). Errors: a non-finite loss stops every
 /// rank; a parameter without gradient (DDP::finalize_backward).
-inline double train_step(DDP& ddp, const Step& step) {
+inline double train_step(DDP& engine, const Step& step) {
   const int64_t K = step.grad_accum_steps;
-  ddp.zero_grad();
+  engine.zero_grad();
   double loss_sum = 0;
   for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
-    Batch batch = step.micro_batch(micro_step);  // (B/(N K), in)
-    ddp.set_require_sync(micro_step == K - 1);   // only the last backward sends
+    Batch batch = step.micro_batch(micro_step);    // (B/(N K), in)
+    engine.set_require_sync(micro_step == K - 1);  // only the last backward sends
     Tape tape;
     Var loss = forward_loss(tape, step.model, batch);  // mean over this micro-batch
     loss_sum += loss->value[0];
-    tape.backward(loss, ddp.optimizer().seed(K));  // grads += dloss/K; full buckets start
+    tape.backward(loss, engine.optimizer().seed(K));  // grads += dloss/K; full buckets start
   }
-  ddp.finalize_backward();  // every bucket all-reduced, the mean; MPI is ours again
-  const double loss_value = global_mean(ddp.comm(), loss_sum / K);  // equal shares
-  ddp.optimizer().check_first_loss(loss_value, step.step);          // fp16: forward overflow?
+  engine.finalize_backward();  // every bucket all-reduced, the mean; MPI is ours again
+  const double loss_value = global_mean(engine.comm(), loss_sum / K);  // equal shares
+  engine.optimizer().check_first_loss(loss_value, step.step);          // fp16: forward overflow?
   // Every rank stops together; the error names the rank(s) whose loss is not finite.
-  check_finite_loss(ddp.comm(), loss_sum / K, loss_value, step.step);
+  check_finite_loss(engine.comm(), loss_sum / K, loss_value, step.step);
 
-  ddp.step();  // the same step everywhere (--clip-grad-norm first)
+  engine.step();  // the same step everywhere (--clip-grad-norm first)
   return loss_value;
 }
 

@@ -13,19 +13,12 @@
 // The same bytes on the wire as DDP and the same sums in the same order (bit for bit,
 // shard.hpp); 1/N of the optimizer state and work: model states 4Ψ + 4Ψ + 8Ψ/N. The gradients
 // stay whole (keeping only the shard is chapter 07). Every rank stays in step by chapter 05's
-// rules, used as they are (readiness.hpp: "Rules that keep every rank in step", "Unused
-// parameters"), reduce-scatter in place of all-reduce; with --check-collectives the
-// communication queue checks each reduce-scatter across ranks first (common/comm/comm_queue.hpp;
-// the all-gathers of step() run in a fixed loop). Leaves out: bucket rebuilding, comm hooks, static
-// graphs, broadcast buffers, overlapping the all-gather with the next forward (DeepSpeed's
-// prefetch).
+// readiness.hpp, used as it is, with a reduce-scatter where DDP all-reduces. Leaves out: bucket
+// rebuilding, comm hooks, static graphs, broadcast buffers, overlapping the all-gather with the
+// next forward (DeepSpeed's prefetch).
 //
-// Written once over the element types (common/precision/shard_precision.hpp): T, the parameters'
-// and gradients' (float, or bf16/fp16 with --precision), and R, the reduced gradient's
-// (--reduce-dtype). In 16 bits the buffers hold 2 bytes per element, each rank's optimizer
-// is the fp32 master weights and AdamW moments of its shard (12 bytes per element) and the
-// all-gather moves the rounded parameters: model states 2Ψ + 2Ψ + 12Ψ/N, 2(N−1)/N·2(Ψ +
-// padding) bytes per step (docs/mixed-precision.md).
+// Written once over the element types T (parameters and gradients: --precision) and R (the
+// reduced gradient: --reduce-dtype); what 16 bits change: docs/mixed-precision.md.
 #pragma once
 
 #include <memory>
@@ -35,9 +28,9 @@
 #include <vector>
 
 #include "chapters/05_ddp_buckets/buckets.hpp"
+#include "chapters/05_ddp_buckets/options.hpp"
 #include "chapters/05_ddp_buckets/readiness.hpp"
 #include "chapters/06_zero1/bucket_collectives.hpp"
-#include "chapters/06_zero1/options.hpp"
 #include "chapters/06_zero1/shard.hpp"
 #include "common/comm/collectives.hpp"
 #include "common/comm/comm_queue.hpp"
@@ -50,6 +43,11 @@
 #include "common/zero/zero_lesson.hpp"
 
 namespace ringzero {
+
+/// The options of chapters 06-07's engines: chapter 05's, unchanged (--collectives mpi:
+/// MPI_Reduce_scatter_block and MPI_Allgather in place of MPI_Allreduce), and their flags.
+using ZeroOptions = DDPOptions;
+using ZeroBucketFlags = ZeroBucketFlagsOf<ZeroOptions>;  // common/zero/zero_lesson.hpp
 
 /// ZeRO stage 1 (the ZeRO paper's P_os) on chapter 05's buckets: every rank holds every
 /// parameter and gradient (padded per bucket) and the optimizer state of its shard only.

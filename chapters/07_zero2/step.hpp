@@ -1,9 +1,7 @@
 // Chapter 07's step: training with ZeRO-2 (zero.hpp), gradients sharded over ranks too.
 //
-// Provides: train_step() over the Zero2 engine, one for every precision (the engine is built
-// over the element types --precision and --reduce-dtype pick:
-// common/precision/shard_precision.hpp), and Zero2Training, the lesson the driver runs: the engine
-// and its description (common/driver/engine_lesson.hpp).
+// Provides: train_step() over the engine, and the lesson the driver runs: the engine and its
+// description (common/driver/engine_lesson.hpp).
 // Leaves out: the buckets, shards and collectives (zero.hpp, shard.hpp, bucket_collectives.hpp).
 #pragma once
 
@@ -19,32 +17,32 @@ namespace ringzero {
 /// backward reduce-scattering bucket after bucket, each rank's step on its shard, and the
 /// all-gather of the parameters. Returns the global batch's mean loss (on every rank).
 /// Errors: a non-finite loss stops every rank; a parameter without gradient.
-template <class T, class R>
-double train_step(Zero2<T, R>& zero, const Step& step) {
+template <class T, class R>  // the element types --precision and --reduce-dtype pick
+double train_step(Zero2<T, R>& engine, const Step& step) {
   const int64_t K = step.grad_accum_steps;
-  zero.zero_grad();
+  engine.zero_grad();
   double loss_sum = 0;
   for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
     Batch batch = step.micro_batch(micro_step);  // (B/(N K), in)
-    zero.set_require_sync(micro_step == K - 1);  // only the last backward sends
+    engine.set_require_sync(micro_step == K - 1);  // only the last backward sends
     Tape tape;
     Var loss = forward_loss(tape, step.model, batch);  // mean over this micro-batch
     loss_sum += loss->value[0];
-    tape.backward(loss, zero.optimizer().seed(K));  // grads += dloss/K; full buckets start
+    tape.backward(loss, engine.optimizer().seed(K));  // grads += dloss/K; full buckets start
   }
-  zero.finalize_backward();  // every bucket reduce-scattered: this rank's shard holds the mean
-  const double loss_value = global_mean(zero.comm(), loss_sum / K);  // equal shares
-  zero.optimizer().check_first_loss(loss_value, step.step);          // fp16: forward overflow?
+  engine.finalize_backward();  // every bucket reduce-scattered: this rank's shard holds the mean
+  const double loss_value = global_mean(engine.comm(), loss_sum / K);  // equal shares
+  engine.optimizer().check_first_loss(loss_value, step.step);          // fp16: forward overflow?
   // Every rank stops together; the error names the rank(s) whose loss is not finite.
-  check_finite_loss(zero.comm(), loss_sum / K, loss_value, step.step);
+  check_finite_loss(engine.comm(), loss_sum / K, loss_value, step.step);
 
-  zero.step();  // each rank updates its shard (--clip-grad-norm first), then gathers every shard
+  engine.step();  // each rank updates its shard (--clip-grad-norm first), then gathers every shard
   return loss_value;
 }
 
 /// Chapter 07's lesson: the ZeRO-2 engine, which owns the parameters, this rank's gradient shard
 /// and this rank's optimizer shard, over element types T and R; its flags are ZeroBucketFlags
-/// (chapter 06's options.hpp).
+/// (chapter 06's zero.hpp).
 template <class T = float, class R = T>
 using Zero2Training = EngineLesson<Zero2<T, R>>;
 

@@ -15,20 +15,16 @@
 // set_require_sync(false) (no_sync) and accumulate as in DDP (the full 4Ψ lives again: one
 // reduce per step); DeepSpeed reduce-scatters every micro-step instead (4Ψ/N, K times the
 // traffic, not bitwise).
-// Every rank stays in step by chapter 05's readiness.hpp ("Rules that keep every rank in
-// step", "Unused parameters"), reduce-scatter in place of all-reduce; --check-collectives checks
-// each reduce-scatter across ranks first (common/comm/comm_queue.hpp). Leaves out: what chapter
-// 06's zero.hpp leaves out.
+// Every rank stays in step as in chapter 06 (chapter 05's readiness.hpp). Leaves out: what
+// chapter 06's zero.hpp leaves out.
 //
 // A new file, not a diff of chapter 06's zero.hpp: Zero2 extends Zero1, whose step (the
 // optimizer on the shard, then the all-gather), buckets, shards and readiness it uses as they
 // are. What it overrides is where the gradients are kept: zero_grad, finalize_backward, the
 // gradient shard and the reduce-scatter's job.
 //
-// Written over the element types as chapter 06 (common/precision/shard_precision.hpp): in 16 bits
-// the parameters and each bucket in flight hold 2 bytes per element, and the gradient shard holds
-// the reduced gradient in R (2 bytes, or 4 with --reduce-dtype fp32): model states 2Ψ + (2 +
-// 12)Ψ/N plus two 16-bit buckets; the same bytes per step and the same sums as chapter 06.
+// Written over the element types as chapter 06 (the gradient shard holds R); what 16 bits
+// change: docs/mixed-precision.md.
 #pragma once
 
 #include <algorithm>

@@ -1,6 +1,6 @@
-// ZeRO-2's members that are not the lesson: what it is (describe()) and what it reports (the
-// exact model-state bytes, the buckets in flight and the ledger's formula line). zero.hpp
-// declares them.
+// ZeRO-2's members that are not the lesson: what it reports (the exact model-state bytes, the
+// buckets in flight and the ledger's formula line) and describe(), declared in zero.hpp; the
+// engine's instantiations.
 // Leaves out: everything the training step does (zero.hpp); what it saves (--save-final,
 // --save-optimizer-state, checkpoints: derived from describe() in common/zero/shard_state.hpp).
 #include <algorithm>

@@ -4,11 +4,8 @@
 //   mpirun -np 2 build/bin/ch08_zero3 --model toy --explain-layers --trace zero3.json
 //   mpirun -np 2 build/bin/ch08_zero3 --model toy --no-prefetch    # no overlap: wait for each
 //
-// Same training as chapter 07, the same numbers (bit for bit where the ring sums in the same
-// order, layer_shard.hpp). What changes is that no rank holds the whole model (zero3.hpp): a
-// layer's parameters are all-gathered before its forward and again before its backward, and
-// freed after each; its gradient is reduce-scattered as its backward ends. Model states fall to
-// (4 + 4 + 8)Ψ/N per rank; the traffic grows to 3(N−1)/N·4Ψ per step, 1.5× chapter 07's.
+// Same training as chapter 07 (bit for bit where the ring sums in the same order); what changes
+// is that no rank holds the whole model: a layer is gathered only to use it (zero3.hpp).
 #include "chapters/08_zero3/step.hpp"
 #include "common/driver/run.hpp"
 
@@ -20,8 +17,7 @@ int main(int argc, char** argv) {
            .title = "ZeRO-3, optimizer state, gradients and parameters sharded, under mpirun",
            .optimizer_state = true,
            .trace = true});
-  Zero3Flags flags;  // the lesson is built over --precision's element types (zero3.hpp)
+  Zero3Flags flags;
   return run.train<Zero3Training>(
-      flags,  // train_step is a template (one per precision) over the lesson's engine
-      [](auto& lesson, const Step& step) { return train_step(lesson.engine, step); });
+      flags, [](auto& lesson, const Step& step) { return train_step(lesson.engine, step); });
 }

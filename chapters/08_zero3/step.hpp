@@ -1,9 +1,7 @@
 // Chapter 08's step: training with ZeRO-3 (zero3.hpp), parameters sharded over ranks too.
 //
-// Provides: train_step() over the Zero3 engine, one for every precision (the engine is built
-// over the element types --precision and --reduce-dtype pick:
-// common/precision/shard_precision.hpp), and Zero3Training, the lesson the driver runs: the engine
-// and its description (common/driver/engine_lesson.hpp).
+// Provides: train_step() over the engine, and the lesson the driver runs: the engine and its
+// description (common/driver/engine_lesson.hpp).
 // Leaves out: the layer shards and their collectives (zero3.hpp, layer_shard.hpp).
 #pragma once
 
@@ -19,25 +17,25 @@ namespace ringzero {
 /// every layer twice and reduce-scattering its gradient, then each rank's step on its shard.
 /// Returns the global batch's mean loss (on every rank). Errors: a non-finite loss stops every
 /// rank; ranks whose collectives differ (the desync check); a layer without a backward.
-template <class T, class R>
-double train_step(Zero3<T, R>& zero, const Step& step) {
+template <class T, class R>  // the element types --precision and --reduce-dtype pick
+double train_step(Zero3<T, R>& engine, const Step& step) {
   const int64_t K = step.grad_accum_steps;
-  zero.zero_grad();
+  engine.zero_grad();
   double loss_sum = 0;
   for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
     Batch batch = step.micro_batch(micro_step);  // (B/(N K), in)
     Tape tape;
     Var loss = forward_loss(tape, step.model, batch);  // mean over this micro-batch; gathers
     loss_sum += loss->value[0];
-    tape.backward(loss, zero.optimizer().seed(K));  // gathers again; each gradient shard += mean
+    tape.backward(loss, engine.optimizer().seed(K));  // gathers again; each gradient shard += mean
   }
-  zero.finalize_backward();  // nothing in flight, no layer gathered: only the shards
-  const double loss_value = global_mean(zero.comm(), loss_sum / K);  // equal shares
-  zero.optimizer().check_first_loss(loss_value, step.step);          // fp16: forward overflow?
+  engine.finalize_backward();  // nothing in flight, no layer gathered: only the shards
+  const double loss_value = global_mean(engine.comm(), loss_sum / K);  // equal shares
+  engine.optimizer().check_first_loss(loss_value, step.step);          // fp16: forward overflow?
   // Every rank stops together; the error names the rank(s) whose loss is not finite.
-  check_finite_loss(zero.comm(), loss_sum / K, loss_value, step.step);
+  check_finite_loss(engine.comm(), loss_sum / K, loss_value, step.step);
 
-  zero.step();  // each rank updates its shard (--clip-grad-norm first); the next forward gathers
+  engine.step();  // each rank updates its shard (--clip-grad-norm first); the next forward gathers
   return loss_value;
 }
 

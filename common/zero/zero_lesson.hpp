@@ -1,5 +1,6 @@
 // zero_lesson: what the three ZeRO lessons (chapters 06-08) share word for word, written once:
-// their common flags (--collectives, the memory calculator), the summary fields every stage
+// their common flags (--collectives, the memory calculator; chapters 06-07's bucket flags), the
+// summary fields every stage
 // reports and ZeRO-3's --explain-layers table. The rest of the summary (buckets or layers,
 // prefetch, in flight) is derived from the engine's description (engine_lesson.hpp's
 // engine_summary_fields).
@@ -15,6 +16,7 @@
 
 #include "common/comm/collectives.hpp"
 #include "common/core/nn.hpp"
+#include "common/driver/bucket_tools.hpp"
 #include "common/driver/engine_description.hpp"
 #include "common/driver/run.hpp"
 #include "common/report/metrics.hpp"
@@ -39,6 +41,22 @@ struct ZeroFlags : LessonOptions {
   bool run_instead(Communicator*) override {
     if (calculator.enabled) print0(memory_calculator(calculator));
     return calculator.enabled;
+  }
+};
+
+/// The flags of the ZeRO stages on chapter 05's buckets (chapters 06 and 07): ZeroFlags',
+/// chapter 05's bucket flags (bucket_tools.hpp) into `options`, and --explain-buckets.
+/// Options: the engine's (chapter 05's DDPOptions, unchanged).
+template <class Options>
+struct ZeroBucketFlagsOf : ZeroFlags {
+  Options options;  ///< the engine's (EngineLesson adds the run's tracer)
+  bool explain = false;
+
+  void add_flags(CommandLine& cli) override {
+    add_zero_flags(cli, options.collectives);
+    add_bucket_flags(cli, options);
+    cli.app.add_flag("--explain-buckets", explain,
+                     "print the bucket plan (buckets, parameters, elements, bytes)");
   }
 };
 

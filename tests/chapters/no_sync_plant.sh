@@ -37,8 +37,8 @@ removed, added = [], []
 for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, clean, planted, autojunk=False).get_opcodes():
     removed += clean[i1:i2] if op != "equal" else []
     added += planted[j1:j2] if op != "equal" else []
-want_removed = ["ddp.set_require_sync(micro_step == K - 1);", "ddp.finalize_backward();"]
-want_added = ["ddp.set_require_sync(true);", "ddp.finalize_backward();"]
+want_removed = ["engine.set_require_sync(micro_step == K - 1);", "engine.finalize_backward();"]
+want_added = ["engine.set_require_sync(true);", "engine.finalize_backward();"]
 assert sorted(removed) == sorted(want_removed) and sorted(added) == sorted(want_added), (removed, added)
 
 def block_end(first):  # the line that closes the block opened on line `first`
@@ -54,10 +54,10 @@ head = next(i for i in range(fn, len(planted)) if planted[i].startswith("for (in
 end = block_end(head)
 loop, after = planted[head:end + 1], planted[end + 1:block_end(fn) + 1]
 backward = next(i for i, l in enumerate(loop) if l.startswith("tape.backward("))
-assert "ddp.set_require_sync(true);" in loop[:backward], loop
-assert loop[backward + 1] == "ddp.finalize_backward();", ("finalize right after backward", loop)
+assert "engine.set_require_sync(true);" in loop[:backward], loop
+assert loop[backward + 1] == "engine.finalize_backward();", ("finalize right after backward", loop)
 assert not any("finalize_backward" in l for l in after), ("no finalize after the loop", after)
-assert not any("set_require_sync" in l for l in planted if l != "ddp.set_require_sync(true);"), planted
+assert not any("set_require_sync" in l for l in planted if l != "engine.set_require_sync(true);"), planted
 print("ok: the plant is set_require_sync(true) on every micro-step and finalize_backward() after "
       "each micro-step's backward, none after the loop; no other line of code changed")
 PY

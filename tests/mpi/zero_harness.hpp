@@ -131,7 +131,7 @@ RunResult run_zero(const ZeroCase& c) {
   Model model(c.sizes, /*seed=*/5);
   Tracer tracer;
   SetUp setup{&test_comm(), model, config, tracer};
-  ZeroBucketFlags flags;  // chapters 06-07's (options.hpp)
+  ZeroBucketFlags flags;  // chapters 06-07's (06's zero.hpp)
   flags.options.bucket_cap_mb = c.bucket_cap_mb;
   L lesson(setup, flags);
   RunResult out;
