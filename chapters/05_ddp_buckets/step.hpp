@@ -40,7 +40,8 @@ inline double train_step(DDP& engine, const Step& step) {
 }
 
 /// Chapter 05's lesson: the DDP engine, which holds every rank's optimizer (replicated state, as
-/// chapter 04) and all-reduces the gradients bucket by bucket during backward.
+/// chapter 04) and all-reduces the gradients bucket by bucket during backward; its flags are
+/// DDPFlags (options.hpp).
 using DDPTraining = EngineLesson<DDP>;
 
 }  // namespace ringzero

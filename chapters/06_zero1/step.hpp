@@ -23,7 +23,7 @@ double train_step(Zero1<T, R>& engine, const Step& step) {
   engine.zero_grad();
   double loss_sum = 0;
   for (int64_t micro_step = 0; micro_step < K; ++micro_step) {
-    Batch batch = step.micro_batch(micro_step);  // (B/(N K), in)
+    Batch batch = step.micro_batch(micro_step);    // (B/(N K), in)
     engine.set_require_sync(micro_step == K - 1);  // only the last backward sends
     Tape tape;
     Var loss = forward_loss(tape, step.model, batch);  // mean over this micro-batch

@@ -18,7 +18,8 @@
 // next forward (DeepSpeed's prefetch).
 //
 // Written once over the element types T (parameters and gradients: --precision) and R (the
-// reduced gradient: --reduce-dtype); what 16 bits change: docs/mixed-precision.md.
+// reduced gradient: --reduce-dtype); what 16 bits change: docs/mixed-precision.md, "ZeRO-1 and
+// ZeRO-2 in 16 bits".
 #pragma once
 
 #include <memory>

@@ -24,7 +24,7 @@
 // gradient shard and the reduce-scatter's job.
 //
 // Written over the element types as chapter 06 (the gradient shard holds R); what 16 bits
-// change: docs/mixed-precision.md.
+// change: docs/mixed-precision.md, "ZeRO-1 and ZeRO-2 in 16 bits".
 #pragma once
 
 #include <algorithm>

@@ -1,9 +1,8 @@
 // zero_lesson: what the three ZeRO lessons (chapters 06-08) share word for word, written once:
 // their common flags (--collectives, the memory calculator; chapters 06-07's bucket flags), the
-// summary fields every stage
-// reports and ZeRO-3's --explain-layers table. The rest of the summary (buckets or layers,
-// prefetch, in flight) is derived from the engine's description (engine_lesson.hpp's
-// engine_summary_fields).
+// summary fields every stage reports and ZeRO-3's --explain-layers table. The rest of the
+// summary (buckets or layers, prefetch, in flight) is derived from the engine's description
+// (engine_lesson.hpp's engine_summary_fields).
 // Leaves out: the stages themselves (chapters/06_zero1, 07_zero2, 08_zero3).
 #pragma once
 
