@@ -52,10 +52,13 @@ inline int64_t step_of_dir_name(const std::string& name) {
   return s;
 }
 
-// The committed checkpoint that holds `path` (the path itself or any directory above it): a
-// step_* directory with a manifest.json; "" when none does.
+// The committed checkpoint that holds `path` (the path itself or any directory above it, after
+// the links in it are followed: a link to a checkpoint leads into it): a step_* directory with a
+// manifest.json; "" when none does.
 inline std::string committed_checkpoint_holding(const std::filesystem::path& path) {
-  const std::filesystem::path p = std::filesystem::absolute(path).lexically_normal();
+  std::error_code ec;  // where the real path cannot be had (a part we may not look at): as written
+  std::filesystem::path p = std::filesystem::weakly_canonical(std::filesystem::absolute(path), ec);
+  if (ec) p = std::filesystem::absolute(path).lexically_normal();
   for (std::filesystem::path d = p; !d.empty() && d != d.root_path(); d = d.parent_path()) {
     std::error_code unreadable;  // a directory we may not look into holds nothing we know of
     if (step_of_dir_name(d.filename().string()) >= 0 &&

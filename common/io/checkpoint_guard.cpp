@@ -192,7 +192,7 @@ void Checkpointer::check_checkpoint_dir() {
 void Checkpointer::check_checkpoint_dir_here() {
   const fs::path d = config_.checkpoint_dir;
   // Checked before the directory is made: a refused one leaves nothing behind in a checkpoint.
-  const std::string holder = committed_checkpoint_holding(fs::weakly_canonical(fs::absolute(d)));
+  const std::string holder = committed_checkpoint_holding(d);
   RZ_CHECK(holder.empty(), "--checkpoint-dir " << config_.checkpoint_dir
                                                << " is (or is inside) a committed checkpoint ("
                                                << holder

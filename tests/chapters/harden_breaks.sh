@@ -69,6 +69,10 @@ fails as_other "--as-checkpoint $WORK/D already holds step_0000000" -- \
   "$BIN/consolidate_checkpoint" "$WORK/cz" --as-checkpoint "$WORK/D"
 fails as_itself "--as-checkpoint $WORK/cz/step_00000002 is (or is inside) the committed checkpoint" -- \
   "$BIN/consolidate_checkpoint" "$WORK/cz" --as-checkpoint "$WORK/cz/step_00000002"
+ln -s "$WORK/cz/step_00000002" "$WORK/to_step"  # a link to the checkpoint leads into it
+fails as_link "--as-checkpoint $WORK/to_step is (or is inside) the committed checkpoint" -- \
+  "$BIN/consolidate_checkpoint" "$WORK/cz" --as-checkpoint "$WORK/to_step"
+[ ! -e "$WORK/cz/step_00000002/step_00000002" ] || { echo "FAILED as_link: it wrote into the checkpoint"; exit 1; }
 [ "$(sha256sum "$WORK/D/step_00000004/"* | sha256sum)" = "$before" ] || { echo "FAILED B4: D changed"; exit 1; }
 "$BIN/consolidate_checkpoint" "$WORK/cz" --as-checkpoint "$WORK/fresh" >/dev/null  # a new directory: fine
 # Its own words, not --resume's; one process only (two under mpirun wrote the same files twice).
