@@ -16,7 +16,7 @@ namespace ringzero {
 /// One optimizer step on the global batch: K micro-steps on this rank's share, the last one's
 /// backward all-reducing bucket after bucket, and the same optimizer step on every rank.
 /// Returns the global batch's mean loss (on every rank). Errors: a non-finite loss stops every
-/// rank; a parameter without gradient (DDP::finalize_backward).
+/// rank; a parameter without gradient (the engine's finalize_backward).
 inline double train_step(DDP& engine, const Step& step) {
   const int64_t K = step.grad_accum_steps;
   engine.zero_grad();

@@ -1,4 +1,5 @@
-// Shards: which elements of the model each rank owns, in a layout padded per bucket.
+// Shards: which elements of the model each rank owns, in a layout padded per bucket, and a
+// padded bucket's two collectives: its gradient's reduce-scatter and its parameters' all-gather.
 //
 // ZeRO splits every bucket (chapter 05's buckets.hpp, unchanged) into world_size equal shards.
 // A bucket of n elements is padded with pad = (N − n mod N) mod N zeros to a multiple of N, so
@@ -9,32 +10,33 @@
 //   padded bucket   | a0 a1 a2 | a3 a4 a5 | a6 0  0 |     rank 2 owns one real element
 //   owner           |  rank 0  |  rank 1  | rank 2  |     and two of padding
 //
-// Why per bucket (as DeepSpeed's flat partitions) rather than per parameter (as simple from-scratch
-// ZeRO):
-//  - chapter 04's ring cuts n elements into chunks of ceil(n / N) and rank r reduces chunk r.
-//    On the padded bucket every chunk is exactly s = ceil(n / N), so each real element lands
-//    in the same chunk, and is summed in the same ring order, as in chapter 05's all-reduce of
-//    the unpadded bucket: chapters 06 and 07 are bitwise equal to chapter 05. Per-parameter
-//    padding moves chunk boundaries, hence summation orders: equal only within a tolerance;
-//  - one collective per bucket, not per parameter: the bucket sizes chapter 05 tuned for;
-//  - equal shard sizes are what equal-block collectives need (MPI_Reduce_scatter_block,
-//    MPI_Allgather, NCCL's reduce_scatter and all_gather), and give each rank the same work.
+// Every ring chunk of a padded bucket is one shard, s = ceil(n / N): each real element is in
+// the chunk it had in chapter 05's all-reduce of the unpadded bucket and is summed in the same
+// order, so chapters 06 and 07 are bitwise equal to chapter 05 (padding each parameter would
+// move the chunk boundaries); equal blocks are also what MPI's and NCCL's collectives need.
+// Why per bucket (as DeepSpeed's flat partitions) rather than per parameter: README.md.
 // Invariants: padding is allocated zero and nothing ever writes it (backward writes only
 // parameters, the optimizer gets only the real elements of a shard, a reduce-scatter adds
 // zeros to zeros, an all-gather copies the owner's zeros), so it adds nothing to norms. A
 // bucket smaller than N leaves some ranks owning only padding; they still join every
 // collective, with an empty optimizer. Padding is counted under its own ledger tag.
-// What is built on the layout, file by file: this chapter's README.md.
 // Leaves out: parameter sharding (ZeRO-3 keeps only the shard of the parameters too).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
 #include <vector>
 
+#include "chapters/04_ring_allreduce/ring.hpp"
 #include "chapters/05_ddp_buckets/buckets.hpp"
+#include "common/comm/collectives.hpp"
+#include "common/comm/comm.hpp"
+#include "common/comm/typed_collectives.hpp"
+#include "common/core/half.hpp"
 #include "common/core/nn.hpp"
 #include "common/driver/engine_description.hpp"
+#include "common/report/dist.hpp"
 
 namespace ringzero {
 
@@ -88,8 +90,7 @@ inline ShardLayout plan_shards(const Model& model, const std::vector<Bucket>& pl
     s.shard_size = s.padded_size() / N;
     s.shard_offset = layout.shard_total;
     s.real = std::clamp(s.size - rank * s.shard_size, int64_t{0}, s.shard_size);
-    const int64_t lo = rank * s.shard_size,
-                  hi = lo + s.real;  // this rank's real elements, bucket-local
+    const int64_t lo = rank * s.shard_size, hi = lo + s.real;  // ours, bucket-local
     for (auto it = plan[b].params.rbegin(); it != plan[b].params.rend(); ++it) {  // memory order
       const int p = *it;
       const int64_t begin = model.offsets()[p] - s.offset,
@@ -108,8 +109,7 @@ inline ShardLayout plan_shards(const Model& model, const std::vector<Bucket>& pl
   return layout;
 }
 
-/// The real elements rank `rank` owns: Σ over buckets of clamp(n − rank s, 0, s). Pure
-/// arithmetic, so any rank can compute every rank's share (for the ledger's formula line).
+/// The real elements rank `rank` owns, Σ clamp(n − rank s, 0, s): any rank computes any rank's.
 inline int64_t shard_real_of(const ShardLayout& layout, int rank) {
   int64_t real = 0;
   for (const BucketShard& b : layout.buckets)
@@ -122,6 +122,54 @@ inline std::vector<ShardUnit> shard_units(const ShardLayout& layout) {
   std::vector<ShardUnit> units;
   for (const BucketShard& s : layout.buckets) units.push_back({s.offset, s.size, s.shard_size});
   return units;
+}
+
+/// Bytes each rank sends and receives per optimizer step: per padded bucket, a reduce-scatter
+/// of the gradients (`grad_bytes` per element) and an all-gather of the parameters
+/// (`param_bytes`). With the ring every chunk is one shard: (N − 1) s elements each way per
+/// collective, (N−1)/N · (g + p)(Ψ + padding) bytes in all. With MPI the counters see only the
+/// payload handed to MPI (the bucket less our block, and our block: N s per bucket).
+inline TrafficTheory zero_traffic_theory(const ShardLayout& layout, int world_size,
+                                         Collectives collectives, int grad_bytes = 4,
+                                         int param_bytes = 4) {
+  const bool ring = collectives == Collectives::ring;
+  const int64_t g = grad_bytes, p = param_bytes, others = world_size - 1;
+  int64_t sent = 0, received = 0;  // the same on every rank
+  for (const BucketShard& b : layout.buckets) {
+    const int64_t s = b.shard_size;
+    sent += ring ? (g + p) * others * s : g * others * s + p * s;
+    received += ring ? (g + p) * others * s : g * s + p * others * s;
+  }
+  TrafficTheory theory;
+  theory.bytes_sent.assign(static_cast<size_t>(world_size), sent);
+  theory.bytes_received.assign(static_cast<size_t>(world_size), received);
+  return theory;
+}
+
+/// Collective: reduce-scatters padded bucket `bucket` (n + padding elements of T) over the
+/// ranks; returns this rank's shard, bucket[r s, (r+1) s), which then holds the sum over ranks
+/// (the rest of the bucket, partial sums). ring: chapter 04's first half, in place (16 bits: each
+/// hop adds in fp32 and rounds once); mpi: MPI_Reduce_scatter_block (float), through `scratch`.
+template <Element T>
+std::span<T> reduce_scatter_bucket(Communicator& comm, std::span<T> bucket, int64_t shard_size,
+                                   std::span<T> scratch, Collectives collectives) {
+  if (collectives == Collectives::ring)
+    ring_reduce_scatter(comm, bucket, scratch);  // chapter 04's first half: our chunk is summed
+  else
+    mpi_reduce_scatter_in_place(comm, bucket, scratch);  // common/comm/typed_collectives.hpp
+  return bucket.subspan(comm.rank() * shard_size, shard_size);
+}
+
+/// Collective: all-gathers padded bucket `bucket` (n + padding elements of T) from every rank's
+/// shard (this rank's in place at [r s, (r+1) s)). ring: chapter 04's second half (it copies);
+/// mpi: MPI_Allgather (float), through `scratch` (≥ s).
+template <Element T>
+void all_gather_bucket(Communicator& comm, std::span<T> bucket, std::span<T> scratch,
+                       Collectives collectives) {
+  if (collectives == Collectives::ring)
+    ring_all_gather(comm, bucket);  // chapter 04's second half
+  else
+    mpi_all_gather_in_place(comm, bucket, scratch);
 }
 
 }  // namespace ringzero

@@ -2,7 +2,7 @@
 //
 // Provides: train_step() over the engine, and the lesson the driver runs: the engine and its
 // description (common/driver/engine_lesson.hpp).
-// Leaves out: the buckets, shards and collectives (zero.hpp, shard.hpp, bucket_collectives.hpp).
+// Leaves out: the buckets, their shards and collectives (zero.hpp, shard.hpp).
 #pragma once
 
 #include "chapters/06_zero1/zero.hpp"
@@ -14,9 +14,9 @@
 namespace ringzero {
 
 /// One optimizer step on the global batch: K micro-steps on this rank's share, the last one's
-/// backward reduce-scattering bucket after bucket, each rank's step on its shard, and the
-/// all-gather of the parameters. Returns the global batch's mean loss (on every rank).
-/// Errors: a non-finite loss stops every rank; a parameter without gradient.
+/// backward reduce-scattering bucket after bucket, each rank's step on its shard, all-gathered.
+/// Returns the global batch's mean loss (on every rank). Errors: a non-finite loss stops every
+/// rank; a parameter without gradient (the engine's finalize_backward).
 template <class T, class R>  // the element types --precision and --reduce-dtype pick
 double train_step(Zero1<T, R>& engine, const Step& step) {
   const int64_t K = step.grad_accum_steps;
@@ -40,9 +40,8 @@ double train_step(Zero1<T, R>& engine, const Step& step) {
   return loss_value;
 }
 
-/// Chapter 06's lesson: the ZeRO-1 engine, which owns the parameters, the gradients and this
-/// rank's optimizer shard, over element types T and R; its flags are ZeroBucketFlags
-/// (zero.hpp).
+/// Chapter 06's lesson: the ZeRO-1 engine over element types T and R (the parameters, the
+/// gradients, this rank's optimizer shard); its flags are ZeroBucketFlags (zero.hpp).
 template <class T = float, class R = T>
 using Zero1Training = EngineLesson<Zero1<T, R>>;
 

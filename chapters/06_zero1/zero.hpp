@@ -13,13 +13,9 @@
 // The same bytes on the wire as DDP and the same sums in the same order (bit for bit,
 // shard.hpp); 1/N of the optimizer state and work: model states 4Ψ + 4Ψ + 8Ψ/N. The gradients
 // stay whole (keeping only the shard is chapter 07). Every rank stays in step by chapter 05's
-// readiness.hpp, used as it is, with a reduce-scatter where DDP all-reduces. Leaves out: bucket
-// rebuilding, comm hooks, static graphs, broadcast buffers, overlapping the all-gather with the
-// next forward (DeepSpeed's prefetch).
-//
-// Written once over the element types T (parameters and gradients: --precision) and R (the
-// reduced gradient: --reduce-dtype); what 16 bits change: docs/mixed-precision.md, "ZeRO-1 and
-// ZeRO-2 in 16 bits".
+// readiness.hpp, used as it is. Written once over the element types T (--precision) and R
+// (--reduce-dtype); 16 bits: docs/mixed-precision.md, "ZeRO-1 and ZeRO-2 in 16 bits".
+// Leaves out: what chapter 05 leaves out; overlapping the all-gather with the next forward.
 #pragma once
 
 #include <memory>
@@ -31,7 +27,6 @@
 #include "chapters/05_ddp_buckets/buckets.hpp"
 #include "chapters/05_ddp_buckets/options.hpp"
 #include "chapters/05_ddp_buckets/readiness.hpp"
-#include "chapters/06_zero1/bucket_collectives.hpp"
 #include "chapters/06_zero1/shard.hpp"
 #include "common/comm/collectives.hpp"
 #include "common/comm/comm_queue.hpp"
@@ -50,25 +45,20 @@ namespace ringzero {
 using ZeroOptions = DDPOptions;
 using ZeroBucketFlags = ZeroBucketFlagsOf<ZeroOptions>;  // common/zero/zero_lesson.hpp
 
-/// ZeRO stage 1 (the ZeRO paper's P_os) on chapter 05's buckets: every rank holds every
-/// parameter and gradient (padded per bucket) and the optimizer state of its shard only.
-/// T, R: the element types (above). Collective: every rank constructs one and calls its
-/// methods in the same order. Chapter 07's ZeRO-2 extends it: the virtual members are where
-/// the gradients are kept, the rest is ZeRO-2's too except the reporting members (describe,
-/// model_states_bytes, ledger_formula, gradient_storage), which Zero2 hides: not virtual, so
-/// call them on the engine's own type.
+/// ZeRO stage 1 (P_os) on chapter 05's buckets: every rank holds every parameter and gradient
+/// (padded per bucket) and the optimizer state of its shard only. T, R: the element types
+/// (above). Collective: every rank constructs one and calls its methods in the same order.
+/// Chapter 07's Zero2 overrides the virtual members and hides the others it changes.
 template <Element T = float, Element R = T>
 class Zero1 {
  public:
   using Options = ZeroOptions;
 
   /// Plans the buckets and their shards, checks the plan is the same on every rank
-  /// (collective), builds this rank's optimizer for its shard (--optimizer of `config`; in 16
-  /// bits the fp32 master weights, read from the model first), moves the parameters of `model`
-  /// into padded flat buffers of T (freeing the model's own) and hooks every parameter. comm and
-  /// model must outlive the Zero1. full_gradients false (ZeRO-2): no gradient storage and reduce_
-  /// keeps no shard; the subclass keeps its own, and its launch copies the reduced shard out.
-  /// Errors: --collectives mpi in 16 bits (MPI has no bf16/fp16 sum).
+  /// (collective), builds this rank's optimizer for its shard (16 bits: the fp32 masters, read
+  /// from the model first), moves the parameters into padded flat buffers of T and hooks every
+  /// parameter. comm and model must outlive it. full_gradients false: no gradient buffer (ZeRO-2
+  /// keeps its own). Errors: --collectives mpi in 16 bits (MPI has no bf16/fp16 sum).
   Zero1(Communicator& comm, Model& model, const TrainConfig& config, Options options,
         bool full_gradients = true)
       : comm_(comm),
@@ -77,24 +67,20 @@ class Zero1 {
         buckets_(plan_buckets(parameter_sizes(model), mib_to_bytes(options.bucket_cap_mb),
                               mib_to_bytes(options.first_bucket_cap_mb))),
         layout_(plan_shards(model, buckets_, comm.rank(), comm.world_size())),
-        psi_(model.num_parameters()),
         optimizer_(model, config, shard_pieces(layout_.buckets, comm.rank()), comm.world_size()) {
     optimizer_.check_types<T, R>();                                   // the flags' precision
     check_collectives_for<T>(options.collectives, config.precision);  // mpi: fp32 only
     check_bucket_plans_match(comm, buckets_);
-    const auto& params = model.parameters();
-    // The reduce's scratch (common/precision/shard_buffers.hpp; ZeRO-2 keeps its own shard).
-    // Every buffer lives where the model does (the host, or --device's memory).
+    // Every buffer lives where the model does (host or --device); the reduce's: shard_buffers.hpp.
     reduce_ =
         ShardReduce<T, R>(describe(), full_gradients ? layout_.shard_total : 0, model.device());
-    const int64_t padding = layout_.padded_total - psi_;
+    const int64_t padding = layout_.padding_total;
     if (full_gradients)
       grads_ = PaddedBufferOf<T>(layout_.padded_total, padding, MemTag::gradients, model.device());
     params_ = PaddedBufferOf<T>(layout_.padded_total, padding, MemTag::parameters, model.device());
     binding_ = std::make_unique<ParameterBinding<T>>(model, params_.span(), layout_.param_offset);
-    for (size_t i = 0; full_gradients && i < params.size(); ++i)  // each at its padded place
-      binding_->bind_grad(i, grads_.span().subspan(static_cast<size_t>(layout_.param_offset[i]),
-                                                   static_cast<size_t>(params[i]->numel())));
+    for (size_t i = 0; full_gradients && i < layout_.param_offset.size(); ++i)
+      binding_->bind_grad(i, grads_.span(), layout_.param_offset[i]);  // at its padded place
     // launch is virtual: a subclass's runs (during backward, long after construction).
     readiness_.emplace(model, buckets_, options.find_unused_parameters, "reduce-scattered",
                        [this](int b) { launch(b); }, [this] { comm_queue_.wait_all(); });
@@ -118,18 +104,24 @@ class Zero1 {
             .padding = layout_.padding_total};
   }
 
-  /// Model-state bytes each rank should hold (zero_io.cpp).
-  std::vector<int64_t> model_states_bytes() const;
-  /// The ledger's formula line: ZeRO-1's formula, and the exact bytes of every rank (zero_io.cpp).
-  std::string ledger_formula() const;
+  /// Model-state bytes each rank should hold, one entry per rank: p + g per element of the
+  /// padded parameters and gradients (Ψ + padding each), K per real element of its shard. fp32
+  /// 4 + 4 + K of --optimizer (AdamW 8); 16 bits 2 + 2 + 12 (fp32 master, exp_avg, exp_avg_sq).
+  /// The ledger's formula line is derived from them (common/driver/engine_lesson.hpp).
+  std::vector<int64_t> model_states_bytes() const {
+    const StateBytes b = optimizer_.state_bytes();
+    std::vector<int64_t> bytes;
+    for (int r = 0; r < comm_.world_size(); ++r)
+      bytes.push_back(static_cast<int64_t>(b.param + b.grad) * layout_.padded_total +
+                      static_cast<int64_t>(b.optimizer) * shard_real_of(layout_, r));
+    return bytes;
+  }
 
-  /// What every rank should send and receive per optimizer step (bucket_collectives.hpp).
+  /// What every rank should send and receive per optimizer step (shard.hpp; the text line is
+  /// derived from describe(): common/driver/engine_lesson.hpp).
   TrafficTheory traffic_theory() const {
-    TrafficTheory theory = zero_traffic_theory(layout_, comm_.world_size(), options_.collectives,
-                                               element_bytes<R>(), element_bytes<T>());
-    theory.formula = zero_traffic_formula(describe(), psi_, element_bytes<R>(), element_bytes<T>(),
-                                          theory.bytes_sent[0]);  // common/zero/zero_lesson.hpp
-    return theory;
+    return zero_traffic_theory(layout_, comm_.world_size(), options_.collectives,
+                               element_bytes<R>(), element_bytes<T>());
   }
 
   /// The padded parameters and gradients, every bucket (common/zero/shard_state.hpp).
@@ -144,24 +136,25 @@ class Zero1 {
   void set_require_sync(bool sync) { readiness_->set_require_sync(sync); }
 
   /// After finalize_backward(): this rank's reduced gradient of bucket b, the mean over ranks of
-  /// the real elements of its shard (layout().buckets[b].real of them), what step() updates from.
-  std::span<R> reduced_shard(size_t b) { return shard_grads(b); }
+  /// the real elements of its shard (layout().buckets[b].real of them), what step() updates
+  /// from: in place in grads_, or the reduce's (R wider than T); ZeRO-2's own shard.
+  virtual std::span<R> shard_grads(size_t b) {
+    return reduce_.shard(shard_of(grads_.span(), b), layout_.buckets[b].shard_offset);
+  }
 
   /// Sets every gradient (and the partial sums a reduce-scatter left outside the shard) to zero.
   virtual void zero_grad() { zero_elements(grads_.span()); }
 
-  /// After backward, before the optimizer step (PyTorch runs this as backward's final
-  /// callback): handles unused parameters, waits until every bucket is reduce-scattered and
-  /// this rank's shard holds the mean. Does nothing when require_sync is false. Errors: unused
-  /// parameters without find_unused_parameters (names them), a failed reduce-scatter.
+  /// After backward, before the optimizer step: chapter 05's finalize (unused parameters,
+  /// errors), then every bucket is reduce-scattered and this rank's shard holds the mean. Does
+  /// nothing when require_sync is false.
   virtual void finalize_backward() { readiness_->finalize_backward(); }
 
   /// Collective, after finalize_backward(): this rank's optimizer updates the real elements of
-  /// its shard of every bucket (clipped with --clip-grad-norm over every rank's shards first:
-  /// common/zero/sharded_clip.hpp), then each bucket's parameters are all-gathered on the comm
-  /// thread (bucket b's while the optimizer works on b + 1). Returns when every rank holds every
-  /// parameter; false, on every rank, when fp16's loss scaler found an overflow on some rank
-  /// (nothing updated, nothing gathered).
+  /// its shard of every bucket (clipped with --clip-grad-norm over every rank's shards first),
+  /// then each bucket's parameters are all-gathered on the comm thread (bucket b's while the
+  /// optimizer works on b + 1). Returns when every rank holds every parameter; false, on every
+  /// rank, when fp16's loss scaler found an overflow on some rank (nothing updated or gathered).
   bool step() {
     std::vector<std::span<R>> grads;  // (buckets) this rank's reduced gradient shard
     for (size_t b = 0; b < layout_.buckets.size(); ++b) grads.push_back(shard_grads(b));
@@ -171,11 +164,13 @@ class Zero1 {
       optimizer_.step(b, shard_params(b), shard_grads(b));
       const BucketShard& s = layout_.buckets[b];
       std::span<T> bucket = params_.span().subspan(s.padded_offset, s.padded_size());
-      comm_queue_.submit({.kind = CollectiveSequence::kAllGather, .unit = static_cast<int>(b),
-                          .bytes = element_bytes<T>() * s.padded_size(), .checked = false},
-                         [this, &s, bucket] {
-                           all_gather_bucket(comm_, bucket, s.shard_size, reduce_.gather_scratch(),
-                                             options_.collectives);  // bucket_collectives.hpp
+      comm_queue_.submit({.kind = CollectiveSequence::kAllGather,
+                          .unit = static_cast<int>(b),
+                          .bytes = element_bytes<T>() * s.padded_size(),
+                          .checked = false},
+                         [this, bucket] {
+                           all_gather_bucket(comm_, bucket, reduce_.gather_scratch(),
+                                             options_.collectives);  // shard.hpp
                          });
     }
     comm_queue_.wait_all();
@@ -195,13 +190,8 @@ class Zero1 {
     return padded.subspan(s.padded_offset + comm_.rank() * s.shard_size, s.real);
   }
   std::span<T> shard_params(size_t b) { return shard_of(params_.span(), b); }
-  // The reduced gradient of our shard: in place in grads_, or the reduce's (R wider than T).
-  virtual std::span<R> shard_grads(size_t b) {
-    return reduce_.shard(shard_of(grads_.span(), b), layout_.buckets[b].shard_offset);
-  }
 
-  // Queues bucket b's reduce-scatter on the communication thread (checked and traced there:
-  // common/comm/comm_queue.hpp); returns at once.
+  // Queues bucket b's reduce-scatter on the comm thread (checked, traced: comm_queue.hpp).
   virtual void launch(int b) {
     const BucketShard& s = layout_.buckets[b];
     comm_queue_.submit(
@@ -211,7 +201,7 @@ class Zero1 {
           std::span<T> bucket = grads_.span().subspan(s.padded_offset, s.padded_size());
           reduce_.reduce(bucket, s.shard_offset, [&](auto grads, auto scratch) {  // in R: the mean
             return reduce_scatter_bucket(comm_, grads, s.shard_size, scratch,
-                                         options_.collectives);  // bucket_collectives.hpp
+                                         options_.collectives);  // shard.hpp
           });
         });
   }
@@ -221,7 +211,6 @@ class Zero1 {
   Options options_;
   std::vector<Bucket> buckets_;
   ShardLayout layout_;
-  int64_t psi_;               // Ψ
   ShardOptimizer optimizer_;  // this rank's shard: --optimizer, or fp32 masters (16 bits)
   ShardReduce<T, R> reduce_;  // --reduce-dtype: the collective's scratch (and widening)
   PaddedBufferOf<T> params_;  // (Ψ + padding) every parameter, padded per bucket

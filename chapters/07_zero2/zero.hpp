@@ -15,21 +15,15 @@
 // set_require_sync(false) (no_sync) and accumulate as in DDP (the full 4Ψ lives again: one
 // reduce per step); DeepSpeed reduce-scatters every micro-step instead (4Ψ/N, K times the
 // traffic, not bitwise).
-// Every rank stays in step as in chapter 06 (chapter 05's readiness.hpp). Leaves out: what
-// chapter 06's zero.hpp leaves out.
 //
-// A new file, not a diff of chapter 06's zero.hpp: Zero2 extends Zero1, whose step (the
-// optimizer on the shard, then the all-gather), buckets, shards and readiness it uses as they
-// are. What it overrides is where the gradients are kept: zero_grad, finalize_backward, the
-// gradient shard and the reduce-scatter's job.
-//
-// Written over the element types as chapter 06 (the gradient shard holds R); what 16 bits
-// change: docs/mixed-precision.md, "ZeRO-1 and ZeRO-2 in 16 bits".
+// A new file, not a diff of chapter 06's zero.hpp: Zero2 extends Zero1 and uses its step,
+// buckets, shards and readiness (chapter 05's) as they are; it overrides where the gradients
+// are kept: zero_grad, finalize_backward, the gradient shard, the reduce-scatter's job. Element
+// types as chapter 06's (the gradient shard holds R; 16 bits: docs/mixed-precision.md, "ZeRO-1
+// and ZeRO-2 in 16 bits"). Leaves out: what chapter 06's zero.hpp leaves out.
 #pragma once
 
-#include <algorithm>
 #include <span>
-#include <string>
 #include <vector>
 
 #include "chapters/06_zero1/zero.hpp"
@@ -45,9 +39,8 @@ template <Element T = float, Element R = T>
 class Zero2 : public Zero1<T, R> {
   using Base = Zero1<T, R>;
   // Zero1's members we use, by name (a template's base members are not found unqualified).
-  using Base::binding_, Base::buckets_, Base::comm_, Base::comm_queue_, Base::layout_,
-      Base::model_, Base::optimizer_, Base::options_, Base::params_, Base::psi_,
-      Base::readiness_, Base::reduce_;
+  using Base::binding_, Base::buckets_, Base::comm_, Base::comm_queue_, Base::layout_, Base::model_,
+      Base::optimizer_, Base::options_, Base::readiness_, Base::reduce_;
 
  public:
   /// Chapter 06's Zero1 without its gradients (Zero1's constructor: the buckets, the shards,
@@ -60,12 +53,8 @@ class Zero2 : public Zero1<T, R> {
                                     MemTag::gradients, model.device());
     bucket_grads_.resize(buckets_.size());
     tickets_.assign(buckets_.size(), 0);
-    const auto& params = model.parameters();
     for (Linear* layer : model.linear_layers()) {  // a layer's backward needs its buckets' memory
-      std::vector<int> mine;
-      for (Parameter* p : layer->parameters())
-        mine.push_back(
-            static_cast<int>(std::find(params.begin(), params.end(), p) - params.begin()));
+      std::vector<int> mine = model.parameter_indices(*layer);
       hooks_.pre_backward(*layer, [this, mine](Module&) {
         for (int i : mine) allocate_bucket(readiness_->bucket_of(i));
       });
@@ -76,14 +65,29 @@ class Zero2 : public Zero1<T, R> {
   /// stop only after our members are gone).
   ~Zero2() override { comm_queue_.stop(); }
 
-  /// Model-state bytes each rank should hold between steps (zero_io.cpp).
-  std::vector<int64_t> model_states_bytes() const;
-  /// The most bytes of full bucket gradients alive at once, K = 1 (zero_io.cpp).
-  int64_t in_flight_peak_bytes() const;
-  /// The ledger's formula line: ZeRO-2's formula, and the exact bytes of every rank (zero_io.cpp).
-  std::string ledger_formula() const;
-  /// What this engine is, as data: Zero1's, stage 2, two buckets in flight (zero_io.cpp).
-  EngineDescription describe() const;
+  /// What this engine is, as data: Zero1's buckets, shards and collectives, stage 2, and at most
+  /// two buckets of T in flight (with K = 1: the largest two consecutive padded buckets).
+  EngineDescription describe() const {
+    EngineDescription d = Base::describe();
+    d.zero_stage = 2;
+    d.max_in_flight = 2;  // allocate_bucket frees bucket b − 2
+    d.in_flight_peak_bytes = in_flight_peak_bytes(d.units, d.world_size, 2, element_bytes<T>());
+    return d;
+  }
+
+  /// Model-state bytes each rank holds between steps, one entry per rank: p per element of the
+  /// padded parameters (Ψ + padding), sizeof(R) per element of its gradient shard (Σ s), K per
+  /// real element of its shard; the buckets in flight come on top during backward. fp32: 4, 4
+  /// and K of --optimizer (AdamW 8); 16 bits: 2, 2 (4 with --reduce-dtype fp32) and 12.
+  std::vector<int64_t> model_states_bytes() const {
+    const StateBytes b = optimizer_.state_bytes();
+    std::vector<int64_t> bytes;
+    for (int r = 0; r < comm_.world_size(); ++r)
+      bytes.push_back(static_cast<int64_t>(b.param) * layout_.padded_total +
+                      static_cast<int64_t>(element_bytes<R>()) * layout_.shard_total +
+                      static_cast<int64_t>(b.optimizer) * shard_real_of(layout_, r));
+    return bytes;
+  }
 
   /// Drops every gradient: frees the buckets (they come back as zeros) and zeroes the shard.
   void zero_grad() override {
@@ -101,13 +105,12 @@ class Zero2 : public Zero1<T, R> {
 
   /// The gradient storage: the shard of every bucket, one after the other (shard_state.hpp).
   std::span<R> gradient_storage() { return grad_shard_.span(); }
-
- private:
-  // The reduced gradient of our shard of bucket b: what the reduce-scatter copied out.
+  /// The reduced gradient of our shard of bucket b: what the reduce-scatter copied out.
   std::span<R> shard_grads(size_t b) override {
     return grad_shard_.span().subspan(layout_.buckets[b].shard_offset, layout_.buckets[b].real);
   }
 
+ private:
   // Gives bucket b its full gradient (zeros) and points its parameters' grads into it, first
   // freeing bucket b − 2 and older: at most two buckets exist at a time. Main thread.
   void allocate_bucket(int b) {
@@ -117,11 +120,9 @@ class Zero2 : public Zero1<T, R> {
     const BucketShard& s = layout_.buckets[b];
     bucket_grads_[b] =
         PaddedBufferOf<T>(s.padded_size(), s.padding, MemTag::gradients, model_.device());
-    for (int p : buckets_[b].params)
-      binding_->bind_grad(
-          static_cast<size_t>(p),
-          bucket_grads_[b].span().subspan(static_cast<size_t>(model_.offsets()[p] - s.offset),
-                                          static_cast<size_t>(model_.parameters()[p]->numel())));
+    for (int p : buckets_[b].params)  // at its place in the bucket
+      binding_->bind_grad(static_cast<size_t>(p), bucket_grads_[b].span(),
+                          model_.offsets()[p] - s.offset);
   }
 
   // Waits until bucket b is reduced (if it was launched), then frees its full gradient.
@@ -145,9 +146,8 @@ class Zero2 : public Zero1<T, R> {
           // BEGIN EXERCISE 07.1 (ZeRO-2: reduce-scatter in backward)
           std::span<R> shard =
               reduce_.reduce(bucket_grads_[b].span(), 0, [&](auto grads, auto scratch) {
-                return reduce_scatter_bucket(
-                    comm_, grads, s.shard_size, scratch,
-                    options_.collectives);  // bucket_collectives.hpp: in R, the mean
+                return reduce_scatter_bucket(comm_, grads, s.shard_size, scratch,
+                                             options_.collectives);  // shard.hpp: in R, the mean
               });
           // all we keep: this rank's shard, at its place in grad_shard_
           copy_elements(shard, grad_shard_.span().subspan(s.shard_offset, shard.size()));

@@ -1,6 +1,6 @@
 // layer_collectives: ZeRO-3's collectives on one Linear layer, queued on the communication
 // thread. A layer's padded parameters or gradient (P_l = N s_l elements, layer_shard.hpp) is a
-// bucket of N chunks of s_l, so the ring or MPI work is chapter 06's (bucket_collectives.hpp);
+// bucket of N chunks of s_l, so the ring or MPI work is chapter 06's (shard.hpp);
 // what is ZeRO-3's here: a reduce-scatter adds this rank's chunk of the mean into its gradient
 // shard, so micro-steps accumulate there, and the desync check runs before every collective.
 // That check is chapters 05-07's --check-collectives, on always: a collective per layer, per
@@ -14,7 +14,7 @@
 #include <span>
 #include <type_traits>
 
-#include "chapters/06_zero1/bucket_collectives.hpp"
+#include "chapters/06_zero1/shard.hpp"
 #include "chapters/08_zero3/layer_shard.hpp"
 #include "common/comm/comm_queue.hpp"
 #include "common/driver/engine_description.hpp"
@@ -47,8 +47,8 @@ class LayerCollectives {
   template <Element E>
   uint64_t all_gather(int l, LayerCollective kind, std::span<E> layer) {
     const BucketShard& s = layout_.buckets[l];
-    return submit(l, kind, element_bytes<E>() * s.padded_size(), [this, &s, layer] {
-      all_gather_bucket(comm_, layer, s.shard_size, scratch_as<E>(), collectives_);
+    return submit(l, kind, element_bytes<E>() * s.padded_size(), [this, layer] {
+      all_gather_bucket(comm_, layer, scratch_as<E>(), collectives_);
     });
   }
 

@@ -17,7 +17,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "chapters/06_zero1/bucket_collectives.hpp"
 #include "chapters/06_zero1/shard.hpp"
 #include "common/comm/collectives.hpp"
 #include "common/core/nn.hpp"
@@ -70,7 +69,7 @@ inline int64_t in_flight_peak_bytes(const LayerLayout& layout, bool prefetch,
 }
 
 /// Bytes each rank sends and receives per optimizer step: per micro-step, per layer, chapter
-/// 06's reduce-scatter and all-gather (zero_traffic_theory, bucket_collectives.hpp) and one more
+/// 06's reduce-scatter and all-gather (zero_traffic_theory, shard.hpp) and one more
 /// all-gather (the same function with 0 gradient bytes), since forward and backward each gather
 /// the layer: 3(N−1)/N·4(Ψ + padding) bytes in fp32, 1.5× DDP's 2(N−1)/N·4Ψ; plus a 16-byte
 /// desync header per collective (layer_check.hpp), 48 L. Bytes per element: gather_bytes for the

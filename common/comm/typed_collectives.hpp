@@ -2,7 +2,8 @@
 // fp16), so that an engine written over its element types calls one function whatever they
 // are. float goes to the communicator (MPI_Reduce_scatter_block, MPI_Allgather); MPI has no
 // bf16/fp16 sum, so the 16-bit overloads stop with an error naming the fix, and the chapters
-// refuse --collectives mpi in 16 bits before training.
+// refuse --collectives mpi in 16 bits before training. The in-place forms take and leave a
+// rank's block inside the whole buffer, as the ring does (chapters 06-08's padded units).
 // Leaves out: the ring (chapter 04's ring.hpp, written over the element type too).
 #pragma once
 
@@ -13,6 +14,7 @@
 #include "common/comm/collectives.hpp"
 #include "common/comm/comm.hpp"
 #include "common/core/check.hpp"
+#include "common/core/device_memory.hpp"
 #include "common/core/half.hpp"
 
 namespace ringzero {
@@ -44,6 +46,26 @@ void mpi_reduce_scatter(Communicator&, std::span<T>, std::span<T>) {
 template <Half T>
 void mpi_all_gather(Communicator&, std::span<T>, std::span<T>) {
   RZ_CHECK(false, "--collectives mpi: 16-bit runs gather with the ring; use --collectives ring");
+}
+
+/// Collective: MPI_Reduce_scatter_block of `buf` (N·s elements) in place: afterwards this rank's
+/// block buf[r s, (r+1) s) holds the sum over ranks of its block. MPI wants the output apart
+/// from the input, so the sum lands in `scratch` (≥ s elements) and is copied back. 16 bits: an
+/// error, as mpi_reduce_scatter.
+template <Element T>
+void mpi_reduce_scatter_in_place(Communicator& comm, std::span<T> buf, std::span<T> scratch) {
+  const size_t s = buf.size() / static_cast<size_t>(comm.world_size());
+  mpi_reduce_scatter(comm, buf, scratch.first(s));
+  copy_elements(scratch.first(s), buf.subspan(comm.rank() * s, s));
+}
+/// Collective: MPI_Allgather in place: every rank's block buf[r s, (r+1) s) of `buf` (N·s
+/// elements) is copied to every rank, through `scratch` (≥ s elements: MPI wants the input apart
+/// from the output). 16 bits: an error, as mpi_all_gather.
+template <Element T>
+void mpi_all_gather_in_place(Communicator& comm, std::span<T> buf, std::span<T> scratch) {
+  const size_t s = buf.size() / static_cast<size_t>(comm.world_size());
+  copy_elements(buf.subspan(comm.rank() * s, s), scratch.first(s));
+  mpi_all_gather(comm, scratch.first(s), buf);
 }
 
 }  // namespace ringzero

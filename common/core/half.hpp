@@ -39,6 +39,10 @@ enum class Dtype { fp32, bf16, fp16 };
 /// accepted ones; `flag` is the flag to name, e.g. "--precision").
 Dtype parse_dtype(const std::string& name, const std::string& flag);
 const char* dtype_name(Dtype dtype);
+/// Bytes per element: 4 for fp32, 2 for bf16 and fp16.
+constexpr int dtype_bytes(Dtype dtype) {
+  return dtype == Dtype::fp32 ? 4 : 2;
+}
 
 /// The scalar conversions (common/core/half_kernels.hpp, the GPU's too): float -> bf16 or fp16
 /// bits, round to nearest even (fp16: |f| >= 65520 -> ±inf, subnormals below 2^-14); and back,

@@ -97,6 +97,16 @@ std::vector<Linear*> Model::linear_layers() const {
   return out;
 }
 
+std::vector<int> Model::parameter_indices(Module& module) const {
+  std::vector<int> indices;
+  for (Parameter* p : module.parameters()) {
+    const auto it = std::find(params_.begin(), params_.end(), p);
+    RZ_CHECK(it != params_.end(), "parameter_indices: a parameter that is not this model's");
+    indices.push_back(static_cast<int>(it - params_.begin()));
+  }
+  return indices;
+}
+
 void Model::zero_grad() {
   zero_memory(grads_memory.data(), grads_memory.bytes());  // all-zero bits: 0.0f, here or there
 }

@@ -78,4 +78,20 @@ inline int64_t largest_shard(const std::vector<ShardUnit>& units) {
   return s;
 }
 
+/// The most bytes of full units alive at once when a unit's full buffer lives from its first use
+/// until at most `max_in_flight` − 1 later units are in use (ZeRO-2's double buffer: 2): the
+/// largest sum over `max_in_flight` consecutive units (fewer at the start), each N·shard_size
+/// elements of `element_bytes`. 0 without units.
+inline int64_t in_flight_peak_bytes(const std::vector<ShardUnit>& units, int world_size,
+                                    int max_in_flight, int64_t element_bytes) {
+  int64_t most = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    int64_t elements = 0;
+    for (size_t v = u + 1 - std::min<size_t>(u + 1, max_in_flight); v <= u; ++v)
+      elements += world_size * units[v].shard_size;
+    most = std::max(most, element_bytes * elements);
+  }
+  return most;
+}
+
 }  // namespace ringzero

@@ -124,15 +124,38 @@ class EngineLesson : public Lesson {
     if (!engine.describe().collective_forward) return std::nullopt;  // the driver's default
     return evaluate_in_lockstep(engine.comm(), model_, test);
   }
-  std::string ledger_formula(int64_t) const override { return engine.ledger_formula(); }
-  TrafficTheory traffic_theory() const override { return engine.traffic_theory(); }
+  /// The engine's own (DDP's, ZeRO-3's), or derived from ZeRO-1's and ZeRO-2's description and
+  /// exact model-state bytes (shard_precision.hpp's bucket_zero_ledger_formula).
+  std::string ledger_formula(int64_t psi) const override {
+    if constexpr (requires { engine.ledger_formula(); }) {
+      return engine.ledger_formula();
+    } else {
+      const EngineDescription d = engine.describe();
+      return bucket_zero_ledger_formula(d.zero_stage, d.padding, d.in_flight_peak_bytes.value_or(0),
+                                        engine.optimizer(), psi, engine.model_states_bytes());
+    }
+  }
+  /// The engine's bytes per rank (its theory), with ZeRO-1's and ZeRO-2's text line derived from
+  /// its description (zero_lesson.hpp's zero_traffic_formula; DDP and ZeRO-3 write their own).
+  TrafficTheory traffic_theory() const override {
+    TrafficTheory theory = engine.traffic_theory();
+    if constexpr (ShardedEngine<Engine>) {
+      if (theory.formula.empty()) {
+        const ShardOptimizer& optimizer = engine.optimizer();
+        theory.formula = zero_traffic_formula(engine.describe(), model_.num_parameters(),
+                                              dtype_bytes(optimizer.reduce_dtype()),
+                                              dtype_bytes(optimizer.dtype()), theory.bytes_sent[0]);
+      }
+    }
+    return theory;
+  }
   CommSchedule comm_schedule() const override { return engine_comm_schedule(engine.describe()); }
   nlohmann::json summary_fields() const override {
     std::vector<int64_t> model_states_bytes;  // DDP: every rank the same (the ledger formula)
     if constexpr (requires { engine.model_states_bytes(); })
       model_states_bytes = engine.model_states_bytes();
     nlohmann::json fields =
-        engine_summary_fields(engine.describe(), model_states_bytes, engine.traffic_theory());
+        engine_summary_fields(engine.describe(), model_states_bytes, traffic_theory());
     fields.update(engine.optimizer().summary());  // 16 bits: precision, loss scale, skips
     return fields;
   }

@@ -199,6 +199,11 @@ class ParameterBinding {
       half_->set_grad16(i, as_bits(grad));
     }
   }
+  /// bind_grad(i, ...) at buffer[offset, + parameter i's numel).
+  void bind_grad(size_t i, std::span<T> buffer, int64_t offset) {
+    bind_grad(i, buffer.subspan(static_cast<size_t>(offset),
+                                static_cast<size_t>(model_.parameters()[i]->numel())));
+  }
 
  private:
   Model& model_;

@@ -26,6 +26,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "common/comm/comm.hpp"
@@ -197,32 +198,15 @@ bool ShardOptimizer::prepare(Communicator& comm, const std::vector<std::span<R>>
   return true;
 }
 
-/// The model states' name in a ZeRO formula line: "fp32 + AdamW" (StateBytes::name) in fp32,
-/// "bf16 + AdamW with fp32 master weights" in 16 bits.
-template <Element T>
-std::string zero_states_name(StateBytes b) {
-  if constexpr (std::is_same_v<T, float>)
-    return b.name;
-  else
-    return std::string(dtype_name(T::dtype)) + " + AdamW with fp32 master weights";
-}
-/// What a 16-bit run holds beside the model states (HalfStorage's), for the formula line.
-template <Element T>
-std::string zero_states_note() {
-  if constexpr (std::is_same_v<T, float>)
-    return "";
-  else
-    return "; plus one layer's fp32 working copy and gradient scratch (activations)";
-}
-
 /// A ZeRO engine's ledger formula line, written once for stages 1-3: "formula (ZeRO-<stage>,
 /// <states>): <the paper's formula> = <bytes> per rank<extra> (DDP: <one full copy> = <bytes>);
-/// exactly, with padding <padding>: <terms> = <exact[0]>, ... B on ranks 0..N-1<tail>". The
-/// chapter gives its theory: `terms` (its exact byte formula), `exact` (bytes per rank), `extra`
-/// and `tail`. `b`: the state bytes per parameter, b.grad what the engine's gradient holds.
+/// exactly, with padding <padding>: <terms> = <exact[0]>, ... B on ranks 0..N-1<tail>". `terms`:
+/// the exact byte formula, `exact`: bytes per rank (ZeRO-3's chapter writes its own; ZeRO-1's and
+/// ZeRO-2's are derived below). `b`: the state bytes per parameter, b.grad what the engine's
+/// gradient holds.
 struct ZeroFormulaLine {
   int stage = 1;
-  std::string states;  ///< zero_states_name, or the optimizer's StateBytes::name
+  std::string states;  ///< e.g. "fp32 + AdamW" (StateBytes::name)
   StateBytes b;
   int64_t psi = 0;  ///< Ψ
   int world_size = 1;
@@ -242,6 +226,48 @@ inline std::string zero_ledger_formula(const ZeroFormulaLine& l) {
          " per rank" + l.extra + " (DDP: " + full_copy_formula_text(l.b) + " = " +
          human_bytes(l.b.per_param() * psi) + "); exactly, with padding " +
          std::to_string(l.padding) + ": " + l.terms + " = " + exact + " B on ranks 0..N-1" + l.tail;
+}
+
+/// ZeRO-1's and ZeRO-2's ledger formula line (chapters 06-07), derived from what the engine is:
+/// `stage`, `padding` (elements), the bytes of its buckets in flight at the peak (stage 2's
+/// double buffer, 0 for stage 1), its optimizer (element types, state bytes), Ψ and `exact`,
+/// each rank's model-state bytes (the chapter's theory: its model_states_bytes()). The terms:
+/// stage 1 p(Ψ + padding) + p(Ψ + padding) + K·(real shard); stage 2 p(Ψ + padding) + g·(shard) +
+/// K·(real shard), with g the reduce dtype's bytes. In 16 bits the states are named after the
+/// element type and the fp32 master weights, and a note adds HalfStorage's working copies.
+inline std::string bucket_zero_ledger_formula(int stage, int64_t padding, int64_t in_flight_bytes,
+                                              const ShardOptimizer& optimizer, int64_t psi,
+                                              std::vector<int64_t> exact) {
+  StateBytes b = optimizer.state_bytes();
+  const int world_size = static_cast<int>(exact.size());  // one entry per rank
+  const bool fp32 = optimizer.dtype() == Dtype::fp32;
+  const std::string p = std::to_string(static_cast<int>(b.param)),
+                    k = std::to_string(static_cast<int>(b.optimizer)),
+                    note = fp32 ? ""
+                                : "; plus one layer's fp32 working copy and gradient scratch "
+                                  "(activations)";
+  ZeroFormulaLine l{.stage = stage,
+                    .states = fp32 ? std::string(b.name)
+                                   : std::string(dtype_name(optimizer.dtype())) +
+                                         " + AdamW with fp32 master weights",
+                    .psi = psi,
+                    .world_size = world_size,
+                    .padding = padding,
+                    .terms = p + "(Ψ + padding) + " + p + "(Ψ + padding) + " + k + "·(real shard)",
+                    .exact = std::move(exact),
+                    .tail = note};
+  if (stage == 2) {  // the gradient is a shard of the reduce dtype, and two buckets in flight
+    b.grad = dtype_bytes(optimizer.reduce_dtype());
+    const std::string g = std::to_string(static_cast<int>(b.grad));
+    l.terms = p + "(Ψ + padding) + " + g + "·(shard) + " + k + "·(real shard)";
+    l.extra = std::string(", + at most two ") + (fp32 ? "" : "16-bit ") +
+              "buckets in flight = " + human_bytes(static_cast<double>(in_flight_bytes));
+    l.tail = " between steps, + " + std::to_string(in_flight_bytes) + " B in flight at the peak " +
+             (fp32 ? "(K = 1; with K > 1 every bucket stays through accumulation)" : "(K = 1)") +
+             note;
+  }
+  l.b = b;
+  return zero_ledger_formula(l);
 }
 
 }  // namespace ringzero

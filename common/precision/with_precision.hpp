@@ -32,9 +32,9 @@ decltype(auto) with_precision(const TrainConfig& config, F&& f) {
 
 }  // namespace ringzero
 
-/// Explicit instantiations of an engine template `Engine<T, R>` (chapters 06-08's Zero1, Zero2,
-/// Zero3) for the five (T, R) pairs with_precision builds, written once here; used in the one
-/// .cpp that defines the engine's out-of-line members (the chapter's zero_io.cpp).
+/// Explicit instantiations of an engine template `Engine<T, R>` for the five (T, R) pairs
+/// with_precision builds, written once here; used in the one .cpp that defines an engine's
+/// out-of-line members (chapter 08's zero_io.cpp for Zero3).
 #define RINGZERO_INSTANTIATE_PRECISIONS(Engine) \
   template class Engine<float, float>;          \
   template class Engine<bf16, bf16>;            \

@@ -6,8 +6,8 @@
 //  - the padding of the parameters and of the gradient shard stays exactly zero;
 //  - the ledger: between steps the gradients are this rank's shard only, model states
 //    4(Ψ + padding) + 4·shard + 8·(real shard); during a step with K = 1 the peak is that plus
-//    exactly two consecutive buckets at most (in_flight_peak_bytes()); with K > 1, plus every
-//    bucket (no_sync accumulates full gradients, as DDP does).
+//    exactly two consecutive buckets at most (describe().in_flight_peak_bytes); with K > 1, plus
+//    every bucket (no_sync accumulates full gradients, as DDP does).
 #include <catch2/catch.hpp>
 
 #include "chapters/07_zero2/step.hpp"
@@ -62,7 +62,8 @@ TEST_CASE("the ledger: gradients are the shard between steps, two buckets at mos
               steady);  // buckets freed after the step
       // The step's peak above the steady state: the buckets alive at once.
       const int64_t peak_extra = ledger.model_states_peak() - ledger.model_states_current();
-      REQUIRE(peak_extra == (K == 1 ? zero.in_flight_peak_bytes() : 4 * layout.padded_total));
+      REQUIRE(peak_extra ==
+              (K == 1 ? *zero.describe().in_flight_peak_bytes : 4 * layout.padded_total));
     }
   }
 }

@@ -64,7 +64,7 @@ void require_gradient_shards_equal_to_ddp() {
         REQUIRE_SAME_BITS("the reduced gradient shard of bucket " + std::to_string(b) +
                               " after backward, before the step (expected: the mean over ranks, "
                               "chapter 05's DDP's gradient)",
-                          mean.subspan(first, s.real), zero.reduced_shard(b), [&](size_t j) {
+                          mean.subspan(first, s.real), zero.shard_grads(b), [&](size_t j) {
                             return "element " + std::to_string(r * s.shard_size + j) +
                                    " of the bucket's " + std::to_string(s.size);
                           });
