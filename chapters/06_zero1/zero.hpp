@@ -21,7 +21,6 @@
 #include <memory>
 #include <optional>
 #include <span>
-#include <string>
 #include <vector>
 
 #include "chapters/05_ddp_buckets/buckets.hpp"
@@ -48,7 +47,8 @@ using ZeroBucketFlags = ZeroBucketFlagsOf<ZeroOptions>;  // common/zero/zero_les
 /// ZeRO stage 1 (P_os) on chapter 05's buckets: every rank holds every parameter and gradient
 /// (padded per bucket) and the optimizer state of its shard only. T, R: the element types
 /// (above). Collective: every rank constructs one and calls its methods in the same order.
-/// Chapter 07's Zero2 overrides the virtual members and hides the others it changes.
+/// Chapter 07's Zero2 overrides the virtual members and hides describe, model_states_bytes and
+/// gradient_storage: not virtual, so call those on the engine's own type.
 template <Element T = float, Element R = T>
 class Zero1 {
  public:

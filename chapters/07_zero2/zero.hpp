@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "chapters/06_zero1/zero.hpp"
+#include "common/driver/engine_description.hpp"
 #include "common/zero/padded_buffer.hpp"
 
 namespace ringzero {
@@ -43,10 +44,9 @@ class Zero2 : public Zero1<T, R> {
       Base::optimizer_, Base::options_, Base::readiness_, Base::reduce_;
 
  public:
-  /// Chapter 06's Zero1 without its gradients (Zero1's constructor: the buckets, the shards,
-  /// this rank's optimizer, the padded parameters), plus a gradient shard of R and a hook on
-  /// every Linear layer (pre-backward: allocate its buckets). comm and model must outlive the
-  /// Zero2; the layer hooks leave the model with it. Errors: Zero1's.
+  /// Zero1 without its gradients (the buckets, the shards, this rank's optimizer, the padded
+  /// parameters), plus a gradient shard of R and a pre-backward hook on every Linear layer that
+  /// allocates its buckets. comm and model must outlive it (the hooks go with it). Errors: Zero1's.
   Zero2(Communicator& comm, Model& model, const TrainConfig& config, ZeroOptions options)
       : Base(comm, model, config, options, /*full_gradients=*/false) {
     grad_shard_ = PaddedBufferOf<R>(layout_.shard_total, layout_.shard_total - layout_.shard_real,
@@ -71,7 +71,8 @@ class Zero2 : public Zero1<T, R> {
     EngineDescription d = Base::describe();
     d.zero_stage = 2;
     d.max_in_flight = 2;  // allocate_bucket frees bucket b − 2
-    d.in_flight_peak_bytes = in_flight_peak_bytes(d.units, d.world_size, 2, element_bytes<T>());
+    d.in_flight_peak_bytes =
+        in_flight_peak_bytes(d.units, d.world_size, d.max_in_flight, element_bytes<T>());
     return d;
   }
 

@@ -19,6 +19,7 @@
 
 #include "chapters/06_zero1/shard.hpp"
 #include "common/comm/collectives.hpp"
+#include "common/core/check.hpp"
 #include "common/core/nn.hpp"
 #include "common/report/dist.hpp"
 

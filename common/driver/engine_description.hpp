@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/comm/collectives.hpp"
+#include "common/core/check.hpp"
 
 namespace ringzero {
 
@@ -81,9 +82,12 @@ inline int64_t largest_shard(const std::vector<ShardUnit>& units) {
 /// The most bytes of full units alive at once when a unit's full buffer lives from its first use
 /// until at most `max_in_flight` − 1 later units are in use (ZeRO-2's double buffer: 2): the
 /// largest sum over `max_in_flight` consecutive units (fewer at the start), each N·shard_size
-/// elements of `element_bytes`. 0 without units.
+/// elements of `element_bytes`. 0 without units. Errors: max_in_flight < 1 (the description's 0,
+/// every unit at once, has no window: its peak is every unit).
 inline int64_t in_flight_peak_bytes(const std::vector<ShardUnit>& units, int world_size,
                                     int max_in_flight, int64_t element_bytes) {
+  RZ_CHECK(max_in_flight >= 1,
+           "in_flight_peak_bytes: max_in_flight " << max_in_flight << " must be at least 1");
   int64_t most = 0;
   for (size_t u = 0; u < units.size(); ++u) {
     int64_t elements = 0;

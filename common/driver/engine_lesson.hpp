@@ -6,9 +6,11 @@
 // EngineLesson<Engine>, the Lesson over an engine (chapter 05's DDP, chapters 06-08's Zero1,
 // Zero2, Zero3). The saved state (--save-final, --save-optimizer-state
 // and a checkpoint's training state): derived for the ZeRO engines from their description in
-// shard_state.hpp (ShardedEngine), DDP's from its ReplicatedPrecision (precision.hpp).
-// Leaves out: the chapter's theory (its ledger formula, its traffic, its exact model-state
-// bytes: the engine's own methods) and the step (the chapter's step.hpp).
+// shard_state.hpp (ShardedEngine), DDP's from its ReplicatedPrecision (precision.hpp). ZeRO-1's
+// and ZeRO-2's ledger formula line and traffic text line: derived from the description, the
+// optimizer and the chapter's bytes (shard_precision.hpp, zero_lesson.hpp).
+// Leaves out: the chapter's theory (its exact model-state bytes and traffic bytes: the engine's
+// own methods; DDP's and ZeRO-3's formula lines, which they write) and the step (step.hpp).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -24,8 +26,10 @@
 #include "common/comm/collectives.hpp"
 #include "common/driver/bucket_tools.hpp"
 #include "common/driver/engine_description.hpp"
+#include "common/core/half.hpp"
 #include "common/driver/lesson.hpp"
 #include "common/precision/precision.hpp"
+#include "common/precision/shard_precision.hpp"
 #include "common/report/cost_model.hpp"
 #include "common/report/trace.hpp"
 #include "common/zero/shard_state.hpp"

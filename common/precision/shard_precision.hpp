@@ -10,7 +10,8 @@
 // 12 bytes per element: Rajbhandari et al. 2020, §3.1), whose step writes the shard back
 // rounded to T. It also holds what does nothing outside 16 bits: the backward seed (1/K in
 // fp32; loss_scale/(N·K), the mean pre-divided, in 16 bits) and fp16's GradScaler (its overflow
-// verdict taken over every rank). And the formula-line names of the model states.
+// verdict taken over every rank). And the ledger's formula line of a ZeRO engine
+// (zero_ledger_formula), derived whole for ZeRO-1 and ZeRO-2 (bucket_zero_ledger_formula).
 // with_precision (common/precision/with_precision.hpp) picks T and R once, from the flags; moving
 // values between an engine's buffers of T and R is common/precision/shard_buffers.hpp (included
 // here). Leaves out: the layouts, buffers and collectives (the chapters').
@@ -238,6 +239,8 @@ inline std::string zero_ledger_formula(const ZeroFormulaLine& l) {
 inline std::string bucket_zero_ledger_formula(int stage, int64_t padding, int64_t in_flight_bytes,
                                               const ShardOptimizer& optimizer, int64_t psi,
                                               std::vector<int64_t> exact) {
+  RZ_CHECK(stage == 1 || stage == 2, "bucket_zero_ledger_formula: ZeRO stage "
+                                         << stage << " (1 or 2; ZeRO-3 writes its own)");
   StateBytes b = optimizer.state_bytes();
   const int world_size = static_cast<int>(exact.size());  // one entry per rank
   const bool fp32 = optimizer.dtype() == Dtype::fp32;
