@@ -27,9 +27,7 @@ struct DDPFlags : LessonOptions {
 
   void add_flags(CommandLine& cli) override {
     add_collectives_flag(cli.app, options.collectives, "ring (chapter 04's) | mpi (MPI_Allreduce)");
-    add_bucket_flags(cli, options);  // common/driver/bucket_tools.hpp
-    cli.app.add_flag("--explain-buckets", explain,
-                     "print the bucket plan (buckets, parameters, elements, bytes)");
+    add_bucket_flags(cli, options, explain);  // common/driver/bucket_tools.hpp
   }
 };
 

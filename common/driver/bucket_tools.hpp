@@ -51,10 +51,11 @@ inline CLI::Validator bucket_cap_size() {
 }
 
 /// Registers the bucket flags DDP and ZeRO-1/2 share, into `options` (an engine's Options:
-/// bucket_cap_mb, first_bucket_cap_mb, find_unused_parameters). The caps are left out of the
-/// start-up flag check: check_bucket_plans_match() reports a mismatch by the plan it changes.
+/// bucket_cap_mb, first_bucket_cap_mb, find_unused_parameters), and --explain-buckets into
+/// `explain`. The caps are left out of the start-up flag check: check_bucket_plans_match()
+/// reports a mismatch by the plan it changes.
 template <class Options>
-void add_bucket_flags(CommandLine& cli, Options& options) {
+void add_bucket_flags(CommandLine& cli, Options& options, bool& explain) {
   cli.app
       .add_option("--bucket-cap-mb", options.bucket_cap_mb,
                   "bucket size limit in MiB (PyTorch's default: 25)")
@@ -67,6 +68,8 @@ void add_bucket_flags(CommandLine& cli, Options& options) {
                    "count a parameter that gets no gradient as a zero gradient instead of failing");
   cli.checked_elsewhere.insert(cli.checked_elsewhere.end(),
                                {"bucket-cap-mb", "first-bucket-cap-mb"});
+  cli.app.add_flag("--explain-buckets", explain,
+                   "print the bucket plan (buckets, parameters, elements, bytes)");
 }
 
 /// The --explain-buckets table: one line per bucket, in the order of the collectives, which

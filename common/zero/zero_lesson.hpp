@@ -53,9 +53,7 @@ struct ZeroBucketFlagsOf : ZeroFlags {
 
   void add_flags(CommandLine& cli) override {
     add_zero_flags(cli, options.collectives);
-    add_bucket_flags(cli, options);
-    cli.app.add_flag("--explain-buckets", explain,
-                     "print the bucket plan (buckets, parameters, elements, bytes)");
+    add_bucket_flags(cli, options, explain);  // bucket_tools.hpp
   }
 };
 
