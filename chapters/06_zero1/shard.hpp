@@ -148,8 +148,9 @@ inline TrafficTheory zero_traffic_theory(const ShardLayout& layout, int world_si
 
 /// Collective: reduce-scatters padded bucket `bucket` (n + padding elements of T) over the
 /// ranks; returns this rank's shard, bucket[r s, (r+1) s), which then holds the sum over ranks
-/// (the rest of the bucket, partial sums). ring: chapter 04's first half, in place (16 bits: each
-/// hop adds in fp32 and rounds once); mpi: MPI_Reduce_scatter_block (float), through `scratch`.
+/// (the rest, partial sums). ring: chapter 04's first half, in place (16 bits: each hop adds in
+/// fp32, rounds once); mpi: MPI_Reduce_scatter_block (float). `scratch` (≥ s): the ring's
+/// incoming chunk, or MPI's output.
 template <Element T>
 std::span<T> reduce_scatter_bucket(Communicator& comm, std::span<T> bucket, int64_t shard_size,
                                    std::span<T> scratch, Collectives collectives) {

@@ -14,7 +14,7 @@
 namespace ringzero {
 
 /// One optimizer step on the global batch: K micro-steps on this rank's share, the last one's
-/// backward reduce-scattering bucket after bucket, each rank's step on its shard, all-gathered.
+/// backward reduce-scattering buckets, each rank's step on its shard, the parameters' all-gather.
 /// Returns the global batch's mean loss (on every rank). Errors: a non-finite loss stops every
 /// rank; a parameter without gradient (the engine's finalize_backward).
 template <class T, class R>  // the element types --precision and --reduce-dtype pick
@@ -40,8 +40,8 @@ double train_step(Zero1<T, R>& engine, const Step& step) {
   return loss_value;
 }
 
-/// Chapter 06's lesson: the ZeRO-1 engine over element types T and R (the parameters, the
-/// gradients, this rank's optimizer shard); its flags are ZeroBucketFlags (zero.hpp).
+/// Chapter 06's lesson: the ZeRO-1 engine (it owns the parameters, the gradients and this rank's
+/// optimizer shard) over element types T and R; its flags are ZeroBucketFlags (zero.hpp).
 template <class T = float, class R = T>
 using Zero1Training = EngineLesson<Zero1<T, R>>;
 

@@ -56,9 +56,9 @@ class Zero1 {
 
   /// Plans the buckets and their shards, checks the plan is the same on every rank
   /// (collective), builds this rank's optimizer for its shard (16 bits: the fp32 masters, read
-  /// from the model first), moves the parameters into padded flat buffers of T and hooks every
-  /// parameter. comm and model must outlive it. full_gradients false: no gradient buffer (ZeRO-2
-  /// keeps its own). Errors: --collectives mpi in 16 bits (MPI has no bf16/fp16 sum).
+  /// from the model first), moves the parameters into padded flat buffers of T (freeing the
+  /// model's own) and hooks every parameter. comm and model must outlive it. full_gradients
+  /// false: no gradient buffer (ZeRO-2 keeps its own). Errors: --collectives mpi in 16 bits.
   Zero1(Communicator& comm, Model& model, const TrainConfig& config, Options options,
         bool full_gradients = true)
       : comm_(comm),
@@ -71,7 +71,7 @@ class Zero1 {
     optimizer_.check_types<T, R>();                                   // the flags' precision
     check_collectives_for<T>(options.collectives, config.precision);  // mpi: fp32 only
     check_bucket_plans_match(comm, buckets_);
-    // Every buffer lives where the model does (host or --device); the reduce's: shard_buffers.hpp.
+    // Every buffer lives where the model does (host or --device); ShardReduce: shard_buffers.hpp.
     reduce_ =
         ShardReduce<T, R>(describe(), full_gradients ? layout_.shard_total : 0, model.device());
     const int64_t padding = layout_.padding_total;
@@ -107,7 +107,7 @@ class Zero1 {
   /// Model-state bytes each rank should hold, one entry per rank: p + g per element of the
   /// padded parameters and gradients (Ψ + padding each), K per real element of its shard. fp32
   /// 4 + 4 + K of --optimizer (AdamW 8); 16 bits 2 + 2 + 12 (fp32 master, exp_avg, exp_avg_sq).
-  /// The ledger's formula line is derived from them (common/driver/engine_lesson.hpp).
+  /// The ledger's formula line is derived from them (common/precision/shard_precision.hpp).
   std::vector<int64_t> model_states_bytes() const {
     const StateBytes b = optimizer_.state_bytes();
     std::vector<int64_t> bytes;
@@ -146,12 +146,12 @@ class Zero1 {
   virtual void zero_grad() { zero_elements(grads_.span()); }
 
   /// After backward, before the optimizer step: chapter 05's finalize (unused parameters,
-  /// errors), then every bucket is reduce-scattered and this rank's shard holds the mean. Does
-  /// nothing when require_sync is false.
+  /// errors); on return every bucket is reduce-scattered and this rank's shard holds the mean.
+  /// Does nothing when require_sync is false.
   virtual void finalize_backward() { readiness_->finalize_backward(); }
 
   /// Collective, after finalize_backward(): this rank's optimizer updates the real elements of
-  /// its shard of every bucket (clipped with --clip-grad-norm over every rank's shards first),
+  /// its shard of every bucket (--clip-grad-norm over all shards first: zero/sharded_clip.hpp),
   /// then each bucket's parameters are all-gathered on the comm thread (bucket b's while the
   /// optimizer works on b + 1). Returns when every rank holds every parameter; false, on every
   /// rank, when fp16's loss scaler found an overflow on some rank (nothing updated or gathered).
@@ -191,7 +191,7 @@ class Zero1 {
   }
   std::span<T> shard_params(size_t b) { return shard_of(params_.span(), b); }
 
-  // Queues bucket b's reduce-scatter on the comm thread (checked, traced: comm_queue.hpp).
+  // Queues bucket b's reduce-scatter on the comm thread, returns at once (comm_queue.hpp).
   virtual void launch(int b) {
     const BucketShard& s = layout_.buckets[b];
     comm_queue_.submit(

@@ -8,8 +8,8 @@
 //
 // The pre-backward hook of the first layer that writes into a bucket allocates it (zeros);
 // its reduce-scatter copies this rank's chunk, divided by world_size, into the gradient shard.
-// Memory is handed back on the main thread: allocating bucket b frees bucket b − 2 (waiting
-// for it if needed), finalize_backward() frees the rest. So at most two buckets exist at once
+// Memory is handed back on the main thread: allocating bucket b frees b − 2 and older (waiting
+// for them if needed), finalize_backward() frees the rest. So at most two buckets exist at once
 // (DeepSpeed's double-buffered reduce bucket): model states 4Ψ + (4Ψ + 8Ψ)/N plus two buckets.
 // Same traffic, same sums: bit for bit chapters 05 and 06. With K > 1 the buckets stay through
 // set_require_sync(false) (no_sync) and accumulate as in DDP (the full 4Ψ lives again: one
@@ -46,7 +46,7 @@ class Zero2 : public Zero1<T, R> {
  public:
   /// Zero1 without its gradients (the buckets, the shards, this rank's optimizer, the padded
   /// parameters), plus a gradient shard of R and a pre-backward hook on every Linear layer that
-  /// allocates its buckets. comm and model must outlive it (the hooks go with it). Errors: Zero1's.
+  /// allocates its buckets (removed with it). comm and model must outlive it. Errors: Zero1's.
   Zero2(Communicator& comm, Model& model, const TrainConfig& config, ZeroOptions options)
       : Base(comm, model, config, options, /*full_gradients=*/false) {
     grad_shard_ = PaddedBufferOf<R>(layout_.shard_total, layout_.shard_total - layout_.shard_real,
@@ -66,11 +66,11 @@ class Zero2 : public Zero1<T, R> {
   ~Zero2() override { comm_queue_.stop(); }
 
   /// What this engine is, as data: Zero1's buckets, shards and collectives, stage 2, and at most
-  /// two buckets of T in flight (with K = 1: the largest two consecutive padded buckets).
+  /// two buckets of T in flight (one micro-step per step: the largest two consecutive buckets).
   EngineDescription describe() const {
     EngineDescription d = Base::describe();
     d.zero_stage = 2;
-    d.max_in_flight = 2;  // allocate_bucket frees bucket b − 2
+    d.max_in_flight = 2;  // allocate_bucket frees b − 2; the peak: engine_description.hpp
     d.in_flight_peak_bytes =
         in_flight_peak_bytes(d.units, d.world_size, d.max_in_flight, element_bytes<T>());
     return d;
