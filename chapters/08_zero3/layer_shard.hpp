@@ -38,8 +38,7 @@ inline LayerLayout plan_layer_shards(const Model& model, int rank, int world_siz
   const auto& params = model.parameters();
   std::vector<Bucket> one_per_layer;
   for (Linear* layer : model.linear_layers()) {
-    const auto w =
-        static_cast<int>(std::find(params.begin(), params.end(), &layer->weight) - params.begin());
+    const int w = model.parameter_index(layer->weight);
     RZ_CHECK(w + 1 < std::ssize(params) && params[w + 1] == &layer->bias,
              "layer " << layer->name() << ": weight and bias must be consecutive parameters");
     one_per_layer.push_back({.offset = model.offsets()[w],

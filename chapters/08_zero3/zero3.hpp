@@ -111,7 +111,8 @@ class Zero3 {
   std::string ledger_formula() const;
   /// What this engine is, as data: stage 3, layers, collectives, prefetch, padding (zero_io.cpp).
   EngineDescription describe() const;
-  /// What every rank should send and receive per optimizer step (layer_shard.hpp, zero_io.cpp).
+  /// What every rank should send and receive per optimizer step (layer_shard.hpp, zero_io.cpp;
+  /// the text line is derived from describe(): common/driver/engine_lesson.hpp).
   TrafficTheory traffic_theory() const;
   /// This rank's optimizer: its shard's state, the loss scale, the backward seed.
   ShardOptimizer& optimizer() { return optimizer_; }

@@ -28,12 +28,8 @@ std::vector<int64_t> Zero3<T, R>::model_states_bytes() const {
 
 template <Element T, Element R>
 TrafficTheory Zero3<T, R>::traffic_theory() const {
-  TrafficTheory theory =
-      zero3_traffic_theory(layout_, comm_.world_size(), grad_accum_steps_, options_.collectives,
-                           element_bytes<T>(), element_bytes<R>());
-  theory.formula = zero_traffic_formula(describe(), psi_, element_bytes<R>(), element_bytes<T>(),
-                                        theory.bytes_sent[0], grad_accum_steps_);
-  return theory;
+  return zero3_traffic_theory(layout_, comm_.world_size(), grad_accum_steps_, options_.collectives,
+                              element_bytes<T>(), element_bytes<R>());
 }
 
 template <Element T, Element R>

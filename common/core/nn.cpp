@@ -97,13 +97,15 @@ std::vector<Linear*> Model::linear_layers() const {
   return out;
 }
 
+int Model::parameter_index(const Parameter& p) const {
+  const auto it = std::find(params_.begin(), params_.end(), &p);
+  RZ_CHECK(it != params_.end(), p.name() << " is not a parameter of this model");
+  return static_cast<int>(it - params_.begin());
+}
+
 std::vector<int> Model::parameter_indices(Module& module) const {
   std::vector<int> indices;
-  for (Parameter* p : module.parameters()) {
-    const auto it = std::find(params_.begin(), params_.end(), p);
-    RZ_CHECK(it != params_.end(), "parameter_indices: a parameter that is not this model's");
-    indices.push_back(static_cast<int>(it - params_.begin()));
-  }
+  for (Parameter* p : module.parameters()) indices.push_back(parameter_index(*p));
   return indices;
 }
 

@@ -142,8 +142,9 @@ class Model {
   int64_t num_parameters() const { return num_parameters_; }
   /// The Linear layers, in order (what ZeRO-3 hooks, what traces name).
   std::vector<Linear*> linear_layers() const;
-  /// The indices in parameters() of `module`'s parameters (a layer's weight and bias). Errors: a
-  /// parameter that is not this model's.
+  /// The index of `p` in parameters(). Errors: a parameter that is not this model's.
+  int parameter_index(const Parameter& p) const;
+  /// parameter_index of each of `module`'s parameters (a layer's weight and bias).
   std::vector<int> parameter_indices(Module& module) const;
   /// Sets every gradient to zero (PyTorch zero_grad(set_to_none=False)).
   void zero_grad();

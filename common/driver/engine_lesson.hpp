@@ -6,11 +6,11 @@
 // EngineLesson<Engine>, the Lesson over an engine (chapter 05's DDP, chapters 06-08's Zero1,
 // Zero2, Zero3). The saved state (--save-final, --save-optimizer-state
 // and a checkpoint's training state): derived for the ZeRO engines from their description in
-// shard_state.hpp (ShardedEngine), DDP's from its ReplicatedPrecision (precision.hpp). ZeRO-1's
-// and ZeRO-2's ledger formula line and traffic text line: derived from the description, the
-// optimizer and the chapter's bytes (shard_precision.hpp, zero_lesson.hpp).
+// shard_state.hpp (ShardedEngine), DDP's from its ReplicatedPrecision (precision.hpp). The
+// traffic text line of ZeRO-1, 2 and 3 and the ledger formula line of ZeRO-1 and 2: derived from
+// the description, the optimizer and the chapter's bytes (zero_lesson.hpp, shard_precision.hpp).
 // Leaves out: the chapter's theory (its exact model-state bytes and traffic bytes: the engine's
-// own methods; DDP's and ZeRO-3's formula lines, which they write) and the step (step.hpp).
+// own methods; DDP's and ZeRO-3's ledger lines, which they write) and the step (step.hpp).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -25,8 +25,8 @@
 
 #include "common/comm/collectives.hpp"
 #include "common/driver/bucket_tools.hpp"
-#include "common/driver/engine_description.hpp"
 #include "common/core/half.hpp"
+#include "common/driver/engine_description.hpp"
 #include "common/driver/lesson.hpp"
 #include "common/precision/precision.hpp"
 #include "common/precision/shard_precision.hpp"
@@ -99,7 +99,8 @@ class EngineLesson : public Lesson {
       : engine(*s.comm, s.model, s.config, traced(flags.options, s.tracer)),
         model_(s.model),
         options_(flags.options),
-        explain_(flags.explain) {}
+        explain_(flags.explain),
+        grad_accum_steps_(s.config.grad_accum_steps) {}
 
   std::optional<EngineDescription> description() const override { return engine.describe(); }
   std::string banner() const override { return engine_banner(engine.describe()); }
@@ -139,17 +140,15 @@ class EngineLesson : public Lesson {
                                         engine.optimizer(), psi, engine.model_states_bytes());
     }
   }
-  /// The engine's bytes per rank (its theory), with ZeRO-1's and ZeRO-2's text line derived from
-  /// its description (zero_lesson.hpp's zero_traffic_formula; DDP and ZeRO-3 write their own).
+  /// The engine's bytes per rank (its theory); a ZeRO engine's text line derived from its
+  /// description and the run's K (zero_lesson.hpp's zero_traffic_formula; DDP writes its own).
   TrafficTheory traffic_theory() const override {
     TrafficTheory theory = engine.traffic_theory();
     if constexpr (ShardedEngine<Engine>) {
-      if (theory.formula.empty()) {
-        const ShardOptimizer& optimizer = engine.optimizer();
-        theory.formula = zero_traffic_formula(engine.describe(), model_.num_parameters(),
-                                              dtype_bytes(optimizer.reduce_dtype()),
-                                              dtype_bytes(optimizer.dtype()), theory.bytes_sent[0]);
-      }
+      const ShardOptimizer& optimizer = engine.optimizer();
+      theory.formula = zero_traffic_formula(
+          engine.describe(), model_.num_parameters(), dtype_bytes(optimizer.reduce_dtype()),
+          dtype_bytes(optimizer.dtype()), theory.bytes_sent[0], grad_accum_steps_);
     }
     return theory;
   }
@@ -192,6 +191,7 @@ class EngineLesson : public Lesson {
   Model& model_;
   typename Engine::Options options_;  // the engine's, as the flags set them
   bool explain_;
+  int64_t grad_accum_steps_;  // K: ZeRO-3's collectives run every micro-step
 };
 
 }  // namespace ringzero

@@ -85,7 +85,6 @@ void HalfStorage::hook_layers() {
   model.params_memory.release();
   model.grads_memory.release();
 
-  const auto& params = model.parameters();
   for (size_t l = 0; l < layers.size(); ++l) {
     Linear& layer = *layers[l];
     layer.compute_dtype = dtype_;
@@ -97,9 +96,7 @@ void HalfStorage::hook_layers() {
           grad_scratch_.span().first(static_cast<size_t>(lin.weight.numel() + lin.bias.numel())));
     });
     for (Parameter* p : {&layer.weight, &layer.bias}) {
-      const auto i =
-          static_cast<size_t>(std::find(params.begin(), params.end(), p) - params.begin());
-      RZ_CHECK(i < params.size(), "HalfStorage: " << p->name() << " is not a model parameter");
+      const auto i = static_cast<size_t>(model.parameter_index(*p));
       p->add_grad_ready_hook([this, i](Parameter& q) {
         RZ_CHECK(!grad16_of_[i].empty(), "HalfStorage: " << q.name()
                                                          << " received a gradient but has no "
@@ -113,10 +110,9 @@ void HalfStorage::hook_layers() {
 
 void HalfStorage::load_layer(size_t l) {
   Linear& layer = *model_.linear_layers()[l];
-  const auto& params = model_.parameters();
   int64_t at = 0;
   for (Parameter* p : {&layer.weight, &layer.bias}) {
-    const auto i = static_cast<size_t>(std::find(params.begin(), params.end(), p) - params.begin());
+    const auto i = static_cast<size_t>(model_.parameter_index(*p));
     const auto n = static_cast<size_t>(p->numel());
     convert_to_float(dtype_, param16_of_[i], work_.span().subspan(static_cast<size_t>(at), n));
     p->data = Tensor(work_.data() + at, p->shape());
